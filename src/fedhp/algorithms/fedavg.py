@@ -1,0 +1,62 @@
+"""FedAvg (McMahan et al. 2017) and FedProx (Li et al. 2018): flat client–cloud FL."""
+
+from __future__ import annotations
+
+import pydantic
+import torch
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.engine.context import RunContext
+from fedhp.engine.ops import ExtraGrad, prox_grad, weighted_mean
+
+
+class FedAvg(Algorithm):
+    """Sampled clients run local SGD from the global model; the cloud averages their models."""
+
+    options: FedAvgOptions
+
+    def init_state(self, init_params: torch.Tensor) -> State:
+        return {"global": init_params.clone()}
+
+    def local_extra_grad(self, state: State) -> ExtraGrad | None:
+        """Additive gradient term of the local objective (none for FedAvg)."""
+        return None
+
+    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        clients = ctx.sample_clients()
+        start = state["global"].expand(len(clients), -1)
+        ctx.ledger.record("client_cloud", "down", start, ctx.zero_threshold, nodes=clients)
+        params, loss_sum = ctx.local_sgd(
+            start, clients, opt.local_steps, opt.batch_size, opt.lr, self.local_extra_grad(state)
+        )
+        ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
+        state["global"] = weighted_mean(params, ctx.client_weights(clients))
+        return {"local_loss": float(loss_sum.mean()) / opt.local_steps}
+
+
+@ALGORITHMS.register("fedavg")
+class FedAvgOptions(AlgorithmOptions):
+    """FedAvg: ``local_steps`` SGD steps per round, then (uniform or sample-weighted) averaging."""
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return FedAvg(self, ctx)
+
+
+class FedProx(FedAvg):
+    """FedAvg whose local objective adds ``mu/2 ||w - w_global||^2``."""
+
+    options: FedProxOptions  # type: ignore[assignment]
+
+    def local_extra_grad(self, state: State) -> ExtraGrad | None:
+        return prox_grad(state["global"], self.options.mu)
+
+
+@ALGORITHMS.register("fedprox")
+class FedProxOptions(AlgorithmOptions):
+    """FedProx; the sFedHP paper's grid is mu in {0.001, 0.01, 0.1, 1}."""
+
+    mu: float = pydantic.Field(0.01, ge=0)
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return FedProx(self, ctx)

@@ -1,0 +1,61 @@
+"""HierFAVG (Liu et al., ICC 2020): client–edge–cloud FedAvg."""
+
+from __future__ import annotations
+
+import pydantic
+import torch
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.engine.context import RunContext
+from fedhp.engine.ops import segment_mean, weighted_mean
+
+
+class HierFAVG(Algorithm):
+    """Each client runs ``kappa1`` SGD steps, its edge averages its clients; after ``kappa2`` edge
+    aggregations the cloud averages the edges. One global round = one cloud aggregation."""
+
+    options: HierFAVGOptions
+
+    def init_state(self, init_params: torch.Tensor) -> State:
+        return {"global": init_params.clone()}
+
+    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        topo = ctx.topology
+        edges = ctx.sample_edges()
+        edge_of = topo.edge_of_client.to(ctx.device)
+        clients = ctx.all_clients[(edge_of.unsqueeze(1) == edges.unsqueeze(0)).any(1)]
+        # Local edge index of each participating client's edge, for segment averages.
+        seg = torch.searchsorted(edges, edge_of[clients])
+        edge_models = state["global"].expand(len(edges), -1)
+        ctx.ledger.record("edge_cloud", "down", edge_models, ctx.zero_threshold, nodes=edges)
+        loss_total = 0.0
+        weights = ctx.client_weights(clients)
+        for _ in range(opt.kappa2):
+            start = edge_models[seg]
+            ctx.ledger.record("client_edge", "down", start, ctx.zero_threshold, nodes=clients)
+            params, loss_sum = ctx.local_sgd(start, clients, opt.kappa1, opt.batch_size, opt.lr)
+            ctx.ledger.record("client_edge", "up", params, ctx.zero_threshold, nodes=clients)
+            edge_models = segment_mean(params, seg, weights, len(edges))
+            loss_total += float(loss_sum.mean()) / opt.kappa1
+        ctx.ledger.record("edge_cloud", "up", edge_models, ctx.zero_threshold, nodes=edges)
+        state["global"] = weighted_mean(edge_models, ctx.edge_weights(edges))
+        return {"local_loss": loss_total / opt.kappa2}
+
+
+@ALGORITHMS.register("hierfavg")
+class HierFAVGOptions(AlgorithmOptions):
+    """HierFAVG: kappa1 local steps per edge aggregation, kappa2 edge aggregations per round.
+
+    ``local_steps`` is derived (kappa1 * kappa2) and only reported."""
+
+    kappa1: int = pydantic.Field(5, gt=0, description="local SGD steps per edge aggregation")
+    kappa2: int = pydantic.Field(4, gt=0, description="edge aggregations per cloud aggregation")
+
+    hierarchical = True
+
+    def gradient_evaluations(self) -> int:
+        return self.kappa1 * self.kappa2
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return HierFAVG(self, ctx)

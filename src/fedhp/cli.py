@@ -1,0 +1,117 @@
+"""The ``fedhp`` command line: ``fedhp run [CONFIG] [--out DIR] [key=value ...]``, ``fedhp list``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from fedhp.errors import FedhpError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"fedhp: error: {message} (see `fedhp --help`)\n")
+
+
+def _split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
+    config: Path | None = None
+    overrides: list[str] = []
+    for i, item in enumerate(items):
+        if i == 0 and "=" not in item:
+            config = Path(item)
+        else:
+            overrides.append(item)
+    return config, overrides
+
+
+def default_out_dir(cfg: Any) -> Path:
+    """``runs/<algorithm>-<dataset>-<timestamp>``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.algorithm.get('name')}-{cfg.dataset.get('name')}-{stamp}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedhp.config import resolve_config
+    from fedhp.engine.build import build_experiment
+    from fedhp.engine.runner import run_experiment
+
+    config_path, overrides = _split_positionals(args.items)
+    cfg = resolve_config(config_path, overrides)
+    out = Path(args.out) if args.out else default_out_dir(cfg)
+    exp = build_experiment(cfg)
+    summary = run_experiment(exp, out)
+    parts = [
+        f"{k}={summary[k]:.4f}" for k in ("final_global_acc", "final_personal_acc") if k in summary
+    ]
+    print(f"done: {summary['rounds']} rounds in {summary['seconds']:.1f}s; {' '.join(parts)}")
+    print(f"results: {out}/ (config.yaml, metrics.csv, per_client.csv, summary.json, plot.png)")
+    return 0
+
+
+def _options_line(cls: Any) -> str:
+    fields = getattr(cls, "model_fields", {})
+    parts = []
+    for name, field in fields.items():
+        default = field.default
+        parts.append(
+            f"{name}={default!r}" if default is not None or not field.is_required() else name
+        )
+    return ", ".join(parts) if parts else "(no options)"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from fedhp.algorithms import ALGORITHMS
+    from fedhp.data import DATASETS, PARTITIONERS
+    from fedhp.models import MODELS
+
+    for title, registry in (
+        ("algorithms", ALGORITHMS),
+        ("datasets", DATASETS),
+        ("models", MODELS),
+        ("partitions", PARTITIONERS),
+    ):
+        print(f"{title}:")
+        for name in registry.names():
+            cls = registry.get(name)
+            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            print(f"  {name:14s} {doc}")
+            print(f"  {'':14s} options: {_options_line(cls)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedhp", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run one experiment")
+    run.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
+    run.add_argument("--out", help="results folder (default runs/<algorithm>-<dataset>-<time>)")
+    run.set_defaults(func=cmd_run)
+    lst = sub.add_parser("list", help="list algorithms, datasets, models and partitions")
+    lst.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fedhp`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except FedhpError as err:
+        print(f"fedhp: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("fedhp: interrupted; results written so far are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

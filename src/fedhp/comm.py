@@ -1,0 +1,402 @@
+"""Wire encodings and per-link communication accounting.
+
+Three encodings exist for one message (a flat vector of P parameters); every message is sent in
+whichever is smallest (ties go to the earlier one in this list):
+
+``dense``   tag 0, P little-endian fp32 values                         -> 4·P bytes
+``bitmap``  tag 1, ceil(P/8)-byte position mask (LSB first), nnz fp32   -> ceil(P/8) + 4·nnz bytes
+``index``   tag 2, nnz little-endian int32 indices, then nnz fp32       -> 8·nnz bytes
+
+``message_cost`` models these sizes without building bytes (vectorized over a batch of messages);
+``encode_sparse`` / ``decode_sparse`` build the real bytes (one extra tag byte), and the tests check
+that both agree. Entries with ``|x| <= zero_threshold`` count as zero and are sent as zero.
+
+The sFedHP paper's Remark 1 convention is reported beside the real size: a message without zeros
+costs 64·P bits; one with zeros costs 64 bits per non-zero, 1 bit per zero, plus a P-bit mask.
+
+``CommLedger`` accumulates these costs per (link, direction) and, optionally, per node, so the
+accumulated traffic of one cloud-facing node (an edge server, or a client in flat FL) can be
+reported as the paper does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+LINKS: tuple[str, ...] = ("client_edge", "edge_cloud", "client_cloud")
+DIRECTIONS: tuple[str, ...] = ("up", "down")
+ENCODINGS: tuple[str, ...] = ("dense", "bitmap", "index")
+
+# Per (link, direction) counters, in the order they appear in reports.
+_STATS: tuple[str, ...] = (
+    "bytes",
+    "dense_bytes",
+    "remark1_bits",
+    "nnz",
+    "params",
+    "messages",
+    "enc_dense",
+    "enc_bitmap",
+    "enc_index",
+)
+# Per-node counters (per direction), a subset of _STATS.
+_NODE_STATS: tuple[str, ...] = ("bytes", "dense_bytes", "remark1_bits", "nnz", "messages")
+
+_F32 = np.dtype("<f4")
+_I32 = np.dtype("<i4")
+
+
+@dataclass(frozen=True)
+class MessageCost:
+    """Cost of a batch of messages, summed over the messages (python ints).
+
+    ``encodings`` maps each encoding name to how many messages picked it.
+    """
+
+    messages: int
+    params: int
+    nnz: int
+    dense_bytes: int
+    wire_bytes: int
+    remark1_bits: int
+    encodings: dict[str, int] = field(default_factory=dict)
+
+
+def _check_link(link: str, direction: str) -> None:
+    if link not in LINKS:
+        raise ValueError(f"unknown link {link!r}; expected one of {', '.join(LINKS)}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"unknown direction {direction!r}; expected 'up' or 'down'")
+
+
+def _as_batch(messages: torch.Tensor) -> torch.Tensor:
+    if not isinstance(messages, torch.Tensor):
+        raise TypeError(f"messages must be a torch.Tensor, got {type(messages).__name__}")
+    if messages.dim() == 1:
+        return messages.unsqueeze(0)
+    if messages.dim() != 2:
+        raise ValueError(
+            f"messages must be [M, P] (or one [P] vector), got {tuple(messages.shape)}"
+        )
+    return messages
+
+
+def _encoding_sizes(p: int, nnz: torch.Tensor) -> torch.Tensor:
+    """Payload bytes of each encoding, shape [..., 3] in ENCODINGS order (int64)."""
+    dense = torch.full_like(nnz, 4 * p)
+    bitmap = (p + 7) // 8 + 4 * nnz
+    index = 8 * nnz
+    return torch.stack((dense, bitmap, index), dim=-1)
+
+
+@dataclass(frozen=True)
+class _PerMessage:
+    """Per-message int64 tensors of one batch (length M) plus P."""
+
+    p: int
+    nnz: torch.Tensor
+    wire: torch.Tensor
+    choice: torch.Tensor
+    remark1: torch.Tensor
+
+    def total(self) -> MessageCost:
+        m = int(self.nnz.shape[0])
+        counts = torch.bincount(self.choice, minlength=len(ENCODINGS)).tolist()
+        nnz, wire, remark1 = torch.stack((self.nnz, self.wire, self.remark1)).sum(dim=1).tolist()
+        return MessageCost(
+            messages=m,
+            params=m * self.p,
+            nnz=int(nnz),
+            dense_bytes=4 * self.p * m,
+            wire_bytes=int(wire),
+            remark1_bits=int(remark1),
+            encodings=dict(zip(ENCODINGS, (int(c) for c in counts), strict=True)),
+        )
+
+
+def _per_message(messages: torch.Tensor, zero_threshold: float) -> _PerMessage:
+    batch = _as_batch(messages).detach()
+    p = int(batch.shape[1])
+    nnz = torch.count_nonzero(batch.abs() > zero_threshold, dim=1).to(torch.int64)
+    wire, choice = _encoding_sizes(p, nnz).min(dim=-1)  # ties: first minimum (dense<bitmap<index)
+    remark1 = torch.where(nnz == p, torch.full_like(nnz, 64 * p), 64 * nnz + (p - nnz) + p)
+    return _PerMessage(p, nnz, wire, choice, remark1)
+
+
+def message_cost(messages: torch.Tensor, zero_threshold: float = 0.0) -> MessageCost:
+    """Model the cost of ``messages`` ([M, P] floats, or one [P] vector), vectorized.
+
+    Entries with ``|x| <= zero_threshold`` count as zero. See the module docstring for the
+    encodings and the Remark 1 convention.
+    """
+    return _per_message(messages, zero_threshold).total()
+
+
+def encode_sparse(vec: torch.Tensor, zero_threshold: float = 0.0) -> bytes:
+    """Encode one vector in its smallest encoding: a 1-byte tag followed by the payload.
+
+    ``len(encode_sparse(v, eps)) == message_cost(v[None], eps).wire_bytes + 1``.
+    """
+    if vec.dim() != 1:
+        raise ValueError(f"encode_sparse expects one [P] vector, got shape {tuple(vec.shape)}")
+    values = vec.detach().to(device="cpu", dtype=torch.float32)
+    mask = values.abs() > zero_threshold
+    p = int(values.numel())
+    nnz = int(mask.sum())
+    tag = int(_encoding_sizes(p, torch.tensor(nnz)).argmin())
+    if tag == 0:
+        payload = torch.where(mask, values, torch.zeros_like(values)).numpy().astype(_F32)
+        return bytes([0]) + payload.tobytes()
+    kept = values[mask].numpy().astype(_F32).tobytes()
+    if tag == 1:
+        bits = np.packbits(mask.numpy(), bitorder="little")
+        return bytes([1]) + bits.tobytes() + kept
+    idx = torch.nonzero(mask, as_tuple=False).flatten().numpy().astype(_I32)
+    return bytes([2]) + idx.tobytes() + kept
+
+
+def decode_sparse(data: bytes, P: int) -> torch.Tensor:
+    """Decode bytes from :func:`encode_sparse` into a float32 vector of length ``P``."""
+    if not data:
+        raise ValueError("cannot decode an empty message")
+    tag, body = data[0], memoryview(data)[1:]
+    if tag == 0:
+        if len(body) != 4 * P:
+            raise ValueError(f"dense message has {len(body)} payload bytes, expected {4 * P}")
+        return torch.from_numpy(np.frombuffer(body, dtype=_F32).astype(np.float32))
+    out = np.zeros(P, dtype=np.float32)
+    if tag == 1:
+        nbits = (P + 7) // 8
+        if len(body) < nbits or (len(body) - nbits) % 4:
+            raise ValueError(f"bitmap message of {len(body)} payload bytes is malformed for P={P}")
+        mask = np.unpackbits(
+            np.frombuffer(body[:nbits], dtype=np.uint8), count=P, bitorder="little"
+        )
+        vals = np.frombuffer(body[nbits:], dtype=_F32)
+        if int(mask.sum()) != vals.size:
+            raise ValueError("bitmap message: mask and value count disagree")
+        out[mask.astype(bool)] = vals
+    elif tag == 2:
+        if len(body) % 8:
+            raise ValueError(f"index message of {len(body)} payload bytes is malformed")
+        n = len(body) // 8
+        idx = np.frombuffer(body[: 4 * n], dtype=_I32)
+        if n and (idx.min() < 0 or idx.max() >= P):
+            raise ValueError(f"index message has indices outside [0, {P})")
+        out[idx] = np.frombuffer(body[4 * n :], dtype=_F32)
+    else:
+        raise ValueError(f"unknown encoding tag {tag}")
+    return torch.from_numpy(out)
+
+
+def _zero_stats(names: tuple[str, ...]) -> dict[str, int]:
+    return dict.fromkeys(names, 0)
+
+
+class CommLedger:
+    """Accumulates communication cost per (link, direction), per round and in total.
+
+    Counters are keyed ``{stat}_{link}_{direction}`` with stat one of ``bytes`` (real wire size),
+    ``dense_bytes``, ``remark1_bits``, ``nnz``, ``params``, ``messages``, ``enc_dense``,
+    ``enc_bitmap``, ``enc_index``; plus per-link sums ``bytes_{link}`` / ``remark1_bits_{link}``
+    (up + down) and ``bytes_total`` / ``dense_bytes_total`` / ``remark1_bits_total``. Only links
+    that have been recorded at least once appear, so flat FL has no edge columns.
+
+    ``totals()`` and ``node_totals()`` cover the rounds closed by ``end_round()``.
+    """
+
+    def __init__(self) -> None:
+        self._round: dict[tuple[str, str], dict[str, int]] = {}
+        self._total: dict[tuple[str, str], dict[str, int]] = {}
+        # (link, direction) -> node id -> stats
+        self._node_round: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
+        self._node_total: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
+        self.rounds = 0
+
+    def record(
+        self,
+        link: str,
+        direction: str,
+        messages: torch.Tensor,
+        zero_threshold: float = 0.0,
+        nodes: torch.Tensor | None = None,
+    ) -> MessageCost:
+        """Record a batch of messages ([M, P]) sent over ``link`` in ``direction``.
+
+        ``nodes`` optionally gives, for each message, the int id of the node on the cloud-facing
+        (or client) side that sent or received it, for :meth:`node_totals`.
+        """
+        _check_link(link, direction)
+        per = _per_message(messages, zero_threshold)
+        cost = per.total()
+        acc = self._round.setdefault((link, direction), _zero_stats(_STATS))
+        acc["bytes"] += cost.wire_bytes
+        acc["dense_bytes"] += cost.dense_bytes
+        acc["remark1_bits"] += cost.remark1_bits
+        acc["nnz"] += cost.nnz
+        acc["params"] += cost.params
+        acc["messages"] += cost.messages
+        for name, count in cost.encodings.items():
+            acc[f"enc_{name}"] += count
+        self._total.setdefault((link, direction), _zero_stats(_STATS))
+        if nodes is not None:
+            self._record_nodes(link, direction, nodes, per)
+        return cost
+
+    def _record_nodes(
+        self,
+        link: str,
+        direction: str,
+        nodes: torch.Tensor,
+        per: _PerMessage,
+    ) -> None:
+        nnz = per.nnz
+        ids = torch.as_tensor(nodes).detach().to(device=nnz.device).flatten()
+        if ids.numel() != nnz.numel():
+            raise ValueError(
+                f"nodes has {ids.numel()} entries but there are {nnz.numel()} messages"
+            )
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError("nodes must be integer node ids")
+        if ids.numel() == 0:
+            return
+        if int(ids.min()) < 0:
+            raise ValueError("nodes must be non-negative node ids")
+        ids = ids.to(torch.int64)
+        columns = {
+            "bytes": per.wire,
+            "dense_bytes": torch.full_like(nnz, 4 * per.p),
+            "remark1_bits": per.remark1,
+            "nnz": nnz,
+            "messages": torch.ones_like(nnz),
+        }
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        sums = {
+            k: torch.zeros(len(uniq), dtype=torch.int64, device=ids.device).index_add_(
+                0, inverse, v
+            )
+            for k, v in columns.items()
+        }
+        table = self._node_round.setdefault((link, direction), {})
+        lists = {k: v.tolist() for k, v in sums.items()}
+        for row, node in enumerate(uniq.tolist()):
+            acc = table.setdefault(int(node), _zero_stats(_NODE_STATS))
+            for k in _NODE_STATS:
+                acc[k] += int(lists[k][row])
+
+    @staticmethod
+    def _flatten(table: dict[tuple[str, str], dict[str, int]]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        links_seen = [lk for lk in LINKS if any((lk, d) in table for d in DIRECTIONS)]
+        for lk in links_seen:
+            for d in DIRECTIONS:
+                stats = table.get((lk, d), _zero_stats(_STATS))
+                for s in _STATS:
+                    out[f"{s}_{lk}_{d}"] = float(stats[s])
+        for lk in links_seen:
+            for s in ("bytes", "remark1_bits"):
+                out[f"{s}_{lk}"] = out[f"{s}_{lk}_up"] + out[f"{s}_{lk}_down"]
+        for s in ("bytes", "dense_bytes", "remark1_bits"):
+            out[f"{s}_total"] = float(sum(v[s] for v in table.values()))
+        return out
+
+    def current(self) -> dict[str, float]:
+        """Counters of the round in progress (not yet closed by :meth:`end_round`)."""
+        return self._flatten({k: self._round.get(k, _zero_stats(_STATS)) for k in self._total})
+
+    def end_round(self) -> dict[str, float]:
+        """Close the round: return its counters and add them to the accumulated totals."""
+        out = self.current()
+        for key, stats in self._round.items():
+            tot = self._total[key]
+            for s, v in stats.items():
+                tot[s] += v
+        for key, nodes in self._node_round.items():
+            tot_nodes = self._node_total.setdefault(key, {})
+            for node, stats in nodes.items():
+                acc = tot_nodes.setdefault(node, _zero_stats(_NODE_STATS))
+                for s, v in stats.items():
+                    acc[s] += v
+        self._round = {}
+        self._node_round = {}
+        self.rounds += 1
+        return out
+
+    def totals(self) -> dict[str, float]:
+        """Counters accumulated over all closed rounds (same keys as :meth:`end_round`)."""
+        return self._flatten(self._total)
+
+    def node_totals(self, link: str) -> dict[int, dict[str, float]]:
+        """Accumulated cost per node on ``link`` over closed rounds.
+
+        Each node maps to ``{stat}_up``, ``{stat}_down`` and ``{stat}`` (up + down) for stat in
+        ``bytes``, ``dense_bytes``, ``remark1_bits``, ``nnz``, ``messages``.
+        """
+        _check_link(link, "up")
+        nodes: set[int] = set()
+        for d in DIRECTIONS:
+            nodes.update(self._node_total.get((link, d), {}))
+        out: dict[int, dict[str, float]] = {}
+        for node in sorted(nodes):
+            row: dict[str, float] = {}
+            for d in DIRECTIONS:
+                stats = self._node_total.get((link, d), {}).get(node, _zero_stats(_NODE_STATS))
+                for s in _NODE_STATS:
+                    row[f"{s}_{d}"] = float(stats[s])
+            for s in _NODE_STATS:
+                row[s] = row[f"{s}_up"] + row[f"{s}_down"]
+            out[node] = row
+        return out
+
+    def state_dict(self) -> dict[str, object]:
+        """Plain, JSON-safe snapshot (strings, lists and ints) for checkpoints."""
+
+        def pairs(table: dict[tuple[str, str], dict[str, int]]) -> list[list[object]]:
+            return [[lk, d, dict(stats)] for (lk, d), stats in table.items()]
+
+        def node_pairs(
+            table: dict[tuple[str, str], dict[int, dict[str, int]]],
+        ) -> list[list[object]]:
+            return [
+                [lk, d, node, dict(stats)]
+                for (lk, d), nodes in table.items()
+                for node, stats in nodes.items()
+            ]
+
+        return {
+            "rounds": self.rounds,
+            "round": pairs(self._round),
+            "total": pairs(self._total),
+            "node_round": node_pairs(self._node_round),
+            "node_total": node_pairs(self._node_total),
+        }
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore from :meth:`state_dict` output (e.g. after a JSON round trip)."""
+
+        def pairs(items: object, names: tuple[str, ...]) -> dict[tuple[str, str], dict[str, int]]:
+            out: dict[tuple[str, str], dict[str, int]] = {}
+            for lk, d, stats in items:  # type: ignore[attr-defined]
+                _check_link(lk, d)
+                out[(lk, d)] = {s: int(stats.get(s, 0)) for s in names}
+            return out
+
+        def node_pairs(items: object) -> dict[tuple[str, str], dict[int, dict[str, int]]]:
+            out: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
+            for lk, d, node, stats in items:  # type: ignore[attr-defined]
+                _check_link(lk, d)
+                out.setdefault((lk, d), {})[int(node)] = {
+                    s: int(stats.get(s, 0)) for s in _NODE_STATS
+                }
+            return out
+
+        self.rounds = int(state["rounds"])  # type: ignore[call-overload]
+        self._round = pairs(state["round"], _STATS)
+        self._total = pairs(state["total"], _STATS)
+        for key in self._round:
+            self._total.setdefault(key, _zero_stats(_STATS))
+        self._node_round = node_pairs(state["node_round"])
+        self._node_total = node_pairs(state["node_total"])

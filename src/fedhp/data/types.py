@@ -1,0 +1,45 @@
+"""Plain containers passed from the data layer to the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DatasetArrays:
+    """A whole dataset held in memory.
+
+    ``*_x`` are float32 tensors ``[N, *feature_shape]`` (images as ``[N, C, H, W]``, already
+    scaled/normalized); ``*_y`` are int64 labels ``[N]`` in ``[0, num_classes)``.
+    """
+
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    train_owner: torch.Tensor | None = None
+    test_owner: torch.Tensor | None = None
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's samples. ``val_*`` may be empty (0 rows) when no validation split is asked."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])

@@ -1,0 +1,1 @@
+"""The vectorized simulator: all clients trained at once as batched tensors."""

@@ -1,0 +1,89 @@
+"""From a validated :class:`~fedhp.config.RunConfig` to everything a run needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedhp.algorithms import ALGORITHMS, Algorithm, AlgorithmOptions
+from fedhp.comm import CommLedger
+from fedhp.config import RunConfig
+from fedhp.data import DATASETS, PARTITIONERS
+from fedhp.engine.context import RunContext
+from fedhp.engine.federation import Federation
+from fedhp.engine.sampler import BatchSampler
+from fedhp.errors import ConfigError
+from fedhp.models import MODELS, BatchedModel
+from fedhp.topology import Topology
+
+# Offsets that give each random stream its own seed derived from the run's one seed.
+MODEL_SEED_OFFSET = 0
+ENGINE_SEED_OFFSET = 1_000_003
+
+
+@dataclass
+class Experiment:
+    """A run ready to start: data resident, model and algorithm built."""
+
+    cfg: RunConfig
+    model: BatchedModel
+    options: AlgorithmOptions
+    algorithm: Algorithm
+    ctx: RunContext
+
+
+def check_components(cfg: RunConfig) -> None:
+    """Validate every component section before any data is loaded (one-line errors)."""
+    DATASETS.build(cfg.dataset, "dataset")
+    PARTITIONERS.build(cfg.partition, "partition")
+    MODELS.build(cfg.model, "model")
+    ALGORITHMS.build(cfg.algorithm, "algorithm")
+    fed = cfg.federation
+    Topology.build(fed.num_clients, fed.num_edges, fed.edge_sizes)
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device named in the config, or a one-line error if it is unavailable."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device: unknown device {name!r}; use cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: CUDA is not available on this machine; use device=cpu")
+    return device
+
+
+def build_experiment(cfg: RunConfig) -> Experiment:
+    """Load and partition the data, build topology, model, ledger and algorithm."""
+    check_components(cfg)
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    data = DATASETS.build(cfg.dataset, "dataset").load()
+    partitioner = PARTITIONERS.build(cfg.partition, "partition")
+    clients = partitioner.split(data, cfg.federation.num_clients, cfg.seed)
+    fed = Federation.from_clients(clients, data.num_classes, device)
+    topo_cfg = cfg.federation
+    topology = Topology.build(topo_cfg.num_clients, topo_cfg.num_edges, topo_cfg.edge_sizes)
+    model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)
+    options = ALGORITHMS.build(cfg.algorithm, "algorithm")
+    generator = torch.Generator(device="cpu").manual_seed(cfg.seed + ENGINE_SEED_OFFSET)
+    sampler_gen = generator if device.type == "cpu" else torch.Generator(device=device)
+    if device.type != "cpu":
+        sampler_gen.manual_seed(cfg.seed + ENGINE_SEED_OFFSET + 1)
+    ctx = RunContext(
+        model=model,
+        fed=fed,
+        topology=Topology(topology.edge_of_client.to(device), topology.num_edges),
+        ledger=CommLedger(),
+        generator=generator,
+        sampler=BatchSampler(
+            fed.train.counts, sampler_gen, topo_cfg.sampling == "with_replacement"
+        ),
+        weighting=topo_cfg.weighting,
+        client_fraction=topo_cfg.client_fraction,
+        edges_per_round=topo_cfg.edges_per_round,
+        zero_threshold=cfg.comm.zero_threshold,
+    )
+    return Experiment(cfg, model, options, options.build(ctx), ctx)

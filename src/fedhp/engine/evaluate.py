@@ -1,0 +1,79 @@
+"""Evaluation: the global model on every client's test set, personalized models on their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from fedhp.engine.federation import ClientTensors
+from fedhp.models.base import BatchedModel
+
+
+@dataclass(frozen=True)
+class ClientEval:
+    """Per-client sums: correct predictions, summed loss and sample counts (all ``[C]``)."""
+
+    correct: torch.Tensor
+    loss_sum: torch.Tensor
+    count: torch.Tensor
+
+    @property
+    def accuracy(self) -> float:
+        """Micro-averaged accuracy: sum of correct over sum of samples."""
+        return float(self.correct.sum()) / max(float(self.count.sum()), 1.0)
+
+    @property
+    def loss(self) -> float:
+        return float(self.loss_sum.sum()) / max(float(self.count.sum()), 1.0)
+
+    def per_client_accuracy(self) -> torch.Tensor:
+        return self.correct / self.count.clamp(min=1)
+
+    def per_group_accuracy(self, group: torch.Tensor, num_groups: int) -> torch.Tensor:
+        """Micro-averaged accuracy per group (e.g. edge) of clients."""
+        c = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, self.correct.double())
+        n = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group, self.count.double())
+        return c / n.clamp(min=1)
+
+
+@torch.no_grad()
+def evaluate_shared(
+    model: BatchedModel, params: torch.Tensor, data: ClientTensors, chunk: int = 8192
+) -> ClientEval:
+    """One model ``[P]`` on the union of all clients' samples, broken down per client."""
+    num_clients = data.offsets.shape[0] - 1
+    correct = torch.zeros(num_clients, dtype=torch.float64, device=params.device)
+    loss_sum = torch.zeros_like(correct)
+    w = params.unsqueeze(0)
+    for start in range(0, data.y.shape[0], chunk):
+        x, y = data.x[start : start + chunk], data.y[start : start + chunk]
+        owner = data.owner[start : start + chunk]
+        logits = model.forward(w, x.unsqueeze(0))[0]
+        correct.index_add_(0, owner, (logits.argmax(1) == y).double())
+        loss_sum.index_add_(0, owner, F.cross_entropy(logits, y, reduction="none").double())
+    return ClientEval(correct.cpu(), loss_sum.cpu(), data.counts.double().cpu())
+
+
+@torch.no_grad()
+def evaluate_personal(
+    model: BatchedModel, params: torch.Tensor, data: ClientTensors, width: int = 512
+) -> ClientEval:
+    """Client c's model ``params[c]`` on client c's own samples, for all clients at once."""
+    num_clients = params.shape[0]
+    correct = torch.zeros(num_clients, dtype=torch.float64, device=params.device)
+    loss_sum = torch.zeros_like(correct)
+    for start in range(0, data.max_count, width):
+        x, y, valid = data.windows(start, min(width, data.max_count - start))
+        logits = model.forward(params, x)
+        c, b = y.shape
+        losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
+        correct += ((logits.argmax(-1) == y) & valid).double().sum(1)
+        loss_sum += (losses.view(c, b) * valid).double().sum(1)
+    return ClientEval(correct.cpu(), loss_sum.cpu(), data.counts.double().cpu())
+
+
+def density(params: torch.Tensor, zero_threshold: float) -> float:
+    """Fraction of entries with ``|x| > zero_threshold`` (the papers' "sparsity" = density)."""
+    return float((params.abs() > zero_threshold).double().mean())

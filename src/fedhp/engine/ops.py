@@ -1,0 +1,85 @@
+"""Vectorized building blocks the algorithms compose: batched loss/gradients, local SGD,
+weighted (segment) averages and broadcasts over the client dimension."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from fedhp.models.base import BatchedModel
+
+ExtraGrad = Callable[[torch.Tensor], torch.Tensor]
+"""Maps parameters ``[C, P]`` to an additive gradient term ``[C, P]`` (prox, penalties)."""
+
+
+def batched_loss_grad(
+    model: BatchedModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]`` in one backward pass.
+
+    The clients' losses are summed before differentiation; since clients share no parameters, the
+    gradient's row c is exactly the gradient of client c's own mean loss.
+    """
+    p = params.detach().requires_grad_(True)
+    logits = model.forward(p, x)
+    c, b = logits.shape[0], logits.shape[1]
+    losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
+    per_client = losses.view(c, b).mean(1)
+    (grad,) = torch.autograd.grad(per_client.sum(), p)
+    return per_client.detach(), grad
+
+
+def sgd_steps(
+    model: BatchedModel,
+    params: torch.Tensor,
+    batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    steps: int,
+    lr: float,
+    extra_grad: ExtraGrad | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``steps`` SGD steps for all clients at once; ``batch()`` yields each step's ``(x, y)``.
+
+    Returns the new parameters and the per-client loss summed over steps (a tensor, no host sync).
+    """
+    params = params.detach().clone()
+    loss_sum = torch.zeros(params.shape[0], device=params.device)
+    for _ in range(steps):
+        x, y = batch()
+        loss, grad = batched_loss_grad(model, params, x, y)
+        if extra_grad is not None:
+            grad.add_(extra_grad(params))
+        params.add_(grad, alpha=-lr)
+        loss_sum += loss
+    return params, loss_sum
+
+
+def prox_grad(center: torch.Tensor, mu: float) -> ExtraGrad:
+    """Gradient of ``mu/2 ||p - center||^2``; ``center`` broadcasts against ``p``."""
+    return lambda p: (p - center).mul_(mu)
+
+
+def normalized(weights: torch.Tensor) -> torch.Tensor:
+    """Weights scaled to sum to one."""
+    return weights / weights.sum()
+
+
+def weighted_mean(params: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``sum_c w_c params_c / sum_c w_c`` → ``[P]``."""
+    return normalized(weights.to(params.dtype)) @ params
+
+
+def segment_mean(
+    params: torch.Tensor, segment: torch.Tensor, weights: torch.Tensor, num_segments: int
+) -> torch.Tensor:
+    """Weighted mean of the rows of ``params [C, P]`` within each segment → ``[S, P]``.
+
+    Segments with zero total weight get zero rows.
+    """
+    w = weights.to(params.dtype)
+    totals = torch.zeros(num_segments, dtype=params.dtype, device=params.device)
+    totals.index_add_(0, segment, w)
+    out = torch.zeros(num_segments, params.shape[1], dtype=params.dtype, device=params.device)
+    out.index_add_(0, segment, params * w.unsqueeze(1))
+    return out / totals.clamp(min=torch.finfo(params.dtype).tiny).unsqueeze(1)

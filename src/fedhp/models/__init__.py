@@ -1,0 +1,6 @@
+"""Model zoo in batched multi-client form."""
+
+from fedhp.models.base import BatchedModel, ParamLayout, VmapModel
+from fedhp.models.zoo import MODELS, ModelOptions
+
+__all__ = ["MODELS", "BatchedModel", "ModelOptions", "ParamLayout", "VmapModel"]

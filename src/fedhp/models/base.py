@@ -1,0 +1,122 @@
+"""Batched multi-client models over a flat parameter tensor.
+
+Every model's parameters live in ONE flat tensor ``[C, P]`` (a leading client dimension ``C``);
+layers are views into it. Aggregation, sparsification, hard thresholding and byte accounting then
+act on plain ``[C, P]`` tensors, and autograd returns gradients in the same ``[C, P]`` shape.
+
+Each model also exposes a plain ``torch.nn.Module`` (its *reference* form) with the same parameter
+names and order; the reference path and the tests use it to check the batched forward/backward.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from math import prod
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One named parameter: its shape and where it sits in the flat vector."""
+
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+
+class ParamLayout:
+    """The order and shapes of a module's parameters inside the flat ``[.., P]`` vector."""
+
+    def __init__(self, module: nn.Module) -> None:
+        specs: list[ParamSpec] = []
+        offset = 0
+        for name, p in module.named_parameters():
+            specs.append(ParamSpec(name, tuple(p.shape), offset))
+            offset += p.numel()
+        self.specs = tuple(specs)
+        self.size = offset
+
+    def view(self, flat: torch.Tensor, spec: ParamSpec) -> torch.Tensor:
+        """View of one parameter for every client: ``[C, *shape]`` (or ``shape`` for 1-D flat)."""
+        lead = flat.shape[:-1]
+        return flat[..., spec.offset : spec.offset + spec.numel].reshape(*lead, *spec.shape)
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Name → view, for ``torch.func.functional_call``."""
+        return {s.name: self.view(flat, s) for s in self.specs}
+
+    def flatten_module(self, module: nn.Module) -> torch.Tensor:
+        """A module's parameters as one flat ``[P]`` tensor (copied)."""
+        return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+    def load_into(self, module: nn.Module, flat: torch.Tensor) -> None:
+        """Copy a flat ``[P]`` vector into a module's parameters (in place)."""
+        with torch.no_grad():
+            for spec, p in zip(self.specs, module.parameters(), strict=True):
+                p.copy_(self.view(flat, spec))
+
+
+class BatchedModel(ABC):
+    """A model evaluated for many clients at once: ``forward(flat [C,P], x [C,B,...])``."""
+
+    def __init__(self, reference: nn.Module, feature_shape: tuple[int, ...], num_classes: int):
+        self.reference = reference
+        self.feature_shape = feature_shape
+        self.num_classes = num_classes
+        self.layout = ParamLayout(reference)
+
+    @property
+    def num_params(self) -> int:
+        return self.layout.size
+
+    def init_params(self, seed: int) -> torch.Tensor:
+        """Initial flat ``[P]`` parameters: PyTorch's default init of the reference module."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for m in self.reference.modules():
+                reset = getattr(m, "reset_parameters", None)
+                if m is not self.reference and callable(reset):
+                    reset()
+            return self.layout.flatten_module(self.reference).clone()
+
+    @abstractmethod
+    def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[C, B, K]`` for parameters ``[C, P]`` and inputs ``[C, B, *feature_shape]``."""
+
+    def make_module(self, flat: torch.Tensor) -> nn.Module:
+        """A fresh plain ``nn.Module`` holding the flat ``[P]`` parameters (reference path)."""
+        import copy
+
+        module = copy.deepcopy(self.reference)
+        self.layout.load_into(module, flat)
+        return module
+
+    def flops_per_sample(self) -> int:
+        """Forward FLOPs for one sample (counted by PyTorch's FlopCounterMode)."""
+        x = torch.zeros(1, *self.feature_shape)
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            self.reference(x)
+        return int(counter.get_total_flops())
+
+
+class VmapModel(BatchedModel):
+    """Generic batched form of any module, via ``torch.func.vmap`` over ``functional_call``."""
+
+    def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        def one(p: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = torch.func.functional_call(
+                self.reference, self.layout.unflatten(p), (xb,)
+            )
+            return out
+
+        result: torch.Tensor = torch.func.vmap(one)(flat, x)
+        return result

@@ -1,0 +1,154 @@
+"""The model zoo: MLR, DNN (MLP), the MNIST CNN and VGG from a cfg list.
+
+Each entry is a pydantic options model registered in :data:`MODELS` whose ``build`` returns a
+:class:`~fedhp.models.base.BatchedModel`.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Literal
+
+import pydantic
+import torch
+from torch import nn
+
+from fedhp.errors import ConfigError
+from fedhp.models.base import BatchedModel, VmapModel
+from fedhp.registry import Registry
+
+
+class ModelOptions(pydantic.BaseModel):
+    """Base of every model's options."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
+        raise NotImplementedError
+
+
+MODELS: Registry[ModelOptions] = Registry("model")
+
+
+class MLP(nn.Module):
+    """Flatten, then Linear/ReLU layers; no activation after the last layer."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:], strict=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.flatten(1)
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i < len(self.layers) - 1:
+                h = torch.relu(h)
+        return h
+
+
+class BatchedMLP(BatchedModel):
+    """Hand-batched MLP: one ``baddbmm`` per layer over the client dimension."""
+
+    def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        specs = self.layout.specs
+        h = x.reshape(x.shape[0], x.shape[1], -1)
+        n_layers = len(specs) // 2
+        for i in range(n_layers):
+            w = self.layout.view(flat, specs[2 * i])  # [C, out, in]
+            b = self.layout.view(flat, specs[2 * i + 1])  # [C, out]
+            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+            if i < n_layers - 1:
+                h = torch.relu(h)
+        return h
+
+
+@MODELS.register("mlr")
+class MLROptions(ModelOptions):
+    """Multinomial logistic regression (one linear layer): the strongly convex case."""
+
+    def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
+        return BatchedMLP(MLP([prod(feature_shape), num_classes]), feature_shape, num_classes)
+
+
+@MODELS.register("dnn")
+class DNNOptions(ModelOptions):
+    """Fully connected ReLU network. ``hidden=[100]`` is 784-100-10 (79,510 parameters on MNIST);
+    ``hidden=[500, 200]`` is 784-500-200-10 (494,710 parameters)."""
+
+    hidden: list[pydantic.PositiveInt] = [100]
+
+    def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
+        sizes = [prod(feature_shape), *self.hidden, num_classes]
+        return BatchedMLP(MLP(sizes), feature_shape, num_classes)
+
+
+class MnistCNN(nn.Module):
+    """The CNN of McMahan et al. (2017): two 5x5 conv layers (32, 64) with max-pooling, FC 512."""
+
+    def __init__(self, in_channels: int, side: int, num_classes: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 32, 5, padding=2)
+        self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
+        self.fc1 = nn.Linear(64 * (side // 4) * (side // 4), 512)
+        self.fc2 = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
+        return self.fc2(torch.relu(self.fc1(h.flatten(-3))))
+
+
+def _image_shape(feature_shape: tuple[int, ...], model: str) -> tuple[int, int, int]:
+    if len(feature_shape) != 3:
+        raise ConfigError(
+            f"model.name: {model!r} needs image data [C,H,W], got features {feature_shape}; "
+            "use mlr or dnn"
+        )
+    c, h, w = feature_shape
+    return c, h, w
+
+
+@MODELS.register("cnn")
+class CNNOptions(ModelOptions):
+    """The MNIST CNN (McMahan et al. 2017)."""
+
+    def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
+        c, h, _ = _image_shape(feature_shape, "cnn")
+        return VmapModel(MnistCNN(c, h, num_classes), feature_shape, num_classes)
+
+
+class VGG(nn.Module):
+    """VGG-style network from a cfg list: ints are 3x3 conv widths, ``"M"`` is 2x2 max-pooling."""
+
+    def __init__(self, cfg: list[int | str], in_channels: int, side: int, num_classes: int):
+        super().__init__()
+        layers: list[nn.Module] = []
+        ch, spatial = in_channels, side
+        for item in cfg:
+            if item == "M":
+                layers.append(nn.MaxPool2d(2))
+                spatial //= 2
+            else:
+                width = int(item)
+                layers += [nn.Conv2d(ch, width, 3, padding=1), nn.ReLU()]
+                ch = width
+        if spatial < 1:
+            raise ConfigError(
+                f"model.cfg: too many 'M' pools for {side}x{side} inputs; remove some pools"
+            )
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(ch * spatial * spatial, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(-3))
+
+
+@MODELS.register("vgg")
+class VGGOptions(ModelOptions):
+    """VGG from a cfg list; the sFedHP paper's CIFAR-10 model is the default cfg."""
+
+    cfg: list[pydantic.PositiveInt | Literal["M"]] = [16, "M", 32, "M", 64, "M", 128, "M", 128, "M"]
+
+    def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
+        c, h, _ = _image_shape(feature_shape, "vgg")
+        return VmapModel(VGG(list(self.cfg), c, h, num_classes), feature_shape, num_classes)

@@ -1,0 +1,85 @@
+"""Name → component registries and strict construction from config mappings.
+
+Every pluggable component (dataset source, partitioner, model, algorithm) is a pydantic model whose
+fields are its options; it is registered under a name and built from a mapping such as
+``{"name": "labels", "labels_per_client": 5}``. Validation failures become a one-line
+:class:`~fedhp.errors.ConfigError` naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+import pydantic
+
+from fedhp.errors import ConfigError
+
+T = TypeVar("T", bound=pydantic.BaseModel)
+
+
+def format_validation_error(err: pydantic.ValidationError, prefix: str) -> str:
+    """Render the first pydantic error as ``prefix.field: message (got value)``."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown key (remove it or check the spelling; `fedhp list` shows the options)"
+    got = first.get("input")
+    shown = "" if first.get("type") in ("extra_forbidden", "missing") else f" (got {got!r})"
+    if len(shown) > 80:
+        shown = shown[:77] + "...)"
+    return f"{field}: {msg}{shown}"
+
+
+def validate(cls: type[T], data: Mapping[str, Any], prefix: str) -> T:
+    """Build ``cls`` from ``data`` or raise a one-line :class:`ConfigError`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix}: expected a mapping of options, got {data!r}")
+    try:
+        return cls.model_validate(dict(data))
+    except pydantic.ValidationError as err:
+        raise ConfigError(format_validation_error(err, prefix)) from None
+
+
+class Registry(Generic[T]):
+    """A registry of components of one kind (e.g. ``"algorithm"``)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, type[T]] = {}
+
+    def register(self, name: str) -> Callable[[type[T]], type[T]]:
+        """Class decorator registering a component under ``name``."""
+
+        def deco(cls: type[T]) -> type[T]:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            self._items[name] = cls
+            return cls
+
+        return deco
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
+
+    def get(self, name: object, field: str | None = None) -> type[T]:
+        """The component registered as ``name``, or a one-line :class:`ConfigError`."""
+        if not isinstance(name, str) or name not in self._items:
+            where = field or f"{self.kind}.name"
+            raise ConfigError(
+                f"{where}: unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}"
+            )
+        return self._items[name]
+
+    def build(self, cfg: Mapping[str, Any], prefix: str) -> T:
+        """Construct the component named by ``cfg['name']`` with the remaining options."""
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f"{prefix}: expected a mapping with a 'name' key, got {cfg!r}")
+        options = dict(cfg)
+        name = options.pop("name", None)
+        if name is None:
+            raise ConfigError(f"{prefix}.name: missing; choose one of: {', '.join(self.names())}")
+        cls = self.get(name, f"{prefix}.name")
+        return validate(cls, options, prefix)

@@ -1,0 +1,195 @@
+"""Tests for fedhp.comm: byte model vs real encoding, Remark 1 bits, ledger accounting."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedhp.comm import CommLedger, decode_sparse, encode_sparse, message_cost
+
+finite = st.floats(-1e6, 1e6, allow_nan=False, width=32)
+
+
+@st.composite
+def sparse_vectors(draw: st.DrawFn) -> torch.Tensor:
+    p = draw(st.integers(1, 70))
+    values = draw(st.lists(finite, min_size=p, max_size=p))
+    density = draw(st.sampled_from([0.0, 0.05, 0.2, 0.5, 1.0]))
+    keep = draw(st.lists(st.floats(0, 1), min_size=p, max_size=p))
+    vec = torch.tensor(values, dtype=torch.float32)
+    return torch.where(torch.tensor(keep) < density, vec, torch.zeros_like(vec))
+
+
+@settings(max_examples=150, deadline=None)
+@given(vec=sparse_vectors(), threshold=st.sampled_from([0.0, 1e-3, 1.0, 100.0]))
+def test_roundtrip_and_byte_model_agree(vec: torch.Tensor, threshold: float) -> None:
+    data = encode_sparse(vec, threshold)
+    cost = message_cost(vec[None], threshold)
+    assert len(data) == cost.wire_bytes + 1
+    expected = torch.where(vec.abs() > threshold, vec, torch.zeros_like(vec))
+    decoded = decode_sparse(data, vec.numel())
+    assert decoded.dtype == torch.float32
+    assert torch.equal(decoded, expected)
+    assert cost.nnz == int(torch.count_nonzero(expected))
+    tag = data[0]
+    assert cost.encodings[("dense", "bitmap", "index")[tag]] == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(vecs=st.lists(sparse_vectors(), min_size=1, max_size=6), threshold=st.just(0.5))
+def test_batch_cost_is_sum_of_single_costs(vecs: list[torch.Tensor], threshold: float) -> None:
+    p = vecs[0].numel()
+    batch = torch.stack([torch.nn.functional.pad(v[:p], (0, p - v[:p].numel())) for v in vecs])
+    total = message_cost(batch, threshold)
+    singles = [message_cost(row[None], threshold) for row in batch]
+    assert total.wire_bytes == sum(c.wire_bytes for c in singles)
+    assert total.remark1_bits == sum(c.remark1_bits for c in singles)
+    assert total.wire_bytes == sum(len(encode_sparse(row, threshold)) - 1 for row in batch)
+    assert total.messages == len(vecs)
+    assert total.params == len(vecs) * p
+    assert total.dense_bytes == 4 * p * len(vecs)
+    assert sum(total.encodings.values()) == len(vecs)
+
+
+def test_hand_examples() -> None:
+    p = 10
+    one_nz = torch.zeros(p)
+    one_nz[3] = 2.5
+    dense = torch.arange(1.0, p + 1)
+    half = torch.tensor([1.0, 0, 2, 0, 3, 0, 4, 0, 5, 0])
+    # one non-zero: dense 40, bitmap 2 + 4 = 6, index 8 -> bitmap 6 bytes; 64 + 9 + 10 = 83 bits
+    c = message_cost(one_nz[None])
+    assert (c.wire_bytes, c.remark1_bits, c.nnz) == (6, 83, 1)
+    assert c.encodings == {"dense": 0, "bitmap": 1, "index": 0}
+    # no zeros: dense 40 bytes, 64 * 10 = 640 bits
+    c = message_cost(dense[None])
+    assert (c.wire_bytes, c.remark1_bits, c.encodings["dense"]) == (40, 640, 1)
+    # five non-zeros: bitmap 2 + 20 = 22 < index 40 < dense 40; 320 + 5 + 10 = 335 bits
+    c = message_cost(half[None])
+    assert (c.wire_bytes, c.remark1_bits) == (22, 335)
+    # all zeros: index 0 bytes; 0 + 10 + 10 = 20 bits
+    c = message_cost(torch.zeros(1, p))
+    assert (c.wire_bytes, c.remark1_bits, c.encodings["index"]) == (0, 20, 1)
+    assert len(encode_sparse(torch.zeros(p))) == 1
+    # batch of all four
+    c = message_cost(torch.stack([one_nz, dense, half, torch.zeros(p)]))
+    assert (c.wire_bytes, c.remark1_bits, c.nnz, c.params) == (68, 1078, 16, 40)
+    assert c.dense_bytes == 160
+
+
+def test_index_encoding_wins_when_very_sparse() -> None:
+    p = 1000  # bitmap 125 + 4 = 129 bytes, index 8 bytes
+    v = torch.zeros(p)
+    v[999] = -7.0
+    data = encode_sparse(v)
+    assert data[0] == 2 and len(data) == 9
+    assert torch.equal(decode_sparse(data, p), v)
+
+
+def test_threshold_counts_small_entries_as_zero() -> None:
+    v = torch.tensor([[1e-5, -1e-5, 0.5, 1e-3]])
+    assert message_cost(v, zero_threshold=1e-3).nnz == 1
+    assert message_cost(v, zero_threshold=0.0).nnz == 4
+
+
+def test_decode_rejects_garbage() -> None:
+    with pytest.raises(ValueError):
+        decode_sparse(b"", 3)
+    with pytest.raises(ValueError):
+        decode_sparse(bytes([9]), 3)
+    with pytest.raises(ValueError):
+        decode_sparse(bytes([0, 1, 2]), 3)
+
+
+def test_ledger_rounds_totals_and_sums() -> None:
+    ledger = CommLedger()
+    msgs = torch.tensor([[1.0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [1.0] * 10])  # 6 + 40 bytes
+    ledger.record("edge_cloud", "up", msgs)
+    ledger.record("edge_cloud", "down", torch.ones(4, 10))  # 4 * 40 bytes
+    ledger.record("client_edge", "up", msgs, zero_threshold=2.0)  # all zero -> 0 bytes
+    r1 = ledger.end_round()
+    assert r1["bytes_edge_cloud_up"] == 46
+    assert r1["bytes_edge_cloud_down"] == 160
+    assert r1["bytes_edge_cloud"] == 206
+    assert r1["remark1_bits_edge_cloud_up"] == 83 + 640
+    assert r1["messages_edge_cloud_down"] == 4
+    assert r1["enc_bitmap_edge_cloud_up"] == 1 and r1["enc_dense_edge_cloud_up"] == 1
+    assert r1["bytes_client_edge_up"] == 0 and r1["enc_index_client_edge_up"] == 2
+    assert r1["bytes_total"] == 206
+    assert r1["dense_bytes_total"] == 80 + 160 + 80
+    assert not any("client_cloud" in k for k in r1)
+    ledger.record("edge_cloud", "up", msgs)
+    r2 = ledger.end_round()
+    assert r2["bytes_edge_cloud_up"] == 46 and r2["bytes_edge_cloud_down"] == 0
+    assert set(r2) == set(r1)
+    tot = ledger.totals()
+    assert tot["bytes_edge_cloud_up"] == 92
+    assert tot["bytes_total"] == 206 + 46
+    assert ledger.rounds == 2
+    assert all(isinstance(v, float) for v in tot.values())
+
+
+def test_ledger_rejects_unknown_link_and_direction() -> None:
+    ledger = CommLedger()
+    with pytest.raises(ValueError, match="link"):
+        ledger.record("edge_edge", "up", torch.ones(1, 3))
+    with pytest.raises(ValueError, match="direction"):
+        ledger.record("edge_cloud", "sideways", torch.ones(1, 3))
+    with pytest.raises(ValueError):
+        ledger.node_totals("nowhere")
+    with pytest.raises(ValueError):
+        ledger.record("edge_cloud", "up", torch.ones(2, 3), nodes=torch.tensor([0]))
+
+
+def test_ledger_per_node_totals() -> None:
+    ledger = CommLedger()
+    p = 10
+    sparse = torch.zeros(p)
+    sparse[0] = 1.0
+    for _ in range(3):
+        # edges 0, 1, 0 upload: edge 0 sends a sparse and a dense message, edge 1 a dense one
+        up = torch.stack([sparse, torch.ones(p), torch.ones(p)])
+        ledger.record("edge_cloud", "up", up, nodes=torch.tensor([0, 1, 0]))
+        ledger.record("edge_cloud", "down", torch.ones(2, p), nodes=torch.tensor([0, 1]))
+        ledger.end_round()
+    nodes = ledger.node_totals("edge_cloud")
+    assert sorted(nodes) == [0, 1]
+    assert nodes[0]["bytes_up"] == 3 * (6 + 40)
+    assert nodes[0]["bytes_down"] == 3 * 40
+    assert nodes[0]["bytes"] == 3 * (6 + 40 + 40)
+    assert nodes[0]["remark1_bits_up"] == 3 * (83 + 640)
+    assert nodes[0]["messages_up"] == 6
+    assert nodes[1]["bytes"] == 3 * 80
+    total_up = ledger.totals()["bytes_edge_cloud_up"]
+    assert nodes[0]["bytes_up"] + nodes[1]["bytes_up"] == total_up
+    assert ledger.node_totals("client_cloud") == {}
+
+
+def test_ledger_state_dict_json_roundtrip() -> None:
+    ledger = CommLedger()
+    ledger.record("client_cloud", "up", torch.eye(5), nodes=torch.arange(5))
+    ledger.end_round()
+    ledger.record("client_cloud", "down", torch.ones(5, 5), nodes=torch.arange(5))  # open round
+    state = json.loads(json.dumps(ledger.state_dict()))
+    restored = CommLedger()
+    restored.load_state_dict(state)
+    assert restored.totals() == ledger.totals()
+    assert restored.node_totals("client_cloud") == ledger.node_totals("client_cloud")
+    assert restored.current() == ledger.current()
+    assert restored.end_round() == ledger.end_round()
+    assert restored.node_totals("client_cloud") == ledger.node_totals("client_cloud")
+    assert restored.rounds == ledger.rounds == 2
+
+
+def test_large_message_counts_stay_exact() -> None:
+    # 79,510-parameter DNN, 20 clients: all dense -> 64 * P bits per message
+    p = 79_510
+    c = message_cost(torch.ones(20, p))
+    assert c.remark1_bits == 20 * 64 * p
+    assert c.wire_bytes == 20 * 4 * p
+    assert math.isclose(c.wire_bytes / 1e6, 6.3608)
