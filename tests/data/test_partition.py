@@ -16,8 +16,13 @@ from fedhp.errors import ConfigError, DatasetError
 
 ALL_SCHEMES = [
     {"name": "labels", "train_per_class": 60, "test_per_class": 30, "val_per_class": 20},
-    {"name": "labels", "labels_per_client": 3, "train_per_class": 90, "test_per_class": 40,
-     "train_fraction": 0.75},
+    {
+        "name": "labels",
+        "labels_per_client": 3,
+        "train_per_class": 90,
+        "test_per_class": 40,
+        "train_fraction": 0.75,
+    },
     {"name": "shards", "val_fraction": 0.1},
     {"name": "shards", "shards_per_client": 3, "shard_size": 20, "test_per_client": 12},
     {"name": "dirichlet", "alpha": 0.5, "min_samples": 5, "val_fraction": 0.2},

@@ -21,12 +21,8 @@ class HierFAVG(Algorithm):
 
     def run_round(self, state: State, rnd: int) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
-        topo = ctx.topology
         edges = ctx.sample_edges()
-        edge_of = topo.edge_of_client.to(ctx.device)
-        clients = ctx.all_clients[(edge_of.unsqueeze(1) == edges.unsqueeze(0)).any(1)]
-        # Local edge index of each participating client's edge, for segment averages.
-        seg = torch.searchsorted(edges, edge_of[clients])
+        clients, seg = ctx.clients_of_edges(edges)
         edge_models = state["global"].expand(len(edges), -1)
         ctx.ledger.record("edge_cloud", "down", edge_models, ctx.zero_threshold, nodes=edges)
         loss_total = 0.0

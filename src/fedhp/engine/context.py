@@ -77,6 +77,12 @@ class RunContext:
             return torch.arange(n, device=self.device)
         return torch.randperm(n, generator=self.generator)[:s].sort().values.to(self.device)
 
+    def clients_of_edges(self, edges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clients under ``edges`` (sorted) and, for each, the position of its edge in ``edges``."""
+        edge_of = self.topology.edge_of_client.to(self.device)
+        clients = self.all_clients[(edge_of.unsqueeze(1) == edges.unsqueeze(0)).any(1)]
+        return clients, torch.searchsorted(edges, edge_of[clients])
+
     def batches(
         self, clients: torch.Tensor, batch_size: int
     ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
