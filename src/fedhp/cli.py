@@ -1,4 +1,5 @@
-"""The ``fedhp`` command line: ``fedhp run [CONFIG] [--out DIR] [key=value ...]``, ``fedhp list``
+"""The ``fedhp`` command line: ``fedhp run [CONFIG] [--out DIR] [key=value ...]``,
+``fedhp run --resume DIR``, ``fedhp list``
 """
 
 from __future__ import annotations
@@ -37,21 +38,62 @@ def default_out_dir(cfg: Any) -> Path:
     return Path("runs") / f"{cfg.algorithm.get('name')}-{cfg.dataset.get('name')}-{stamp}"
 
 
+RESULTS = (
+    "config.yaml, metrics.csv, per_client.csv, timings.csv, summary.json, plot.png, "
+    "checkpoint.pt, final_state.pt"
+)
+
+
+def _resume_config(folder: Path, overrides: list[str]) -> Any:
+    """The configuration of the run in ``folder`` (only rounds/progress may be overridden)."""
+    from fedhp.config import parse_override, resolve_config
+    from fedhp.engine.checkpoint import RESUMABLE_KEYS
+    from fedhp.errors import ConfigError
+
+    if not (folder / "config.yaml").is_file():
+        raise ConfigError(f"--resume {folder}: no config.yaml there (not a fedhp results folder)")
+    for text in overrides:
+        key = next(iter(parse_override(text)))
+        if key not in RESUMABLE_KEYS:
+            raise ConfigError(
+                f"--resume: {key} cannot change when resuming; allowed: {', '.join(RESUMABLE_KEYS)}"
+            )
+    return resolve_config(folder / "config.yaml", overrides)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fedhp.config import resolve_config
     from fedhp.engine.build import build_experiment
     from fedhp.engine.runner import run_experiment
+    from fedhp.errors import ConfigError
 
     config_path, overrides = _split_positionals(args.items)
-    cfg = resolve_config(config_path, overrides)
-    out = Path(args.out) if args.out else default_out_dir(cfg)
+    if args.resume is not None:
+        if args.out or config_path is not None:
+            raise ConfigError("--resume DIR: give no CONFIG or --out (the run's folder is DIR)")
+        out = Path(args.resume)
+        cfg = _resume_config(out, overrides)
+    else:
+        cfg = resolve_config(config_path, overrides)
+        out = Path(args.out) if args.out else default_out_dir(cfg)
     exp = build_experiment(cfg)
-    summary = run_experiment(exp, out)
+    if args.check:
+        fed = exp.ctx.fed
+        print(
+            f"ok: {cfg.algorithm.get('name')} on {cfg.dataset.get('name')}, {fed.num_clients} "
+            f"clients, {exp.ctx.topology.num_edges} edges, {exp.model.num_params} parameters"
+        )
+        return 0
+    try:
+        summary = run_experiment(exp, out, resume=args.resume is not None)
+    except KeyboardInterrupt:
+        print(f"fedhp: interrupted; continue with: fedhp run --resume {out}", file=sys.stderr)
+        return 130
     parts = [
         f"{k}={summary[k]:.4f}" for k in ("final_global_acc", "final_personal_acc") if k in summary
     ]
     print(f"done: {summary['rounds']} rounds in {summary['seconds']:.1f}s; {' '.join(parts)}")
-    print(f"results: {out}/ (config.yaml, metrics.csv, per_client.csv, summary.json, plot.png)")
+    print(f"results: {out}/ ({RESULTS})")
     return 0
 
 
@@ -92,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
     run.add_argument("--out", help="results folder (default runs/<algorithm>-<dataset>-<time>)")
+    run.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run in DIR from its config.yaml and checkpoint.pt "
+        "(only rounds=N and progress=... may be given)",
+    )
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the configuration and load the data, then exit without training",
+    )
     run.set_defaults(func=cmd_run)
     lst = sub.add_parser("list", help="list algorithms, datasets, models and partitions")
     lst.set_defaults(func=cmd_list)

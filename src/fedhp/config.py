@@ -19,7 +19,7 @@ from fedhp.registry import format_validation_error
 class FederationConfig(pydantic.BaseModel):
     """Clients, edges, sampling and weighting."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
     num_clients: int = pydantic.Field(20, gt=0)
     num_edges: int = pydantic.Field(4, gt=0)
@@ -29,32 +29,50 @@ class FederationConfig(pydantic.BaseModel):
     weighting: Literal["uniform", "samples"] = "uniform"
     sampling: Literal["without_replacement", "with_replacement"] = "without_replacement"
 
-    @pydantic.model_validator(mode="after")
-    def _edges_fit(self) -> FederationConfig:
-        if self.edges_per_round is not None and self.edges_per_round > self.num_edges:
-            raise ValueError(
-                f"edges_per_round={self.edges_per_round} exceeds num_edges={self.num_edges}"
-            )
-        return self
+    @pydantic.field_validator("edges_per_round")
+    @classmethod
+    def _edges_fit(cls, value: int | None, info: pydantic.ValidationInfo) -> int | None:
+        num_edges = info.data.get("num_edges")
+        if value is not None and isinstance(num_edges, int) and value > num_edges:
+            raise ValueError(f"must be at most num_edges={num_edges}")
+        return value
 
 
 class CommConfig(pydantic.BaseModel):
     """Communication accounting options."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
     zero_threshold: float = pydantic.Field(0.0, ge=0)
+
+
+class FaultsConfig(pydantic.BaseModel):
+    """Simulated failures, drawn independently each round from their own seeded stream (see
+    :mod:`fedhp.engine.faults`)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    client_dropout: float = pydantic.Field(0.0, ge=0, le=1)
+    edge_failure: float = pydantic.Field(0.0, ge=0, le=1)
+    straggler: float = pydantic.Field(0.0, ge=0, le=1)
+    seed_offset: int = pydantic.Field(0, ge=0, lt=2**31)
+
+    @property
+    def enabled(self) -> bool:
+        return self.client_dropout > 0 or self.edge_failure > 0 or self.straggler > 0
 
 
 class RunConfig(pydantic.BaseModel):
     """A whole run. Component sections (dataset, partition, model, algorithm) are validated by the
     component registered under their ``name`` (see :func:`fedhp.engine.build.build_components`)."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    seed: int = 0
+    seed: int = pydantic.Field(0, ge=0, lt=2**31)
     rounds: int = pydantic.Field(200, gt=0)
     eval_every: int = pydantic.Field(1, gt=0)
+    checkpoint_every: int = pydantic.Field(10, ge=0)
+    max_loss: float | None = pydantic.Field(1000.0, gt=0)
     device: str = "cpu"
     threads: int | None = pydantic.Field(None, gt=0)
     progress: bool = True
@@ -64,6 +82,7 @@ class RunConfig(pydantic.BaseModel):
     model: dict[str, Any]
     algorithm: dict[str, Any]
     comm: CommConfig = CommConfig()
+    faults: FaultsConfig = FaultsConfig()
 
 
 def default_config_dict() -> dict[str, Any]:

@@ -149,10 +149,15 @@ class MetricsWriter:
 
     def append(self, row: Mapping[str, Value]) -> None:
         """Add one row and rewrite the file atomically."""
-        for key in row:
-            if key not in self._columns:
-                self._columns.append(key)
-        self._rows.append(dict(row))
+        self.extend([row])
+
+    def extend(self, rows: Iterable[Mapping[str, Value]]) -> None:
+        """Add several rows with one atomic rewrite."""
+        for row in rows:
+            for key in row:
+                if key not in self._columns:
+                    self._columns.append(key)
+            self._rows.append(dict(row))
         self._flush()
 
     def _flush(self) -> None:

@@ -11,6 +11,7 @@ from fedhp.comm import CommLedger
 from fedhp.config import RunConfig
 from fedhp.data import DATASETS, PARTITIONERS
 from fedhp.engine.context import RunContext
+from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
 from fedhp.engine.sampler import BatchSampler
 from fedhp.errors import ConfigError
@@ -85,5 +86,6 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         client_fraction=topo_cfg.client_fraction,
         edges_per_round=topo_cfg.edges_per_round,
         zero_threshold=cfg.comm.zero_threshold,
+        faults=FaultModel(cfg.faults, cfg.seed, fed.num_clients, topology.num_edges),
     )
     return Experiment(cfg, model, options, options.build(ctx), ctx)

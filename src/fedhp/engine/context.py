@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from fedhp.comm import CommLedger
+from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
 from fedhp.engine.ops import ExtraGrad, sgd_steps
 from fedhp.engine.sampler import BatchSampler
@@ -32,6 +33,11 @@ class RunContext:
     client_fraction: float = 1.0
     edges_per_round: int | None = None
     zero_threshold: float = 0.0
+    faults: FaultModel | None = None
+    # The current round's failures (set by begin_round) and who took part so far this round.
+    round_faults: RoundFaults | None = field(default=None, init=False, repr=False)
+    round_participants: torch.Tensor | None = field(default=None, init=False, repr=False)
+    round_stragglers: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def device(self) -> torch.device:
@@ -45,6 +51,37 @@ class RunContext:
     def all_clients(self) -> torch.Tensor:
         return torch.arange(self.num_clients, device=self.device)
 
+    def begin_round(self, rnd: int) -> RoundFaults | None:
+        """Draw round ``rnd``'s failures (called by the runner before ``run_round``).
+
+        Until the next call, :meth:`sample_clients`, :meth:`sample_edges` and
+        :meth:`clients_of_edges` leave out dropped and straggling clients and failed edges; if
+        nobody is left they raise :class:`~fedhp.engine.faults.RoundSkipped`."""
+        self.round_participants = None
+        self.round_stragglers = None
+        if self.faults is None or not self.faults.enabled:
+            self.round_faults = None
+        else:
+            self.round_faults = self.faults.draw(rnd)
+        return self.round_faults
+
+    def _available(self) -> torch.Tensor | None:
+        """[C] bool on the device: clients able to contribute this round (None: no faults)."""
+        if self.round_faults is None:
+            return None
+        return self.round_faults.available.to(self.device)
+
+    def _survivors(self, clients: torch.Tensor) -> torch.Tensor:
+        """``clients`` minus this round's dropped and straggling ones; records who took part."""
+        faults = self.round_faults
+        if faults is None:
+            return clients
+        straggling = clients[faults.straggler.to(self.device)[clients]]
+        kept = clients[faults.available.to(self.device)[clients]]
+        self.round_stragglers = _union(self.round_stragglers, straggling)
+        self.round_participants = _union(self.round_participants, kept)
+        return kept
+
     def client_weights(self, clients: torch.Tensor) -> torch.Tensor:
         """Aggregation weights of ``clients``: 1 each, or their training-sample counts."""
         if self.weighting == "samples":
@@ -55,32 +92,59 @@ class RunContext:
         """Aggregation weights of ``edges``: 1 each, or the training samples under each edge."""
         if self.weighting == "samples":
             per_edge = torch.zeros(self.topology.num_edges, device=self.device)
-            per_edge.index_add_(
-                0, self.topology.edge_of_client.to(self.device), self.fed.train.counts.float()
-            )
+            counts = self.fed.train.counts.float()
+            available = self._available()
+            if available is not None:  # only the samples of clients that took part
+                counts = counts * available
+            per_edge.index_add_(0, self.topology.edge_of_client.to(self.device), counts)
             return per_edge[edges]
         return torch.ones(len(edges), device=self.device)
 
     def sample_clients(self) -> torch.Tensor:
-        """Sorted client indices taking part this round (``client_fraction`` of all, at least 1)."""
+        """Sorted client indices taking part this round (``client_fraction`` of all, at least 1,
+        minus this round's dropped and straggling clients)."""
         n = self.num_clients
         k = max(1, round(self.client_fraction * n))
         if k >= n:
-            return self.all_clients
-        return torch.randperm(n, generator=self.generator)[:k].sort().values.to(self.device)
+            sampled = self.all_clients
+        else:
+            sampled = torch.randperm(n, generator=self.generator)[:k].sort().values.to(self.device)
+        kept = self._survivors(sampled)
+        if len(kept) == 0:
+            raise RoundSkipped("every sampled client dropped out or straggled")
+        return kept
 
     def sample_edges(self) -> torch.Tensor:
-        """Sorted edge indices aggregated this round (``edges_per_round`` of all)."""
+        """Sorted edge indices aggregated this round (``edges_per_round`` of all, minus failed
+        edges and edges none of whose clients can take part this round)."""
         n = self.topology.num_edges
         s = self.edges_per_round or n
         if s >= n:
-            return torch.arange(n, device=self.device)
-        return torch.randperm(n, generator=self.generator)[:s].sort().values.to(self.device)
+            sampled = torch.arange(n, device=self.device)
+        else:
+            sampled = torch.randperm(n, generator=self.generator)[:s].sort().values.to(self.device)
+        faults = self.round_faults
+        if faults is None:
+            return sampled
+        edge_of = self.topology.edge_of_client.to(self.device)
+        has_clients = torch.zeros(n, dtype=torch.bool, device=self.device)
+        has_clients[edge_of[faults.available.to(self.device)]] = True
+        kept = sampled[(~faults.edge_failed.to(self.device) & has_clients)[sampled]]
+        if len(kept) == 0:
+            raise RoundSkipped("every sampled edge failed or lost all its clients")
+        # The stragglers under the kept edges received the model: record them (and who took part).
+        self._survivors(self.all_clients[torch.isin(edge_of, kept)])
+        return kept
 
     def clients_of_edges(self, edges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Clients under ``edges`` (sorted) and, for each, the position of its edge in ``edges``."""
+        """Clients under ``edges`` (sorted) and, for each, the position of its edge in ``edges``.
+
+        This round's dropped and straggling clients, and clients of failed edges, are left out."""
         edge_of = self.topology.edge_of_client.to(self.device)
-        clients = self.all_clients[(edge_of.unsqueeze(1) == edges.unsqueeze(0)).any(1)]
+        under = (edge_of.unsqueeze(1) == edges.unsqueeze(0)).any(1)
+        if self.round_faults is not None:  # a failed edge server reaches none of its clients
+            under &= ~self.round_faults.edge_failed.to(self.device)[edge_of]
+        clients = self._survivors(self.all_clients[under])
         return clients, torch.searchsorted(edges, edge_of[clients])
 
     def batches(
@@ -108,3 +172,8 @@ class RunContext:
         return sgd_steps(
             self.model, params, self.batches(clients, batch_size), steps, lr, extra_grad
         )
+
+
+def _union(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    """Sorted distinct indices of ``a`` and ``b``."""
+    return b.unique() if a is None else torch.cat((a, b)).unique()

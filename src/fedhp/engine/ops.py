@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from fedhp.models.base import BatchedModel
 
@@ -22,13 +21,7 @@ def batched_loss_grad(
     The clients' losses are summed before differentiation; since clients share no parameters, the
     gradient's row c is exactly the gradient of client c's own mean loss.
     """
-    p = params.detach().requires_grad_(True)
-    logits = model.forward(p, x)
-    c, b = logits.shape[0], logits.shape[1]
-    losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
-    per_client = losses.view(c, b).mean(1)
-    (grad,) = torch.autograd.grad(per_client.sum(), p)
-    return per_client.detach(), grad
+    return model.loss_and_grad(params.detach(), x, y)
 
 
 def sgd_steps(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,20 @@ from tqdm import tqdm
 from fedhp.algorithms.base import State
 from fedhp.config import config_to_dict
 from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment
+from fedhp.engine.checkpoint import (
+    CHECKPOINT_FILE,
+    FINAL_STATE_FILE,
+    CheckpointError,
+    Snapshot,
+    capture,
+    config_difference,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+    save_final_state,
+)
 from fedhp.engine.evaluate import density, evaluate_personal, evaluate_shared
+from fedhp.engine.faults import RoundSkipped
 from fedhp.errors import DivergenceError
 from fedhp.reporting import MetricsWriter, plot_run, write_json_atomic, write_yaml_atomic
 
@@ -53,19 +67,62 @@ def evaluate_state(exp: Experiment, state: State) -> tuple[Row, list[Row]]:
     return row, clients
 
 
-def check_finite(exp: Experiment, state: State, rnd: int, stats: Row) -> None:
-    """Stop with a one-line :class:`DivergenceError` on NaN/Inf parameters or loss."""
+LOSS_KEYS = ("local_loss", "global_loss", "train_loss", "personal_loss", "personal_train_loss")
+
+
+def likely_cause(options: Any) -> str:
+    """A short guess at why ``options`` diverged, naming the values to lower."""
+    lr = getattr(options, "lr", None)
+    for field, symbol in (("lam", "λ"), ("lam1", "λ1"), ("mu", "μ")):
+        weight = getattr(options, field, None)
+        if field == "lam1" and weight is None:
+            continue
+        if isinstance(weight, int | float) and isinstance(lr, int | float) and weight > 0:
+            return (
+                f"{symbol}·η = {weight * lr:g} too large (algorithm.{field}={weight:g}, "
+                f"algorithm.lr={lr:g}); lower them"
+            )
+    if isinstance(lr, int | float):
+        return f"learning rate too large (algorithm.lr={lr:g}); lower it"
+    return "step sizes too large; lower the algorithm's learning rates"
+
+
+def divergence_problem(state: State, stats: Row, max_loss: float | None) -> str | None:
+    """What is wrong with ``state`` / the loss values in ``stats`` (None when all is well).
+
+    Non-finite parameters, a non-finite loss, or a loss above ``max_loss`` count as divergence."""
     bad = [
         k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())
     ]
-    loss = stats.get("local_loss")
-    if bad or (isinstance(loss, float) and not math.isfinite(loss)):
-        what = f"non-finite values in {', '.join(bad)}" if bad else "non-finite training loss"
-        name = exp.cfg.algorithm.get("name")
-        raise DivergenceError(
-            f"round {rnd + 1}: {name} diverged ({what}); likely cause: learning rate or "
-            "regularization (lambda*lr) too large — lower algorithm.lr or the penalty weights"
-        )
+    if bad:
+        return f"non-finite values in {', '.join(sorted(bad))}"
+    for key in LOSS_KEYS:
+        loss = stats.get(key)
+        if not isinstance(loss, int | float):
+            continue
+        if not math.isfinite(loss):
+            return f"{key} is {loss}"
+        if max_loss is not None and loss > max_loss:
+            return f"{key} {loss:.4g} > max_loss={max_loss:g}"
+    return None
+
+
+def check_finite(exp: Experiment, state: State, rnd: int, stats: Row) -> None:
+    """Raise a one-line :class:`DivergenceError` if round ``rnd`` (0-based) diverged."""
+    problem = divergence_problem(state, stats, exp.cfg.max_loss)
+    if problem is not None:
+        raise _divergence(exp, rnd, problem, None)
+
+
+def _divergence(exp: Experiment, rnd: int, problem: str, out_dir: Path | None) -> DivergenceError:
+    name = exp.cfg.algorithm.get("name")
+    where = ""
+    if out_dir is not None:
+        where = f"; results up to round {rnd} (the last good one) are kept in {out_dir}"
+    return DivergenceError(
+        f"round {rnd + 1}: {name} diverged ({problem}); "
+        f"likely cause: {likely_cause(exp.options)}{where}"
+    )
 
 
 def _clean(value: Any) -> Any:
@@ -99,56 +156,174 @@ def summarize(exp: Experiment, rows: list[Row], seconds: float, rounds_done: int
     return {k: _clean(v) for k, v in summary.items()}
 
 
-def run_experiment(exp: Experiment, out_dir: Path | None, progress: bool | None = None) -> Row:
-    """Run all rounds; write config.yaml, metrics.csv, per_client.csv, summary.json, plot.png."""
-    cfg, algo, ledger = exp.cfg, exp.algorithm, exp.ctx.ledger
+RESULT_FILES = (
+    "metrics.csv",
+    "per_client.csv",
+    "timings.csv",
+    "summary.json",
+    "plot.png",
+    CHECKPOINT_FILE,
+    FINAL_STATE_FILE,
+)
+
+
+def _round_skipped(exp: Experiment, rnd: int, why: str) -> None:
+    tqdm.write(f"fedhp: round {rnd + 1}: {why}; round skipped (model unchanged)", file=sys.stderr)
+
+
+def _charge_stragglers(exp: Experiment, start_state: State) -> None:
+    """Stragglers received the round's model before missing the deadline: count that downlink."""
+    ctx = exp.ctx
+    stragglers = ctx.round_stragglers
+    w = exp.algorithm.global_model(start_state)
+    if stragglers is None or len(stragglers) == 0 or w is None:
+        return
+    link = "client_edge" if exp.options.hierarchical else "client_cloud"
+    messages = w.expand(len(stragglers), -1)
+    ctx.ledger.record(link, "down", messages, ctx.zero_threshold, nodes=stragglers)
+
+
+def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
+    """Load ``out_dir``'s checkpoint into ``state``, the RNGs and the ledger (None: none yet)."""
+    path = out_dir / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    data = load_checkpoint(path)
+    diff = config_difference(data["config"], config_to_dict(exp.cfg))
+    if diff is not None:
+        raise CheckpointError(
+            f"{path}: written by a different configuration ({diff} differs); "
+            "only rounds and progress may change on resume"
+        )
+    if int(data["round"]) > exp.cfg.rounds:
+        raise CheckpointError(
+            f"{path}: already at round {data['round']}, beyond rounds={exp.cfg.rounds}"
+        )
+    saved: dict[str, torch.Tensor] = data["state"]
+    if set(saved) != set(state):
+        raise CheckpointError(
+            f"{path}: state keys {sorted(saved)} do not match the algorithm's {sorted(state)}"
+        )
+    for key, value in saved.items():
+        if value.shape != state[key].shape or value.dtype != state[key].dtype:
+            raise CheckpointError(f"{path}: state {key!r} has the wrong shape or dtype")
+        state[key] = value.to(state[key].device)
+    restore_rng(exp, data["rng"])
+    exp.ctx.ledger.load_state_dict(data["ledger"])
+    return Snapshot(
+        round=int(data["round"]),
+        state={k: v.clone() for k, v in state.items()},
+        rng=data["rng"],
+        ledger=data["ledger"],
+        rows=list(data["rows"]),
+        seconds=float(data["seconds"]),
+    )
+
+
+def run_experiment(
+    exp: Experiment, out_dir: Path | None, progress: bool | None = None, resume: bool = False
+) -> Row:
+    """Run all rounds; write config.yaml, metrics.csv, per_client.csv, timings.csv,
+    summary.json, plot.png, checkpoint.pt (every ``checkpoint_every`` rounds) and final_state.pt.
+
+    With ``resume``, continue from ``out_dir``'s checkpoint (from scratch if it has none); the
+    results are bit-identical to an uninterrupted run's (timings aside).
+    """
+    cfg, algo, ledger, ctx = exp.cfg, exp.algorithm, exp.ctx.ledger, exp.ctx
     show = cfg.progress if progress is None else progress
+    config = config_to_dict(cfg)
+    state = algo.init_state(exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET))
+    restored: Snapshot | None = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_yaml_atomic(out_dir / "config.yaml", config_to_dict(cfg))
-    metrics = MetricsWriter(out_dir / "metrics.csv") if out_dir is not None else None
-    per_client = MetricsWriter(out_dir / "per_client.csv") if out_dir is not None else None
-    rows: list[Row] = []
-    state = algo.init_state(exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET))
-    bar = tqdm(range(cfg.rounds), desc=str(cfg.algorithm.get("name")), disable=not show)
+        if resume:
+            restored = _restore(exp, state, out_dir)
+        else:
+            for name in RESULT_FILES:
+                (out_dir / name).unlink(missing_ok=True)
+        write_yaml_atomic(out_dir / "config.yaml", config)
+    start_round = restored.round if restored is not None else 0
+    rows: list[Row] = restored.rows if restored is not None else []
+    prior_seconds = restored.seconds if restored is not None else 0.0
+    writers: dict[str, MetricsWriter] = {}
+    if out_dir is not None:
+        for name in ("metrics", "per_client", "timings"):
+            path = out_dir / f"{name}.csv"
+            writers[name] = (
+                MetricsWriter.resume(path, start_round) if resume else MetricsWriter(path)
+            )
+    snap = restored or capture(exp, state, 0, rows, 0.0)
+    bar = tqdm(
+        total=cfg.rounds, initial=start_round, desc=str(cfg.algorithm.get("name")), disable=not show
+    )
     start = time.perf_counter()
-    rounds_done = 0
+    rounds_done = start_round
     error: DivergenceError | None = None
-    for rnd in bar:
-        stats = algo.run_round(state, rnd)
-        round_comm = ledger.end_round()
+    for rnd in range(start_round, cfg.rounds):
+        ctx.begin_round(rnd)
         try:
-            check_finite(exp, state, rnd, stats)
-        except DivergenceError as err:
-            error = err
+            stats: Row = algo.run_round(state, rnd)
+        except RoundSkipped as why:
+            state.clear()
+            state.update(snap.state_copy())
+            ledger.load_state_dict(snap.ledger)  # drop anything recorded before the skip
+            stats = {}
+            _round_skipped(exp, rnd, str(why))
+        else:
+            _charge_stragglers(exp, snap.state)
+        round_comm = ledger.end_round()
+        problem = divergence_problem(state, stats, cfg.max_loss)
+        if problem is None and (rnd + 1) % cfg.eval_every and rnd + 1 != cfg.rounds:
+            evals: Row | None = None
+        else:
+            evals, clients = evaluate_state(exp, state) if problem is None else ({}, [])
+            problem = problem or divergence_problem({}, evals, cfg.max_loss)
+        if problem is not None:
+            error = _divergence(exp, rnd, problem, out_dir)
+            state.clear()
+            state.update(snap.state_copy())  # keep the last good state, not the diverged one
+            ledger.load_state_dict(snap.ledger)
             break
         rounds_done = rnd + 1
-        if rounds_done % cfg.eval_every and rounds_done != cfg.rounds:
-            continue
-        evals, clients = evaluate_state(exp, state)
-        row: Row = {"round": rounds_done, **evals, **stats}
-        row["seconds"] = time.perf_counter() - start
-        row.update({f"round_{k}": v for k, v in round_comm.items() if k.startswith("bytes")})
-        row.update(
-            {
-                f"cum_{k}": v
-                for k, v in ledger.totals().items()
-                if k.startswith(("bytes", "remark1"))
-            }
+        seconds = prior_seconds + time.perf_counter() - start
+        if evals is not None:
+            row: Row = {"round": rounds_done, **evals, **stats}
+            if cfg.faults.enabled:
+                participants = ctx.round_participants
+                row["clients_participating"] = 0 if participants is None else len(participants)
+            row.update({f"round_{k}": v for k, v in round_comm.items() if k.startswith("bytes")})
+            row.update(
+                {
+                    f"cum_{k}": v
+                    for k, v in ledger.totals().items()
+                    if k.startswith(("bytes", "remark1"))
+                }
+            )
+            rows.append(row)
+            if writers:
+                writers["metrics"].append(row)
+                writers["per_client"].extend({"round": rounds_done, **c} for c in clients)
+                writers["timings"].append({"round": rounds_done, "seconds": seconds})
+            bar.set_postfix(
+                {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
+            )
+        bar.update(1)
+        snap = capture(exp, state, rounds_done, rows, seconds)
+        due = cfg.checkpoint_every and (
+            rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
         )
-        rows.append(row)
-        if metrics is not None and per_client is not None:
-            metrics.append(row)
-            for c in clients:
-                per_client.append({"round": rounds_done, **c})
-        shown = {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
-        bar.set_postfix(shown)
+        if out_dir is not None and due:
+            save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)
     bar.close()
-    seconds = time.perf_counter() - start
+    seconds = prior_seconds + time.perf_counter() - start
     summary = summarize(exp, rows, seconds, rounds_done)
     if error is not None:
         summary["stopped"] = str(error)
     if out_dir is not None:
+        if error is not None and cfg.checkpoint_every:
+            save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)  # the last good state
+        if error is None:
+            save_final_state(out_dir / FINAL_STATE_FILE, state, rounds_done)
         write_json_atomic(out_dir / "summary.json", summary)
         if rows:
             plot_run(rows, out_dir / "plot.png", f"{summary['algorithm']} on {summary['dataset']}")

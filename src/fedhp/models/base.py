@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from math import prod
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -91,6 +92,33 @@ class BatchedModel(ABC):
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[C, B, K]`` for parameters ``[C, P]`` and inputs ``[C, B, *feature_shape]``."""
 
+    def loss_and_grad(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]``.
+
+        Autograd over per-layer leaf copies (not over slices of the flat tensor, whose backward
+        would materialize a zero-filled ``[C, P]`` buffer per parameter). The clients' losses are
+        summed before differentiation; as clients share no parameters, row c of the gradient is
+        exactly the gradient of client c's own loss.
+        """
+        leaves = [
+            self.layout.view(flat, s).detach().contiguous().requires_grad_(True)
+            for s in self.layout.specs
+        ]
+        params = {s.name: leaf for s, leaf in zip(self.layout.specs, leaves, strict=True)}
+        logits = self.forward_params(params, x)
+        c, b = logits.shape[0], logits.shape[1]
+        losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
+        per_client = losses.view(c, b).mean(1)
+        grads = torch.autograd.grad(per_client.sum(), leaves)
+        return per_client.detach(), torch.cat([g.reshape(c, -1) for g in grads], dim=1)
+
+    def forward_params(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Like :meth:`forward`, from per-parameter tensors ``name -> [C, *shape]``."""
+        flat = torch.cat([params[s.name].reshape(x.shape[0], -1) for s in self.layout.specs], 1)
+        return self.forward(flat, x)
+
     def make_module(self, flat: torch.Tensor) -> nn.Module:
         """A fresh plain ``nn.Module`` holding the flat ``[P]`` parameters (reference path)."""
         import copy
@@ -112,11 +140,12 @@ class VmapModel(BatchedModel):
     """Generic batched form of any module, via ``torch.func.vmap`` over ``functional_call``."""
 
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        def one(p: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = torch.func.functional_call(
-                self.reference, self.layout.unflatten(p), (xb,)
-            )
+        return self.forward_params(self.layout.unflatten(flat), x)
+
+    def forward_params(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        def one(p: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = torch.func.functional_call(self.reference, p, (xb,))
             return out
 
-        result: torch.Tensor = torch.func.vmap(one)(flat, x)
+        result: torch.Tensor = torch.func.vmap(one)(params, x)
         return result

@@ -47,19 +47,53 @@ class MLP(nn.Module):
 
 
 class BatchedMLP(BatchedModel):
-    """Hand-batched MLP: one ``baddbmm`` per layer over the client dimension."""
+    """Hand-batched MLP: one ``baddbmm`` per layer over the client dimension, and a hand-written
+    backward pass that writes each layer's gradient straight into the flat ``[C, P]`` buffer."""
+
+    def _layers(self, flat: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        specs = self.layout.specs
+        return [
+            (self.layout.view(flat, specs[2 * i]), self.layout.view(flat, specs[2 * i + 1]))
+            for i in range(len(specs) // 2)
+        ]  # (weight [C, out, in], bias [C, out]) per layer
+
+    def _activations(self, flat: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
+        """Inputs of every layer followed by the logits."""
+        layers = self._layers(flat)
+        h = x.reshape(x.shape[0], x.shape[1], -1)
+        acts = [h]
+        for i, (w, b) in enumerate(layers):
+            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+            if i < len(layers) - 1:
+                h = torch.relu(h)
+            acts.append(h)
+        return acts
 
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        specs = self.layout.specs
-        h = x.reshape(x.shape[0], x.shape[1], -1)
-        n_layers = len(specs) // 2
-        for i in range(n_layers):
-            w = self.layout.view(flat, specs[2 * i])  # [C, out, in]
-            b = self.layout.view(flat, specs[2 * i + 1])  # [C, out]
-            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
-            if i < n_layers - 1:
-                h = torch.relu(h)
-        return h
+        return self._activations(flat, x)[-1]
+
+    def loss_and_grad(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            acts = self._activations(flat, x)
+            logp = torch.log_softmax(acts[-1], dim=-1)
+            c, b = y.shape
+            target = y.unsqueeze(2)
+            loss = -logp.gather(2, target).squeeze(2).mean(1)
+            delta = logp.exp_()  # softmax
+            delta.scatter_add_(2, target, torch.full_like(target, -1, dtype=delta.dtype))
+            delta.div_(b)  # d(mean loss)/d(logits)
+            grad = torch.empty_like(flat)
+            layers = self._layers(flat)
+            grads = self._layers(grad)
+            for i in reversed(range(len(layers))):
+                h_in = acts[i]
+                torch.bmm(delta.transpose(1, 2), h_in, out=grads[i][0])
+                torch.sum(delta, dim=1, out=grads[i][1])
+                if i > 0:
+                    delta = torch.bmm(delta, layers[i][0]).mul_(h_in > 0)
+            return loss, grad
 
 
 @MODELS.register("mlr")

@@ -1,0 +1,198 @@
+"""sFedHP (sparse FL with hierarchical personalized models): Algorithm 1 of the paper,
+vectorized over all clients and edges.
+
+One global round: every participating edge starts from ``phi_i = w_i = w``; for ``R`` local rounds
+each client draws ONE minibatch and takes ``K`` gradient steps on
+``l(theta; D) + gamma1 phi_rho(theta) + lam1/2 ||theta - phi_i||^2``, sends
+``phi_ij = (lam1 theta + lam2 w_i) / (lam1 + lam2)``; the edge averages them into ``phi_i`` and
+steps ``w_i <- w_i - eta1 [lam2 (w_i - phi_i) + gamma2 tanh(w_i / rho)]``. The cloud then
+averages the ``w_i`` of ``S`` sampled edges: ``w <- (1 - beta) w + beta mean_i w_i``.
+
+Everything sent over a link is truncated at the run's zero threshold first (``|x| <= eps`` is sent
+as 0) and the receiver uses the truncated values.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+import torch
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.penalties import smooth_l1_grad, truncate
+from fedhp.engine.context import RunContext
+from fedhp.engine.evaluate import density
+from fedhp.engine.ops import batched_loss_grad, segment_mean, weighted_mean
+
+
+class SFedHP(Algorithm):
+    """sFedHP; the global model is ``w``, the personalized models are the clients' ``theta``."""
+
+    options: SFedHPOptions
+    has_personal = True
+
+    def init_state(self, init_params: torch.Tensor) -> State:
+        opt = self.options
+        c, n = self.ctx.num_clients, self.ctx.topology.num_edges
+        p = init_params.to(self.ctx.device)
+        return {
+            "global": p.clone(),
+            "theta": p.expand(c, -1).clone(),
+            "edge": p.expand(n, -1).clone(),
+            # Current penalty weights (0-d tensors so a checkpoint keeps the schedule's state).
+            "gamma1": torch.tensor(opt.gamma1, dtype=p.dtype, device=p.device),
+            "gamma2": torch.tensor(opt.gamma2, dtype=p.dtype, device=p.device),
+        }
+
+    def update_gammas(self, state: State, rnd: int) -> None:
+        """The paper's sparse schedule: gamma1 drops to tiny (for good) once the client models'
+        density is below the target; gamma2 drops to tiny from round ``gamma2_switch_round`` on."""
+        opt = self.options
+        if not opt.sparse_schedule:
+            return
+        if float(state["gamma1"]) > opt.gamma_tiny and (
+            density(state["theta"], self.ctx.zero_threshold) < opt.density_target
+        ):
+            state["gamma1"].fill_(opt.gamma_tiny)
+        if rnd >= opt.gamma2_switch_round:
+            state["gamma2"].fill_(min(opt.gamma_tiny, opt.gamma2))
+
+    def solve_theta(
+        self,
+        theta: torch.Tensor,
+        center: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        gamma1: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K steps on ``l(theta; x, y) + gamma1 phi_rho(theta) + lam1/2 ||theta - center||^2``.
+
+        Returns the new ``theta`` and the data loss at the last step's start point."""
+        opt = self.options
+        lam1, rho, lr = opt.lam1_value, opt.rho, opt.lr
+        theta = theta.clone()
+        velocity = torch.zeros_like(theta) if opt.inner == "nesterov" else None
+        loss = torch.zeros(theta.shape[0], device=theta.device)
+        for _ in range(opt.K):
+            loss, grad = batched_loss_grad(self.ctx.model, theta, x, y)
+            grad.add_(theta - center, alpha=lam1)
+            if gamma1 > 0:
+                grad.add_(smooth_l1_grad(theta, rho), alpha=gamma1)
+            if velocity is None:
+                theta.add_(grad, alpha=-lr)
+            else:  # PyTorch's Nesterov SGD form, momentum reset every local round
+                velocity.mul_(opt.momentum).add_(grad)
+                theta.add_(grad.add(velocity, alpha=opt.momentum), alpha=-lr)
+        return theta, loss
+
+    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        eps = ctx.zero_threshold
+        lam1, lam2 = opt.lam1_value, opt.lam2_value
+        self.update_gammas(state, rnd)
+        gamma1, gamma2 = float(state["gamma1"]), float(state["gamma2"])
+
+        agg = ctx.sample_edges()
+        edges = agg
+        if opt.all_edges_train:
+            edges = torch.arange(ctx.topology.num_edges, device=ctx.device)
+        clients, seg = ctx.clients_of_edges(edges)
+        weights = ctx.client_weights(clients)
+        n = len(edges)
+        sent_w = truncate(state["global"], eps).expand(n, -1)
+        ctx.ledger.record("edge_cloud", "down", sent_w, eps, nodes=edges)
+        w_edge = sent_w.clone()
+        phi_edge = sent_w.clone()
+        theta = state["theta"][clients]
+        draw = ctx.batches(clients, opt.batch_size)
+        loss_total = torch.zeros((), device=theta.device)
+        for _ in range(opt.R):
+            # Edge -> clients: the edge personalized model (prox centre) and the edge global model.
+            phi_recv, w_recv = truncate(phi_edge, eps)[seg], truncate(w_edge, eps)[seg]
+            ctx.ledger.record("client_edge", "down", phi_recv, eps, nodes=clients)
+            ctx.ledger.record("client_edge", "down", w_recv, eps, nodes=clients)
+            if opt.theta_init == "reset":
+                theta = phi_recv.clone()
+            x, y = draw()
+            theta, loss = self.solve_theta(theta, phi_recv, x, y, gamma1)
+            loss_total += loss.mean()
+            phi_local = truncate((lam1 * theta + lam2 * w_recv) / (lam1 + lam2), eps)
+            ctx.ledger.record("client_edge", "up", phi_local, eps, nodes=clients)
+            phi_edge = segment_mean(phi_local, seg, weights, n)
+            step = (w_edge - phi_edge).mul_(lam2)
+            if gamma2 > 0:
+                step.add_(smooth_l1_grad(w_edge, opt.rho), alpha=gamma2)
+            w_edge = w_edge - opt.global_lr * step
+
+        pos = torch.searchsorted(edges, agg)
+        sent_up = truncate(w_edge[pos], eps)
+        ctx.ledger.record("edge_cloud", "up", sent_up, eps, nodes=agg)
+        mean = weighted_mean(sent_up, ctx.edge_weights(agg))
+        state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
+        state["theta"][clients] = theta
+        state["edge"][edges] = w_edge
+        return {"local_loss": float(loss_total) / opt.R}
+
+    def personal_models(self, state: State) -> torch.Tensor | None:
+        return state["theta"]
+
+    def extra_metrics(self, state: State) -> dict[str, float]:
+        eps = self.ctx.zero_threshold
+        return {
+            "density_client": density(state["theta"], eps),
+            "density_edge": density(state["edge"], eps),
+            "density_cloud": density(state["global"], eps),
+            "gamma1": float(state["gamma1"]),
+            "gamma2": float(state["gamma2"]),
+        }
+
+
+@ALGORITHMS.register("sfedhp")
+class SFedHPOptions(AlgorithmOptions):
+    """sFedHP (Algorithm 1). ``lr`` is eta2 (client steps), ``global_lr`` is eta1 (edge steps).
+
+    ``local_steps`` is unused; the gradient evaluations per round are ``R * K``."""
+
+    lam: float = pydantic.Field(15.0, gt=0, description="lambda1 = lambda2 unless set apart")
+    lam1: float | None = pydantic.Field(None, gt=0, description="overrides lam for lambda1")
+    lam2: float | None = pydantic.Field(None, gt=0, description="overrides lam for lambda2")
+    K: int = pydantic.Field(5, gt=0, description="gradient steps per theta subproblem")
+    R: int = pydantic.Field(20, gt=0, description="local (edge) rounds per global round")
+    global_lr: float = pydantic.Field(0.05, gt=0, description="eta1, edge-model step size")
+    beta: float = pydantic.Field(1.0, gt=0, le=2, description="cloud mixing weight")
+    rho: float = pydantic.Field(6e-5, gt=0, description="smoothing of the approximated l1-norm")
+    gamma1: float = pydantic.Field(0.0, ge=0, description="sparsity weight on client models")
+    gamma2: float = pydantic.Field(0.0, ge=0, description="sparsity weight on edge models")
+    sparse_schedule: bool = pydantic.Field(
+        False, description="gamma1 -> gamma_tiny below density_target; gamma2 -> tiny later"
+    )
+    gamma_tiny: float = pydantic.Field(1e-6, ge=0)
+    density_target: float = pydantic.Field(0.2, gt=0, le=1)
+    gamma2_switch_round: int = pydantic.Field(100, ge=0)
+    inner: Literal["gd", "nesterov"] = "gd"
+    momentum: float = pydantic.Field(0.9, ge=0, lt=1, description="Nesterov momentum (inner)")
+    theta_init: Literal["warm", "reset"] = pydantic.Field(
+        "warm", description="warm: keep theta across rounds; reset: theta <- phi_i each local round"
+    )
+    all_edges_train: bool = pydantic.Field(
+        False,
+        description="true: every edge trains and the cloud aggregates its S sampled edges "
+        "(Algorithm 1 verbatim); false: only the S sampled edges train (same when S = N)",
+    )
+
+    hierarchical = True
+
+    @property
+    def lam1_value(self) -> float:
+        return self.lam1 if self.lam1 is not None else self.lam
+
+    @property
+    def lam2_value(self) -> float:
+        return self.lam2 if self.lam2 is not None else self.lam
+
+    def gradient_evaluations(self) -> int:
+        return self.R * self.K
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return SFedHP(self, ctx)

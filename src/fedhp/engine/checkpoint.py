@@ -1,0 +1,188 @@
+"""Checkpoints: everything a run needs to continue bit-identically, written atomically.
+
+``checkpoint.pt`` (``torch.save`` of a plain dict; loaded with ``weights_only=True``)::
+
+    format    "fedhp-checkpoint"
+    version   1
+    round     rounds completed (the next round to run is this one, 0-based)
+    config    the resolved configuration (plain data) that produced it
+    state     the algorithm's state dict, tensors on the CPU
+    rng       generator states: "engine" (ctx.generator), "sampler" (when it is a separate
+              generator), "torch" (global CPU RNG), "cuda" (when running on CUDA), and
+              "algorithm.<attr>" for any torch.Generator an algorithm object holds
+    ledger    CommLedger.state_dict()
+    rows      the metrics rows written so far (for summary.json's best/final values)
+    seconds   wall-clock seconds spent so far (reported, never compared)
+
+``final_state.pt`` holds ``{"format": "fedhp-final-state", "round": n, "state": {...}}``.
+
+Both are written to a temporary file in the same folder, fsynced and renamed over the old file,
+so a crash leaves the previous complete file or the new one, never a partial one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhp.errors import FedhpError
+from fedhp.reporting import _atomic_write
+
+CHECKPOINT_FILE = "checkpoint.pt"
+FINAL_STATE_FILE = "final_state.pt"
+FORMAT = "fedhp-checkpoint"
+VERSION = 1
+
+Row = dict[str, Any]
+# Config keys a resumed run may change: neither affects the numbers of rounds already run.
+RESUMABLE_KEYS = ("rounds", "progress")
+
+
+class CheckpointError(FedhpError):
+    """A checkpoint is unreadable or does not belong to the run being resumed."""
+
+
+@dataclass
+class Snapshot:
+    """The complete state of a run after ``round`` rounds (tensors still on the run's device)."""
+
+    round: int
+    state: dict[str, torch.Tensor]
+    rng: dict[str, torch.Tensor]
+    ledger: dict[str, object]
+    rows: list[Row] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def state_copy(self) -> dict[str, torch.Tensor]:
+        """A fresh copy of the algorithm state (to continue from)."""
+        return {k: v.clone() for k, v in self.state.items()}
+
+
+def _generators(exp: Any) -> dict[str, torch.Generator]:
+    """Every random generator a run draws from, by a stable name."""
+    ctx = exp.ctx
+    gens: dict[str, torch.Generator] = {"engine": ctx.generator}
+    if ctx.sampler.generator is not ctx.generator:
+        gens["sampler"] = ctx.sampler.generator
+    seen = {id(g) for g in gens.values()}
+    for name, value in sorted(vars(exp.algorithm).items()):
+        if isinstance(value, torch.Generator) and id(value) not in seen:
+            gens[f"algorithm.{name}"] = value
+            seen.add(id(value))
+    return gens
+
+
+def rng_states(exp: Any) -> dict[str, torch.Tensor]:
+    """Current states of all generators of ``exp`` plus torch's global RNG(s)."""
+    out = {name: g.get_state() for name, g in _generators(exp).items()}
+    out["torch"] = torch.get_rng_state()
+    if exp.ctx.device.type == "cuda":
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            out[f"cuda{i}"] = s
+    return out
+
+
+def restore_rng(exp: Any, states: dict[str, torch.Tensor]) -> None:
+    """Put every generator of ``exp`` back into the saved ``states``."""
+    gens = _generators(exp)
+    missing = sorted(set(gens) - set(states))
+    if missing:
+        raise CheckpointError(f"checkpoint lacks the state of generator(s) {', '.join(missing)}")
+    for name, g in gens.items():
+        g.set_state(states[name].to("cpu"))
+    torch.set_rng_state(states["torch"].to("cpu"))
+    cuda = [states[k] for k in sorted(states) if k.startswith("cuda")]
+    if cuda and exp.ctx.device.type == "cuda":
+        torch.cuda.set_rng_state_all([s.to("cpu") for s in cuda])
+
+
+def capture(
+    exp: Any, state: dict[str, torch.Tensor], rnd: int, rows: list[Row], seconds: float
+) -> Snapshot:
+    """A :class:`Snapshot` of the run after ``rnd`` rounds (copies the state)."""
+    return Snapshot(
+        round=rnd,
+        state={k: v.detach().clone() for k, v in state.items()},
+        rng=rng_states(exp),
+        ledger=exp.ctx.ledger.state_dict(),
+        rows=list(rows),
+        seconds=seconds,
+    )
+
+
+def _cpu_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+
+
+def atomic_torch_save(obj: object, path: Path) -> None:
+    """``torch.save`` to a temporary file, fsync, then rename over ``path``."""
+    _atomic_write(Path(path), lambda fh: torch.save(obj, fh))
+
+
+def save_checkpoint(path: Path, snap: Snapshot, config: dict[str, Any]) -> None:
+    """Write ``snap`` (with the run's resolved ``config``) to ``path`` atomically."""
+    atomic_torch_save(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "round": snap.round,
+            "config": config,
+            "state": _cpu_state(snap.state),
+            "rng": {k: v.to("cpu") for k, v in snap.rng.items()},
+            "ledger": snap.ledger,
+            "rows": snap.rows,
+            "seconds": snap.seconds,
+        },
+        path,
+    )
+
+
+def save_final_state(path: Path, state: dict[str, torch.Tensor], rounds: int) -> None:
+    """The final parameters (the algorithm's state dict) as ``final_state.pt``."""
+    atomic_torch_save(
+        {"format": "fedhp-final-state", "round": rounds, "state": _cpu_state(state)}, path
+    )
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read and sanity-check a checkpoint, or raise a one-line :class:`CheckpointError`."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: not found") from None
+    except Exception as err:  # torch raises many types for corrupt zip/pickle data
+        kind = type(err).__name__
+        raise CheckpointError(
+            f"{path}: unreadable ({kind}; corrupt or truncated?); delete it to restart the run"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a fedhp checkpoint")
+    if data.get("version") != VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint version {data.get('version')!r}; this fedhp reads {VERSION}"
+        )
+    keys = ("round", "config", "state", "rng", "ledger", "rows", "seconds")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise CheckpointError(f"{path}: incomplete checkpoint (missing {', '.join(missing)})")
+    return data
+
+
+def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """The first dotted key (other than :data:`RESUMABLE_KEYS`) whose value differs, or None."""
+
+    def walk(a: Any, b: Any, prefix: str) -> str | None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if not prefix and key in RESUMABLE_KEYS:
+                    continue
+                found = walk(a.get(key), b.get(key), f"{prefix}{key}.")
+                if found is not None:
+                    return found
+            return None
+        return None if a == b else prefix.rstrip(".")
+
+    return walk(saved, current, "")

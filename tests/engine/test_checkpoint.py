@@ -1,0 +1,170 @@
+"""Checkpoints, resume and determinism: an interrupted run, resumed, is bit-identical."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fedhp.engine.runner as runner
+from fedhp.cli import main
+from fedhp.config import resolve_config
+from fedhp.engine.build import build_experiment
+from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from fedhp.engine.runner import run_experiment
+
+# Small and fast: MNIST Setting 1, MLR, a few local steps per round.
+FAST = [
+    "progress=false",
+    "threads=2",
+    "model.name=mlr",
+    "algorithm.local_steps=3",
+    "rounds=6",
+    "checkpoint_every=2",
+]
+HIER_FAULTS = [
+    "algorithm.name=hierfavg",
+    "algorithm.kappa1=2",
+    "algorithm.kappa2=2",
+    "federation.edges_per_round=3",
+    "faults.client_dropout=0.3",
+    "faults.edge_failure=0.2",
+    "faults.straggler=0.1",
+]
+COMPARED = ("metrics.csv", "per_client.csv", "final_state.pt", "config.yaml")
+
+
+def run(out: Path, *overrides: str, resume: bool = False) -> dict[str, object]:
+    cfg = resolve_config(None, [*FAST, *overrides])
+    return run_experiment(build_experiment(cfg), out, resume=resume)
+
+
+def same_results(a: Path, b: Path) -> None:
+    for name in COMPARED:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    for timing in ("seconds", "seconds_per_round", "torch_threads"):
+        sa.pop(timing)
+        sb.pop(timing)
+    assert sa == sb
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL inside the process (not caught by the runner)."""
+
+
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [([], "before_round"), (HIER_FAULTS, "before_checkpoint")],
+    ids=["fedavg-killed-before-round", "hierfavg-faults-killed-before-checkpoint"],
+)
+def test_interrupted_run_resumes_bit_identically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, extra: list[str]
+) -> None:
+    ref = tmp_path / "ref"
+    run(ref, *extra)
+    out = tmp_path / "killed"
+    cfg = resolve_config(None, [*FAST, *extra])
+    exp = build_experiment(cfg)
+    if where == "before_round":  # killed at the start of round 4 (checkpoint of round 2 exists)
+        original = exp.algorithm.run_round
+
+        def dying_round(state: dict[str, torch.Tensor], rnd: int) -> dict[str, float]:
+            if rnd == 3:
+                raise Killed
+            return original(state, rnd)
+
+        monkeypatch.setattr(exp.algorithm, "run_round", dying_round)
+    else:  # killed after round 4's metrics row was written, before its checkpoint
+        real_save = runner.save_checkpoint
+
+        def dying_save(path: Path, snap: runner.Snapshot, config: dict[str, object]) -> None:
+            if snap.round == 4:
+                raise Killed
+            real_save(path, snap, config)
+
+        monkeypatch.setattr(runner, "save_checkpoint", dying_save)
+    with pytest.raises(Killed):
+        run_experiment(exp, out)
+    monkeypatch.undo()
+    assert load_checkpoint(out / CHECKPOINT_FILE)["round"] == 2
+    torch.manual_seed(12345)  # a resumed process starts with another global RNG state
+    run(out, *extra, resume=True)
+    same_results(ref, out)
+
+
+def test_same_seed_same_results_other_seed_differs(tmp_path: Path) -> None:
+    run(tmp_path / "a", "rounds=3")
+    run(tmp_path / "b", "rounds=3")
+    run(tmp_path / "c", "rounds=3", "seed=1")
+    same_results(tmp_path / "a", tmp_path / "b")
+    a, c = (torch.load(tmp_path / d / "final_state.pt")["state"] for d in ("a", "c"))
+    assert not torch.equal(a["global"], c["global"])
+    metrics = [(tmp_path / d / "metrics.csv").read_text() for d in ("a", "c")]
+    assert metrics[0] != metrics[1]
+    assert "seconds" not in metrics[0].splitlines()[0]
+    assert (tmp_path / "a" / "timings.csv").read_text().startswith("round,seconds")
+
+
+def test_resume_of_finished_run_is_a_no_op(tmp_path: Path) -> None:
+    run(tmp_path / "a", "rounds=2")
+    before = (tmp_path / "a" / "final_state.pt").read_bytes()
+    summary = run(tmp_path / "a", "rounds=2", resume=True)
+    assert summary["rounds"] == 2
+    assert (tmp_path / "a" / "final_state.pt").read_bytes() == before
+
+
+def test_resume_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), *FAST, "rounds=2"]) == 0
+    capsys.readouterr()
+    cases = [
+        (["run", "--resume", str(tmp_path / "nothing")], "no config.yaml"),
+        (["run", "--resume", str(out), "algorithm.lr=1"], "cannot change"),
+        (["run", "--resume", str(out), "--out", str(tmp_path)], "--resume"),
+    ]
+    for argv, text in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and text in err and "Traceback" not in err
+    (out / CHECKPOINT_FILE).write_bytes((out / CHECKPOINT_FILE).read_bytes()[:100])
+    assert main(["run", "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "corrupt or truncated" in err
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    """`fedhp run` killed with SIGKILL mid-run, then `fedhp run --resume`, equals one clean run."""
+    args = [*FAST, "rounds=10", "checkpoint_every=1"]
+    ref, out = tmp_path / "ref", tmp_path / "killed"
+    assert main(["run", "--out", str(ref), *args]) == 0
+    cmd = [sys.executable, "-m", "fedhp.cli", "run"]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    proc = subprocess.Popen([*cmd, "--out", str(out), *args], env=env, stdout=subprocess.DEVNULL)
+    metrics = out / "metrics.csv"
+    deadline = time.monotonic() + 120
+    # Kill once round 4's checkpoint exists, whatever the run is doing at that instant.
+    while time.monotonic() < deadline and proc.poll() is None:
+        ckpt = out / CHECKPOINT_FILE
+        if ckpt.exists() and metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (out / "final_state.pt").exists()
+    killed_at = load_checkpoint(out / CHECKPOINT_FILE)["round"]
+    assert 1 <= killed_at < 10
+    resumed = subprocess.run(
+        [*cmd, "--resume", str(out)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    same_results(ref, out)

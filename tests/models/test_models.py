@@ -1,0 +1,53 @@
+"""The batched model forms agree with their plain nn.Module references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhp.errors import ConfigError
+from fedhp.models import MODELS
+
+CASES = [
+    ({"name": "mlr"}, (1, 28, 28)),
+    ({"name": "dnn"}, (1, 28, 28)),
+    ({"name": "dnn", "hidden": [500, 200]}, (1, 28, 28)),
+    ({"name": "cnn"}, (1, 28, 28)),
+    ({"name": "vgg"}, (3, 32, 32)),
+]
+
+
+def test_paper_parameter_counts() -> None:
+    dnn = MODELS.build({"name": "dnn", "hidden": [100]}, "model").build((1, 28, 28), 10)
+    big = MODELS.build({"name": "dnn", "hidden": [500, 200]}, "model").build((1, 28, 28), 10)
+    mlr = MODELS.build({"name": "mlr"}, "model").build((1, 28, 28), 10)
+    assert (dnn.num_params, big.num_params, mlr.num_params) == (79_510, 494_710, 7_850)
+
+
+@pytest.mark.parametrize(("cfg", "shape"), CASES, ids=lambda v: str(v))
+def test_batched_forward_matches_reference(cfg: dict[str, object], shape: tuple[int, ...]) -> None:
+    model = MODELS.build(cfg, "model").build(shape, 10)
+    flat = torch.stack([model.init_params(s) for s in range(3)])
+    x = torch.randn(3, 4, *shape)
+    out = model.forward(flat, x)
+    assert out.shape == (3, 4, 10)
+    for c in range(3):
+        ref = model.make_module(flat[c])(x[c])
+        torch.testing.assert_close(out[c], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_layout_round_trip() -> None:
+    model = MODELS.build({"name": "cnn"}, "model").build((1, 28, 28), 10)
+    flat = model.init_params(3)
+    assert torch.equal(model.layout.flatten_module(model.make_module(flat)), flat)
+    assert not torch.equal(model.init_params(4), flat)
+
+
+def test_vgg_rejects_too_many_pools() -> None:
+    with pytest.raises(ConfigError, match="model.cfg"):
+        MODELS.build({"name": "vgg", "cfg": [8, "M"] * 6}, "model").build((1, 28, 28), 10)
+
+
+def test_conv_models_need_images() -> None:
+    with pytest.raises(ConfigError, match="model.name"):
+        MODELS.build({"name": "cnn"}, "model").build((60,), 10)
