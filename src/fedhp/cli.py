@@ -1,5 +1,6 @@
 """The ``fedhp`` command line: ``fedhp run [CONFIG] [--out DIR] [key=value ...]``,
-``fedhp run --resume DIR``, ``fedhp list``
+``fedhp run --resume DIR``, ``fedhp list``,
+``fedhp reproduce NAME [--dataset ..] [--setting ..] [--rounds T] [--seeds N] [key=value ...]``
 """
 
 from __future__ import annotations
@@ -128,6 +129,34 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from fedhp.errors import ConfigError
+    from fedhp.experiments import REPRODUCTIONS, ReproOptions
+
+    if args.name not in REPRODUCTIONS:
+        raise ConfigError(
+            f"reproduce: unknown {args.name!r}; choose from {', '.join(REPRODUCTIONS)}"
+        )
+    opts = ReproOptions(
+        dataset=args.dataset,
+        setting=args.setting,
+        rounds=args.rounds,
+        seeds=args.seeds,
+        model=args.model,
+        out=Path(args.out) if args.out else None,
+        runs=Path(args.runs) if args.runs else None,
+        eval_every=args.eval_every,
+        threads=args.threads,
+        tuned=Path(args.tuned) if args.tuned else None,
+        methods=args.methods.split(",") if args.methods else None,
+        data_dir=args.data_dir,
+        extra=list(args.overrides),
+        jobs=args.jobs,
+    )
+    REPRODUCTIONS[args.name](opts)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedhp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -148,6 +177,26 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     lst = sub.add_parser("list", help="list algorithms, datasets, models and partitions")
     lst.set_defaults(func=cmd_list)
+    rep = sub.add_parser("reproduce", help="reproduce the sFedHP paper's tables and figures")
+    rep.add_argument("name", help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune")
+    rep.add_argument("overrides", nargs="*", metavar="key=value", help="applied to every run")
+    rep.add_argument("--dataset", choices=("mnist", "fmnist", "cifar10"), default="mnist")
+    rep.add_argument("--setting", type=int, choices=(1, 2), default=1)
+    rep.add_argument("--rounds", type=int, default=800, help="global rounds T (default 800)")
+    rep.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
+    rep.add_argument(
+        "--model", choices=("dnn", "dnn-500-200", "mlr", "cnn", "vgg"), default=None,
+        help="default: dnn (784-100-10) for MNIST/FMNIST, vgg for CIFAR-10",
+    )
+    rep.add_argument("--out", help="folder for table.md/table.json/figures")
+    rep.add_argument("--runs", help="folder of the individual runs (default OUT/runs; reused)")
+    rep.add_argument("--eval-every", type=int, default=10, help="evaluate every N rounds")
+    rep.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+    rep.add_argument("--jobs", type=int, default=1, help="runs at once, in worker processes")
+    rep.add_argument("--tuned", help="JSON written by sfedhp-tune (hyperparameters to use)")
+    rep.add_argument("--methods", help="comma-separated subset of the reproduction's methods")
+    rep.add_argument("--data-dir", help="dataset.data_dir for every run (e.g. CIFAR-10 batches)")
+    rep.set_defaults(func=cmd_reproduce)
     return parser
 
 

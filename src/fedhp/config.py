@@ -71,6 +71,7 @@ class RunConfig(pydantic.BaseModel):
     seed: int = pydantic.Field(0, ge=0, lt=2**31)
     rounds: int = pydantic.Field(200, gt=0)
     eval_every: int = pydantic.Field(1, gt=0)
+    eval_split: Literal["test", "val"] = "test"
     checkpoint_every: int = pydantic.Field(10, ge=0)
     max_loss: float | None = pydantic.Field(1000.0, gt=0)
     device: str = "cpu"

@@ -24,7 +24,7 @@ from fedhp.registry import Registry
 class Partitioner(BaseModel):
     """Base class of partitioners; the fields are the scheme's options."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         """Split ``data`` into ``num_clients`` clients, deterministically for ``seed``."""

@@ -50,7 +50,7 @@ _READ_ERRORS = (OSError, EOFError, zlib.error, ValueError)
 class DatasetSource(BaseModel):
     """Base class of dataset sources; the fields are the source's options."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def load(self) -> DatasetArrays:  # pragma: no cover - every source overrides it
         """Load the whole dataset (cached in-process)."""

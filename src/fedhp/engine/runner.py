@@ -38,12 +38,13 @@ def evaluate_state(exp: Experiment, state: State) -> tuple[Row, list[Row]]:
     """Metrics of the current state: the round row and per-client rows."""
     model, fed, topo = exp.model, exp.ctx.fed, exp.ctx.topology
     algo, eps = exp.algorithm, exp.ctx.zero_threshold
+    split = fed.val if exp.cfg.eval_split == "val" else fed.test  # val: tuning only
     edge_of = topo.edge_of_client.cpu()
     row: Row = {}
     clients: list[Row] = [{"client": c, "edge": int(edge_of[c])} for c in range(fed.num_clients)]
     w = algo.global_model(state)
     if w is not None:
-        test = evaluate_shared(model, w, fed.test)
+        test = evaluate_shared(model, w, split)
         train = evaluate_shared(model, w, fed.train)
         row.update(global_acc=test.accuracy, global_loss=test.loss, train_loss=train.loss)
         row["density_global"] = density(w, eps)
@@ -53,7 +54,7 @@ def evaluate_state(exp: Experiment, state: State) -> tuple[Row, list[Row]]:
             clients[c]["global_acc"] = acc
     personal = algo.personal_models(state)
     if personal is not None:
-        test = evaluate_personal(model, personal, fed.test)
+        test = evaluate_personal(model, personal, split)
         train = evaluate_personal(model, personal, fed.train)
         row.update(
             personal_acc=test.accuracy, personal_loss=test.loss, personal_train_loss=train.loss

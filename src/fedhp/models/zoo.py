@@ -21,7 +21,7 @@ from fedhp.registry import Registry
 class ModelOptions(pydantic.BaseModel):
     """Base of every model's options."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
     def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
         raise NotImplementedError
