@@ -1,9 +1,11 @@
 """Algorithms, found by name through :data:`ALGORITHMS`. Importing this package registers them."""
 
 from fedhp.algorithms import (  # noqa: F401  (registration side effects)
+    centralized,
     fedavg,
     heurfedamp,
     hierfavg,
+    local,
     perfedavg,
     pfedme,
     sfedhp,

@@ -18,7 +18,7 @@ class AlgorithmOptions(pydantic.BaseModel):
     """Options shared by every algorithm. Local work is explicit: ``local_steps`` minibatch
     gradient steps of ``batch_size`` samples per client per round (see ``gradient_evaluations``)."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
     lr: float = pydantic.Field(0.05, gt=0, description="client learning rate")
     batch_size: int = pydantic.Field(20, gt=0)

@@ -41,8 +41,8 @@ class SFedHP(Algorithm):
             "theta": p.expand(c, -1).clone(),
             "edge": p.expand(n, -1).clone(),
             # Current penalty weights (0-d tensors so a checkpoint keeps the schedule's state).
-            "gamma1": torch.tensor(opt.gamma1, dtype=p.dtype, device=p.device),
-            "gamma2": torch.tensor(opt.gamma2, dtype=p.dtype, device=p.device),
+            "gamma1": torch.tensor(opt.gamma1, dtype=torch.float64, device=p.device),
+            "gamma2": torch.tensor(opt.gamma2, dtype=torch.float64, device=p.device),
         }
 
     def update_gammas(self, state: State, rnd: int) -> None:

@@ -1,0 +1,56 @@
+"""Reference "algorithm": centralized training on the union of all clients' data.
+
+The ceiling for the global model. No communication. The gradient budget matches the federated
+methods: each of the ``local_steps`` steps per round draws ``batch_size × num_clients`` samples
+uniformly (without replacement within a step) from the union of the clients' training sets, so one
+round costs exactly as many per-sample gradient evaluations as ``num_clients`` clients taking
+``local_steps`` minibatch steps of ``batch_size`` each (for the sFedHP tables: R·K = 100 steps of
+20 × 20 = 400 samples). The union's empirical risk weights every training sample equally.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.engine.context import RunContext
+
+
+class Centralized(Algorithm):
+    """One model trained by minibatch SGD on the pooled training data (global model only)."""
+
+    options: CentralizedOptions
+
+    def init_state(self, init_params: torch.Tensor) -> State:
+        return {"global": init_params.to(self.ctx.device).clone()}
+
+    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        train = ctx.fed.train
+        n = int(train.y.shape[0])
+        batch = opt.batch_size * ctx.num_clients
+        params = state["global"].unsqueeze(0).clone()
+        loss_total = 0.0
+        for _ in range(opt.local_steps):
+            if batch <= n:
+                idx = torch.randperm(n, generator=ctx.generator)[:batch]
+            else:
+                idx = torch.randint(n, (batch,), generator=ctx.generator)
+            idx = idx.to(train.x.device)
+            x, y = train.x[idx].unsqueeze(0), train.y[idx].unsqueeze(0)
+            loss, grad = ctx.model.loss_and_grad(params, x, y)
+            params.add_(grad, alpha=-opt.lr)
+            loss_total += float(loss[0])
+        state["global"] = params[0]
+        return {"local_loss": loss_total / opt.local_steps}
+
+
+@ALGORITHMS.register("centralized")
+class CentralizedOptions(AlgorithmOptions):
+    """Centralized reference: SGD on the union of the clients' data (GM ceiling, no communication).
+
+    Each round: ``local_steps`` steps of ``batch_size × num_clients`` samples from the union, the
+    same sample-gradient budget as every client taking ``local_steps`` steps of ``batch_size``."""
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return Centralized(self, ctx)

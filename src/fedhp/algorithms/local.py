@@ -1,0 +1,49 @@
+"""Reference "algorithm": every client trains alone on its own data, never communicating.
+
+The floor for personalized models: ``local_steps`` minibatch SGD steps of ``batch_size`` per client
+per round (the same budget as the federated methods), no aggregation, no global model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.engine.context import RunContext
+
+
+class LocalOnly(Algorithm):
+    """Independent local SGD per client; the personalized models are the clients' own models."""
+
+    options: LocalOptions
+    has_global = False
+    has_personal = True
+
+    def init_state(self, init_params: torch.Tensor) -> State:
+        p = init_params.to(self.ctx.device)
+        return {"theta": p.expand(self.ctx.num_clients, -1).clone()}
+
+    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        clients = ctx.all_clients
+        params, loss_sum = ctx.local_sgd(
+            state["theta"][clients], clients, opt.local_steps, opt.batch_size, opt.lr
+        )
+        state["theta"][clients] = params
+        return {"local_loss": float(loss_sum.mean()) / opt.local_steps}
+
+    def global_model(self, state: State) -> torch.Tensor | None:
+        return None
+
+    def personal_models(self, state: State) -> torch.Tensor | None:
+        return state["theta"]
+
+
+@ALGORITHMS.register("local")
+class LocalOptions(AlgorithmOptions):
+    """Local-only reference: each client trains alone on its own data (PM floor, no communication).
+
+    ``local_steps`` SGD steps of ``batch_size`` per client per round, as the federated methods."""
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return LocalOnly(self, ctx)
