@@ -117,10 +117,21 @@ class _PerMessage:
         )
 
 
-def _per_message(messages: torch.Tensor, zero_threshold: float) -> _PerMessage:
+def count_nonzero(messages: torch.Tensor, zero_threshold: float = 0.0) -> torch.Tensor:
+    """Entries with ``|x| > zero_threshold`` in each message ``[M, P]`` → int64 ``[M]``."""
     batch = _as_batch(messages).detach()
-    p = int(batch.shape[1])
-    nnz = torch.count_nonzero(batch.abs() > zero_threshold, dim=1).to(torch.int64)
+    if zero_threshold <= 0:
+        return torch.count_nonzero(batch, dim=1)
+    return torch.count_nonzero(batch.abs() > zero_threshold, dim=1)
+
+
+def _per_message(messages: torch.Tensor, zero_threshold: float) -> _PerMessage:
+    p = int(_as_batch(messages).shape[1])
+    return _per_message_from_nnz(count_nonzero(messages, zero_threshold), p)
+
+
+def _per_message_from_nnz(nnz: torch.Tensor, p: int) -> _PerMessage:
+    nnz = nnz.to(torch.int64)
     wire, choice = _encoding_sizes(p, nnz).min(dim=-1)  # ties: first minimum (dense<bitmap<index)
     remark1 = torch.where(nnz == p, torch.full_like(nnz, 64 * p), 64 * nnz + (p - nnz) + p)
     return _PerMessage(p, nnz, wire, choice, remark1)
@@ -229,8 +240,24 @@ class CommLedger:
         ``nodes`` optionally gives, for each message, the int id of the node on the cloud-facing
         (or client) side that sent or received it, for :meth:`node_totals`.
         """
+        return self.record_counts(
+            link, direction, count_nonzero(messages, zero_threshold), messages.shape[-1], nodes
+        )
+
+    def record_counts(
+        self,
+        link: str,
+        direction: str,
+        nnz: torch.Tensor,
+        num_params: int,
+        nodes: torch.Tensor | None = None,
+    ) -> MessageCost:
+        """Like :meth:`record`, from each message's non-zero count ``nnz [M]`` of ``num_params``.
+
+        For broadcasts: count a model's non-zeros once, then index the counts per receiver.
+        """
         _check_link(link, direction)
-        per = _per_message(messages, zero_threshold)
+        per = _per_message_from_nnz(nnz.flatten(), int(num_params))
         cost = per.total()
         acc = self._round.setdefault((link, direction), _zero_stats(_STATS))
         acc["bytes"] += cost.wire_bytes

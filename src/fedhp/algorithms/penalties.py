@@ -34,4 +34,4 @@ def truncate(x: torch.Tensor, zero_threshold: float) -> torch.Tensor:
     """
     if zero_threshold <= 0:
         return x
-    return torch.where(x.abs() > zero_threshold, x, torch.zeros_like(x))
+    return x.masked_fill(x.abs() <= zero_threshold, 0.0)

@@ -40,12 +40,12 @@ class PFedMe(Algorithm):
             x, y = draw()
             for _ in range(opt.K):
                 loss, grad = batched_loss_grad(ctx.model, theta, x, y)
-                grad.add_(theta - local, alpha=opt.lam)
                 if opt.l2 > 0:
                     grad.add_(theta, alpha=opt.l2)
-                theta.add_(grad, alpha=-opt.personal_lr)
+                # theta - plr (grad + lam (theta - local)), fused: no temporaries.
+                theta.lerp_(local, opt.personal_lr * opt.lam).add_(grad, alpha=-opt.personal_lr)
             loss_total += loss.mean()
-            local.sub_(local - theta, alpha=opt.lr * opt.lam)
+            local.lerp_(theta, opt.lr * opt.lam)  # local - lr lam (local - theta)
         ctx.ledger.record("client_cloud", "up", local, eps, nodes=clients)
         mean = weighted_mean(local, ctx.client_weights(clients))
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean

@@ -21,6 +21,7 @@ import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
+from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.ops import batched_loss_grad, segment_mean, weighted_mean
@@ -76,12 +77,13 @@ class SFedHP(Algorithm):
         loss = torch.zeros(theta.shape[0], device=theta.device)
         for _ in range(opt.K):
             loss, grad = batched_loss_grad(self.ctx.model, theta, x, y)
-            grad.add_(theta - center, alpha=lam1)
             if gamma1 > 0:
                 grad.add_(smooth_l1_grad(theta, rho), alpha=gamma1)
             if velocity is None:
-                theta.add_(grad, alpha=-lr)
+                # theta - lr (grad + lam1 (theta - center)), fused: no temporaries.
+                theta.lerp_(center, lr * lam1).add_(grad, alpha=-lr)
             else:  # PyTorch's Nesterov SGD form, momentum reset every local round
+                grad.add_(theta - center, alpha=lam1)
                 velocity.mul_(opt.momentum).add_(grad)
                 theta.add_(grad.add(velocity, alpha=opt.momentum), alpha=-lr)
         return theta, loss
@@ -109,21 +111,24 @@ class SFedHP(Algorithm):
         loss_total = torch.zeros((), device=theta.device)
         for _ in range(opt.R):
             # Edge -> clients: the edge personalized model (prox centre) and the edge global model.
-            phi_recv, w_recv = truncate(phi_edge, eps)[seg], truncate(w_edge, eps)[seg]
-            ctx.ledger.record("client_edge", "down", phi_recv, eps, nodes=clients)
-            ctx.ledger.record("client_edge", "down", w_recv, eps, nodes=clients)
+            phi_sent, w_sent = truncate(phi_edge, eps), truncate(w_edge, eps)
+            for sent in (phi_sent, w_sent):  # one broadcast per edge: count once, bill per client
+                nnz = count_nonzero(sent, eps)[seg]
+                ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=clients)
+            phi_recv, w_recv = phi_sent[seg], w_sent[seg]
             if opt.theta_init == "reset":
                 theta = phi_recv.clone()
             x, y = draw()
             theta, loss = self.solve_theta(theta, phi_recv, x, y, gamma1)
             loss_total += loss.mean()
-            phi_local = truncate((lam1 * theta + lam2 * w_recv) / (lam1 + lam2), eps)
+            # (lam1 theta + lam2 w_i) / (lam1 + lam2), as one lerp.
+            phi_local = truncate(torch.lerp(w_recv, theta, lam1 / (lam1 + lam2)), eps)
             ctx.ledger.record("client_edge", "up", phi_local, eps, nodes=clients)
             phi_edge = segment_mean(phi_local, seg, weights, n)
             step = (w_edge - phi_edge).mul_(lam2)
             if gamma2 > 0:
                 step.add_(smooth_l1_grad(w_edge, opt.rho), alpha=gamma2)
-            w_edge = w_edge - opt.global_lr * step
+            w_edge = w_edge.sub(step, alpha=opt.global_lr)
 
         pos = torch.searchsorted(edges, agg)
         sent_up = truncate(w_edge[pos], eps)
