@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedhp.errors import ConfigError
-from fedhp.models import MODELS
+from fedhp.models import MODELS, BatchedModel
 
 CASES = [
     ({"name": "mlr"}, (1, 28, 28)),
@@ -51,3 +51,23 @@ def test_vgg_rejects_too_many_pools() -> None:
 def test_conv_models_need_images() -> None:
     with pytest.raises(ConfigError, match="model.name"):
         MODELS.build({"name": "cnn"}, "model").build((60,), 10)
+
+
+def test_mlp_features_are_the_last_layer_input() -> None:
+    model = MODELS.build({"name": "dnn", "hidden": [32]}, "model").build((1, 28, 28), 10)
+    flat = torch.stack([model.init_params(s) for s in range(2)])
+    x = torch.randn(2, 5, 1, 28, 28)
+    logits, feats = model.forward_with_features(flat, x)  # type: ignore[attr-defined]
+    assert feats.shape == (2, 5, 32) and bool((feats >= 0).all())  # post-ReLU
+    module = model.make_module(flat[1])
+    torch.testing.assert_close(module.layers[-1](feats[1]), logits[1])
+
+
+def test_hand_written_backward_matches_autograd() -> None:
+    model = MODELS.build({"name": "dnn", "hidden": [64, 32]}, "model").build((1, 28, 28), 10)
+    flat = torch.stack([model.init_params(s) for s in range(3)])
+    x, y = torch.randn(3, 7, 1, 28, 28), torch.randint(0, 10, (3, 7))
+    loss, grad = model.loss_and_grad(flat, x, y)
+    generic_loss, generic_grad = BatchedModel.loss_and_grad(model, flat, x, y)
+    torch.testing.assert_close(loss, generic_loss)
+    torch.testing.assert_close(grad, generic_grad, atol=1e-6, rtol=1e-5)

@@ -72,6 +72,14 @@ class BatchedMLP(BatchedModel):
     def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return self._activations(flat, x)[-1]
 
+    def forward_with_features(
+        self, flat: torch.Tensor, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[C, B, K]`` and the penultimate features ``[C, B, H]`` (the last layer's
+        input), differentiable, for feature-level penalties such as feature-norm regularization."""
+        acts = self._activations(flat, x)
+        return acts[-1], acts[-2]
+
     def loss_and_grad(
         self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
