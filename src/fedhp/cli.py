@@ -179,13 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=cmd_list)
     rep = sub.add_parser("reproduce", help="reproduce the sFedHP paper's tables and figures")
     rep.add_argument("name", help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune")
-    rep.add_argument("overrides", nargs="*", metavar="key=value", help="applied to every run")
+    rep.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="applied to every run (right after NAME)"
+    )
     rep.add_argument("--dataset", choices=("mnist", "fmnist", "cifar10"), default="mnist")
     rep.add_argument("--setting", type=int, choices=(1, 2), default=1)
     rep.add_argument("--rounds", type=int, default=800, help="global rounds T (default 800)")
     rep.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
     rep.add_argument(
-        "--model", choices=("dnn", "dnn-500-200", "mlr", "cnn", "vgg"), default=None,
+        "--model",
+        choices=("dnn", "dnn-500-200", "mlr", "cnn", "vgg"),
+        default=None,
         help="default: dnn (784-100-10) for MNIST/FMNIST, vgg for CIFAR-10",
     )
     rep.add_argument("--out", help="folder for table.md/table.json/figures")

@@ -1,0 +1,355 @@
+"""The shared reproduction runner: a list of jobs (named configurations) run sequentially over
+seeds, each in its own results folder, with mean ± std of the final- and best-round accuracy.
+
+A run whose folder already holds a ``summary.json`` written by the same configuration is reused,
+not rerun, so reproductions that share runs (Table I and the λ sweep, say) can share a
+``--runs`` folder, and an interrupted reproduction continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedhp.errors import ConfigError
+
+# (train, test) samples per class of the paper's two settings.
+SETTINGS: dict[tuple[str, int], tuple[int, int]] = {
+    ("mnist", 1): (200, 800),
+    ("mnist", 2): (900, 300),
+    ("fmnist", 1): (200, 800),
+    ("fmnist", 2): (900, 300),
+    ("cifar10", 1): (100, 400),
+    ("cifar10", 2): (450, 150),
+}
+
+# --model values: name -> overrides.
+MODELS: dict[str, list[str]] = {
+    "dnn": ["model.name=dnn", "model.hidden=[100]"],  # 784-100-10, 79,510 parameters
+    "dnn-500-200": ["model.name=dnn", "model.hidden=[500,200]"],  # 784-500-200-10, 494,710
+    "mlr": ["model.name=mlr"],
+    "cnn": ["model.name=cnn"],
+    "vgg": ["model.name=vgg"],
+}
+MODEL_TEXT = {
+    "dnn": "DNN 784-100-10 (79,510 parameters)",
+    "dnn-500-200": "DNN 784-500-200-10 (494,710 parameters)",
+    "mlr": "MLR 784-10",
+    "cnn": "CNN (McMahan et al.)",
+    "vgg": "VGG [16,M,32,M,64,M,128,M,128,M]",
+}
+
+# The paper's shared hyperparameters (|D| = 20, K = 5, R = 20, η1 = η2 = 0.05, β = 1) and the
+# equal gradient budget: every method takes R·K = 100 minibatch gradient steps per client per round.
+BATCH, K, R, LR = 20, 5, 20, 0.05
+BUDGET = R * K
+METHOD_OVERRIDES: dict[str, list[str]] = {
+    "fedavg": ["algorithm.name=fedavg", f"algorithm.local_steps={BUDGET}"],
+    "fedprox": ["algorithm.name=fedprox", f"algorithm.local_steps={BUDGET}"],
+    "hierfavg": ["algorithm.name=hierfavg", f"algorithm.kappa1={K}", f"algorithm.kappa2={R}"],
+    "pfedme": [
+        "algorithm.name=pfedme",
+        f"algorithm.K={K}",
+        f"algorithm.R={R}",
+        f"algorithm.personal_lr={LR}",
+        "algorithm.beta=1.0",
+    ],
+    "sfedhp": [
+        "algorithm.name=sfedhp",
+        f"algorithm.K={K}",
+        f"algorithm.R={R}",
+        f"algorithm.global_lr={LR}",
+        "algorithm.beta=1.0",
+    ],
+    "heurfedamp": ["algorithm.name=heurfedamp", f"algorithm.local_steps={BUDGET}"],
+    "perfedavg": ["algorithm.name=perfedavg", f"algorithm.local_steps={BUDGET // 2}"],
+    "centralized": ["algorithm.name=centralized", f"algorithm.local_steps={BUDGET}"],
+    "local": ["algorithm.name=local", f"algorithm.local_steps={BUDGET}"],
+}
+LABELS = {
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "hierfavg": "HierFAVG",
+    "pfedme": "pFedMe",
+    "sfedhp": "sFedHP",
+    "heurfedamp": "HeurFedAMP",
+    "perfedavg": "Per-FedAvg",
+    "centralized": "Centralized (union of data)",
+    "local": "Local only",
+}
+ACC_KEYS = ("final_global_acc", "best_global_acc", "final_personal_acc", "best_personal_acc")
+
+
+@dataclass
+class ReproOptions:
+    """Command-line options shared by every reproduction."""
+
+    dataset: str = "mnist"
+    setting: int = 1
+    rounds: int = 800
+    seeds: int = 1
+    model: str | None = None
+    out: Path | None = None
+    runs: Path | None = None
+    eval_every: int = 10
+    threads: int = 1
+    tuned: Path | None = None
+    methods: list[str] | None = None
+    data_dir: str | None = None
+    extra: list[str] = field(default_factory=list)
+    quiet: bool = False
+    jobs: int = 1
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.dataset, self.setting)
+
+    @property
+    def model_name(self) -> str:
+        if self.model is not None:
+            return self.model
+        return "vgg" if self.dataset == "cifar10" else "dnn"
+
+    def out_dir(self, name: str) -> Path:
+        if self.out is not None:
+            return self.out
+        return Path("runs") / "reproduce" / f"{name}-{self.dataset}-s{self.setting}"
+
+    def runs_dir(self, name: str) -> Path:
+        return self.runs if self.runs is not None else self.out_dir(name) / "runs"
+
+    def base_overrides(self, model: str | None = None) -> list[str]:
+        """Dataset, setting, model, rounds and evaluation overrides common to every job."""
+        if self.key not in SETTINGS:
+            raise ConfigError(f"--dataset/--setting: no preset for {self.dataset} {self.setting}")
+        model = model or self.model_name
+        if model not in MODELS:
+            raise ConfigError(f"--model: unknown {model!r}; choose from {', '.join(MODELS)}")
+        train, test = SETTINGS[self.key]
+        out = [
+            f"dataset.name={self.dataset}",
+            "partition.name=labels",
+            "partition.labels_per_client=5",
+            f"partition.train_per_class={train}",
+            f"partition.test_per_class={test}",
+            "federation.num_clients=20",
+            "federation.num_edges=4",
+            f"algorithm.batch_size={BATCH}",
+            f"algorithm.lr={LR}",
+            *MODELS[model],
+            f"rounds={self.rounds}",
+            f"eval_every={self.eval_every}",
+            f"threads={self.threads}",
+            "progress=false",
+            "checkpoint_every=100",
+        ]
+        if self.data_dir is not None:
+            out.append(f"dataset.data_dir={self.data_dir}")
+        return out
+
+    def tuned_values(self) -> dict[str, dict[str, Any]]:
+        """Chosen hyperparameters for this dataset/setting from ``--tuned`` (empty if none)."""
+        if self.tuned is None:
+            return {}
+        if not self.tuned.is_file():
+            raise ConfigError(f"--tuned {self.tuned}: not found (write it with sfedhp-tune)")
+        data = json.loads(self.tuned.read_text())
+        entry = data.get(f"{self.dataset}-s{self.setting}", {})
+        choices = entry.get("choices", {})
+        assert isinstance(choices, dict)
+        return choices
+
+
+@dataclass
+class Job:
+    """One configuration of a reproduction: ``key`` names its folder, ``method`` the algorithm."""
+
+    key: str
+    method: str
+    overrides: list[str]
+    params: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+
+
+def method_job(method: str, key: str | None = None, model: str | None = None, **params: Any) -> Job:
+    """A job running ``method`` with the paper's shared settings and ``algorithm.<p>=<v>``."""
+    overrides = list(METHOD_OVERRIDES[method])
+    for name, value in params.items():
+        overrides.append(f"{name}={value}" if "." in name else f"algorithm.{name}={value}")
+    if key is None:
+        key = method + "".join(f"-{k.split('.')[-1]}{v}" for k, v in params.items())
+    return Job(key, method, overrides, dict(params), model)
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n − 1 in the denominator; 0 for one value)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """mean ± std over seeds of every accuracy key present, plus time and divergence notes."""
+    out: dict[str, Any] = {"seeds": len(summaries)}
+    for key in (*ACC_KEYS, "seconds", "seconds_per_round"):
+        values = [float(s[key]) for s in summaries if isinstance(s.get(key), int | float)]
+        if values:
+            m, sd = mean_std(values)
+            out[key] = {"mean": m, "std": sd, "values": values}
+    stopped = [str(s["stopped"]) for s in summaries if s.get("stopped")]
+    if stopped:
+        out["stopped"] = stopped
+    for key in ("gradient_evaluations_per_round", "num_params", "rounds"):
+        if summaries and key in summaries[0]:
+            out[key] = summaries[0][key]
+    return out
+
+
+def _log(opts: ReproOptions, text: str) -> None:
+    if not opts.quiet:
+        print(text, file=sys.stderr, flush=True)
+
+
+RunFn = Callable[[Any, Path], dict[str, Any]]
+
+
+def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
+    """Run one configuration into ``folder`` (reusing a finished run of the same configuration).
+
+    Besides the runner's files, writes ``nodes.json``: the accumulated traffic per node of every
+    link (:meth:`fedhp.comm.CommLedger.node_totals`)."""
+    from fedhp.comm import LINKS
+    from fedhp.config import config_to_dict, resolve_config
+    from fedhp.engine.build import build_experiment
+    from fedhp.engine.runner import run_experiment
+    from fedhp.errors import DivergenceError
+    from fedhp.reporting import write_json_atomic
+
+    cfg = resolve_config(None, overrides)
+    config = config_to_dict(cfg)
+    summary_path, config_path = folder / "summary.json", folder / "config.yaml"
+    if summary_path.is_file() and config_path.is_file():
+        old = yaml.safe_load(config_path.read_text())
+        if old == config:
+            summary: dict[str, Any] = json.loads(summary_path.read_text())
+            summary["reused"] = True
+            return summary
+    exp = build_experiment(cfg)
+    resume = config_path.is_file() and (folder / "checkpoint.pt").is_file()
+    if resume and yaml.safe_load(config_path.read_text()) != config:
+        resume = False
+    try:
+        summary = run_experiment(exp, folder, progress=False, resume=resume)
+    except DivergenceError as err:
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        summary["stopped"] = str(err)
+    nodes = {link: exp.ctx.ledger.node_totals(link) for link in LINKS}
+    write_json_atomic(folder / "nodes.json", {k: v for k, v in nodes.items() if v})
+    return summary
+
+
+def run_jobs(
+    jobs: Sequence[Job], opts: ReproOptions, runs_dir: Path, run: Callable[..., Any] = run_config
+) -> dict[str, dict[str, Any]]:
+    """Run every job for seeds 0..opts.seeds-1; job key -> aggregate over seeds.
+
+    Sequential by default; with ``opts.jobs > 1`` that many runs go at once in worker processes
+    (each with ``opts.threads`` torch threads)."""
+    tasks = []
+    for job in jobs:
+        for seed in range(opts.seeds):
+            overrides = [*opts.base_overrides(job.model), *job.overrides, *opts.extra]
+            overrides.append(f"seed={seed}")
+            tasks.append((job.key, seed, overrides, runs_dir / job.key / f"seed{seed}"))
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def finish(key: str, seed: int, folder: Path, summary: dict[str, Any], sec: float) -> None:
+        summary["folder"] = str(folder)
+        done[(key, seed)] = summary
+        accs = " ".join(
+            f"{k}={summary[k]:.4f}" for k in ACC_KEYS if isinstance(summary.get(k), float)
+        )
+        run_sec = summary.get("seconds")
+        how = f"{run_sec if isinstance(run_sec, int | float) else sec:.0f}s"
+        how = "reused" if summary.get("reused") else how
+        _log(opts, f"[{len(done)}/{len(tasks)}] {key} seed {seed}: {how} {accs}")
+
+    if opts.jobs > 1 and len(tasks) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        start = time.perf_counter()
+        with ProcessPoolExecutor(max_workers=opts.jobs, mp_context=ctx) as pool:
+            futures = {
+                pool.submit(run, ov, folder): (key, seed, folder) for key, seed, ov, folder in tasks
+            }
+            from concurrent.futures import as_completed
+
+            for fut in as_completed(futures):
+                key, seed, folder = futures[fut]
+                finish(key, seed, folder, fut.result(), time.perf_counter() - start)
+    else:
+        for key, seed, overrides, folder in tasks:
+            start = time.perf_counter()
+            finish(key, seed, folder, run(overrides, folder), time.perf_counter() - start)
+    results: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        summaries = [done[(job.key, seed)] for seed in range(opts.seeds)]
+        agg = aggregate(summaries)
+        agg.update(method=job.method, params=job.params, folders=[s["folder"] for s in summaries])
+        results[job.key] = agg
+    return results
+
+
+def pct(stat: Any) -> str:
+    """``mean ± std`` in percent from an aggregate entry (``—`` when absent)."""
+    if not isinstance(stat, dict):
+        return "—"
+    return f"{100 * stat['mean']:.2f} ± {100 * stat['std']:.2f}"
+
+
+def paper_cell(value: float | tuple[float, float] | list[float] | None) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, tuple | list):
+        return f"{value[0]:.2f} ± {value[1]:.2f}"
+    return f"{value:.2f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def describe(opts: ReproOptions) -> str:
+    """One paragraph naming what was run."""
+    import os
+
+    import torch
+
+    train, test = SETTINGS[opts.key]
+    return (
+        f"{opts.dataset} Setting {opts.setting} ({train} train / {test} test samples per class, "
+        f"20 clients with 5 labels each, 4 edges of 5 clients); model "
+        f"{MODEL_TEXT.get(opts.model_name, opts.model_name)}; T = {opts.rounds} rounds, "
+        f"evaluated every {opts.eval_every}; seeds 0..{opts.seeds - 1}; |D| = {BATCH}, K = {K}, "
+        f"R = {R}, η1 = η2 = {LR}, β = 1; torch threads = {opts.threads} "
+        f"(machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"Every method gets {BUDGET} minibatch gradient steps of |D| = {BATCH} per client per "
+        f"round (Per-FedAvg: {BUDGET // 2} meta-steps of 2 gradients each; centralized: {BUDGET} "
+        f"steps of {BATCH}×20 samples from the union)."
+    )

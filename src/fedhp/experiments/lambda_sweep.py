@@ -1,0 +1,130 @@
+"""``sfedhp-lambda``: the paper's Tables II–VII — PM and GM of pFedMe and sFedHP over
+λ ∈ {5, 15, 20, 25, 30}, HeurFedAMP PM for α ∈ {0.1, 0.5}, Per-FedAvg PM, and the GM-only rows
+(FedAvg, HierFAVG, FedProx μ = 0.001), next to the paper's values. pFedGP is not run (the paper's
+number is shown for reference)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedhp.experiments import paper
+from fedhp.experiments.common import (
+    LABELS,
+    Job,
+    ReproOptions,
+    describe,
+    markdown_table,
+    method_job,
+    paper_cell,
+    pct,
+    run_jobs,
+)
+from fedhp.reporting import write_json_atomic
+
+NAME = "sfedhp-lambda"
+
+
+def jobs(opts: ReproOptions) -> list[Job]:
+    mu = opts.tuned_values().get("fedprox", {}).get("mu", 0.001)
+    out = [method_job("fedavg"), method_job("hierfavg"), method_job("fedprox", mu=mu)]
+    out += [method_job("heurfedamp", alpha=a) for a in paper.ALPHAS]
+    out.append(method_job("perfedavg"))
+    out += [method_job("pfedme", lam=lam) for lam in paper.LAMBDAS]
+    out += [method_job("sfedhp", lam=lam) for lam in paper.LAMBDAS]
+    if opts.methods is not None:
+        out = [j for j in out if j.method in opts.methods]
+    return out
+
+
+def _paper(key: tuple[str, int], method: str, params: dict[str, Any]) -> tuple[Any, Any]:
+    hp = params.get("lam", params.get("alpha"))
+    pm = paper.paper_pm(key, method, hp)
+    gm = paper.paper_gm(key, method, params.get("lam"))
+    if method == "fedprox" and params.get("mu") != 0.001:
+        gm = None
+    return pm, gm
+
+
+def build_table(opts: ReproOptions, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    key = opts.key
+    rows: list[dict[str, Any]] = []
+    lines: list[list[str]] = []
+    for job_key, agg in results.items():
+        method, params = agg["method"], agg["params"]
+        pm, gm = _paper(key, method, params)
+        row = {
+            "method": method,
+            "params": params,
+            "job": job_key,
+            "paper_pm": pm,
+            "paper_gm": gm,
+            **{
+                k: agg.get(k)
+                for k in (
+                    "final_personal_acc",
+                    "best_personal_acc",
+                    "final_global_acc",
+                    "best_global_acc",
+                    "stopped",
+                    "seeds",
+                    "gradient_evaluations_per_round",
+                )
+            },
+        }
+        rows.append(row)
+        hp = ", ".join(f"{k}={v:g}" for k, v in params.items()) or "—"
+        label = LABELS[method] + (" (diverged)" if row.get("stopped") else "")
+        lines.append(
+            [
+                label,
+                hp,
+                str(row["gradient_evaluations_per_round"]),
+                pct(row["final_personal_acc"]),
+                pct(row["best_personal_acc"]),
+                pct(row["final_global_acc"]),
+                pct(row["best_global_acc"]),
+                paper_cell(pm),
+                paper_cell(gm),
+            ]
+        )
+    table_no = paper.TABLES.get(key, {}).get("table", "?")
+    header = [
+        "Method",
+        "λ / α / μ",
+        "grad. evals / client / round",
+        "PM final (%)",
+        "PM best (%)",
+        "GM final (%)",
+        "GM best (%)",
+        f"paper PM, Table {table_no} (%)",
+        f"paper GM, Table {table_no} (%)",
+    ]
+    text = (
+        f"# sFedHP Table {table_no} reproduction (λ sweep) — {opts.dataset} Setting "
+        f"{opts.setting}\n\n{describe(opts)}\n\nPM: personalized models on their own clients' "
+        "test sets; GM: the global model on all test sets. Final = last round, best = best "
+        "evaluated round; mean ± sample std over seeds. pFedGP is not implemented here "
+        "(paper PM: "
+        f"{paper_cell(paper.paper_pm(key, 'pfedgp'))}).\n\n" + markdown_table(header, lines)
+    )
+    return {
+        "dataset": opts.dataset,
+        "setting": opts.setting,
+        "rounds": opts.rounds,
+        "seeds": opts.seeds,
+        "model": opts.model_name,
+        "description": describe(opts),
+        "rows": rows,
+        "markdown": text,
+    }
+
+
+def reproduce(opts: ReproOptions) -> dict[str, Any]:
+    out = opts.out_dir(NAME)
+    results = run_jobs(jobs(opts), opts, opts.runs_dir(NAME))
+    table = build_table(opts, results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(table["markdown"])
+    write_json_atomic(out / "table.json", {k: v for k, v in table.items() if k != "markdown"})
+    print(table["markdown"])
+    return table

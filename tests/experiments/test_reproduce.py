@@ -1,0 +1,244 @@
+"""The reproduction runner: tables with our rows beside the paper's, mean ± std, tuning on
+validation data, figures, CIFAR-10 plumbing and the ``fedhp reproduce`` command."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedhp.cli import main
+from fedhp.config import resolve_config
+from fedhp.engine.build import build_experiment
+from fedhp.engine.evaluate import evaluate_shared
+from fedhp.engine.runner import evaluate_state
+from fedhp.experiments import common, figures, lambda_sweep, table1, tune
+from fedhp.experiments.common import ReproOptions, aggregate, mean_std
+
+TINY = ["partition.train_per_class=20", "partition.test_per_class=20"]
+
+
+def opts(tmp_path: Path, **kw: Any) -> ReproOptions:
+    base: dict[str, Any] = dict(
+        rounds=2, eval_every=1, out=tmp_path / "out", model="mlr", extra=list(TINY), quiet=True
+    )
+    base.update(kw)
+    return ReproOptions(**base)
+
+
+def test_mean_std_is_sample_std() -> None:
+    assert mean_std([0.9]) == (0.9, 0.0)
+    m, s = mean_std([0.90, 0.92, 0.94])
+    assert m == pytest.approx(0.92) and s == pytest.approx(0.02)
+    assert all(math.isnan(v) for v in mean_std([]))
+
+
+def test_aggregate_over_seeds() -> None:
+    agg = aggregate(
+        [
+            {"final_global_acc": 0.5, "best_global_acc": 0.6},
+            {"final_global_acc": 0.7, "best_global_acc": 0.8, "stopped": "x"},
+        ]
+    )
+    assert agg["final_global_acc"]["mean"] == pytest.approx(0.6)
+    assert agg["final_global_acc"]["std"] == pytest.approx(math.sqrt(0.02))
+    assert agg["best_global_acc"]["values"] == [0.6, 0.8]
+    assert agg["stopped"] == ["x"] and "final_personal_acc" not in agg
+
+
+def test_table1_tiny_real_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    o = opts(tmp_path, methods=["fedavg", "sfedhp", "centralized", "local"])
+    table = table1.reproduce(o)
+    md = (tmp_path / "out" / "table.md").read_text()
+    for text in (
+        "FedAvg",
+        "sFedHP",
+        "Centralized",
+        "Local only",
+        "91.63 ± 0.12",
+        "94.93 ± 0.03",
+        "97.83",
+        "lam=20",
+        "| 100 |",
+    ):
+        assert text in md
+    data = json.loads((tmp_path / "out" / "table.json").read_text())
+    rows = {r["method"]: r for r in data["rows"]}
+    assert set(rows) == {"fedavg", "sfedhp", "centralized", "local"}
+    assert rows["sfedhp"]["paper_gm"] == [94.93, 0.03] and rows["sfedhp"]["paper_pm"] == 97.83
+    assert rows["local"]["final_global_acc"] is None and rows["local"]["final_personal_acc"]
+    assert rows["centralized"]["final_personal_acc"] is None
+    assert 0 < rows["fedavg"]["final_global_acc"]["mean"] <= 1
+    assert table["rows"] == data["rows"]
+    # A second call reuses the finished runs.
+    summary = json.loads((tmp_path / "out/runs/fedavg/seed0/summary.json").read_text())
+    assert summary["rounds"] == 2 and (tmp_path / "out/runs/fedavg/seed0/nodes.json").is_file()
+    log: list[str] = []
+    o.quiet = False
+    table1.reproduce(o)
+    log.append(capsys.readouterr().err)
+    assert log[0].count("reused") == 4
+
+
+def fake_runner(acc: dict[str, list[float]], calls: list[list[str]]) -> Any:
+    """A run function whose accuracy depends on the algorithm, its λ/μ/α and the seed."""
+
+    def run(overrides: list[str], folder: Path) -> dict[str, Any]:
+        calls.append(overrides)
+        kv = dict(o.split("=", 1) for o in overrides)
+        name = kv["algorithm.name"]
+        hp = kv.get("algorithm.lam", kv.get("algorithm.mu", kv.get("algorithm.alpha", "")))
+        seed = int(kv["seed"])
+        value = acc.get(f"{name}{hp}", [0.5, 0.5, 0.5])[seed]
+        out: dict[str, Any] = {
+            "final_global_acc": value,
+            "best_global_acc": value + 0.01,
+            "gradient_evaluations_per_round": 100,
+            "seconds": 1.0,
+        }
+        if name in ("sfedhp", "pfedme", "heurfedamp"):
+            out["final_personal_acc"] = value + 0.02
+            out["best_personal_acc"] = value + 0.03
+        if value < 0:
+            out["stopped"] = "diverged"
+        return out
+
+    return run
+
+
+def test_table_mean_std_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    run = fake_runner({"sfedhp20.0": [0.90, 0.92, 0.94]}, calls)
+    monkeypatch.setattr(common, "run_config", run)
+    o = opts(tmp_path, seeds=3, methods=["sfedhp"])
+    results = common.run_jobs(table1.jobs(o), o, tmp_path / "runs", run=run)
+    md = table1.build_table(o, results)["markdown"]
+    assert "| 92.00 ± 2.00 | 93.00 ± 2.00 | 94.00 ± 2.00 | 95.00 ± 2.00 |" in md
+    assert sorted(int(dict(x.split("=", 1) for x in c)["seed"]) for c in calls) == [0, 1, 2]
+
+
+def test_tune_picks_by_validation_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    acc = {
+        "sfedhp5.0": [0.8] * 3,
+        "sfedhp25.0": [0.95] * 3,
+        "sfedhp30.0": [-1.0] * 3,
+        "fedprox0.01": [0.7] * 3,
+        "heurfedamp0.5": [0.9] * 3,
+    }
+    calls: list[list[str]] = []
+    monkeypatch.setattr(common, "run_config", fake_runner(acc, calls))
+    monkeypatch.setattr(
+        tune, "run_jobs", lambda j, o, d: common.run_jobs(j, o, d, run=fake_runner(acc, calls))
+    )
+    o = opts(tmp_path, methods=["sfedhp", "fedprox", "heurfedamp"])
+    entry = tune.reproduce(o)
+    assert entry["choices"] == {
+        "fedprox": {"mu": 0.01},
+        "sfedhp": {"lam": 25.0},
+        "heurfedamp": {"alpha": 0.5},
+    }
+    assert all("eval_split=val" in c and "partition.val_per_class=200" in c for c in calls)
+    tuned = tmp_path / "out" / "tuned.json"
+    assert json.loads(tuned.read_text())["mnist-s1"]["choices"]["sfedhp"] == {"lam": 25.0}
+    chosen = table1.choose(opts(tmp_path, tuned=tuned))
+    assert chosen["sfedhp"] == {"lam": 25.0} and chosen["pfedme"] == {"lam": 15.0}
+
+
+def test_eval_split_val_evaluates_validation_samples() -> None:
+    cfg = resolve_config(
+        None,
+        ["progress=false", "model.name=mlr", *TINY, "partition.val_per_class=10", "eval_split=val"],
+    )
+    exp = build_experiment(cfg)
+    state = exp.algorithm.init_state(exp.model.init_params(0))
+    row, _ = evaluate_state(exp, state)
+    fed = exp.ctx.fed
+    assert int(fed.val.counts.sum()) == 100
+    assert row["global_acc"] == evaluate_shared(exp.model, state["global"], fed.val).accuracy
+
+
+def test_lambda_sweep_table(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+    o = opts(tmp_path, methods=["pfedme", "perfedavg"])
+    results = common.run_jobs(
+        lambda_sweep.jobs(o), o, tmp_path / "r", run=fake_runner({"pfedme30.0": [0.1] * 3}, calls)
+    )
+    md = lambda_sweep.build_table(o, results)["markdown"]
+    assert "Table II" in md and "| 52.07 | 10.41 |" in md and "56.50" in md
+    assert len(calls) == 6
+
+
+def test_figures_write_pngs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def run(overrides: list[str], folder: Path) -> dict[str, Any]:
+        folder.mkdir(parents=True, exist_ok=True)
+        hier = any(o in overrides for o in ("algorithm.name=sfedhp", "algorithm.name=hierfavg"))
+        link = "edge_cloud" if hier else "client_cloud"
+        lines = [
+            f"round,global_acc,personal_acc,density_global,cum_bytes_{link},cum_remark1_bits_{link}"
+        ]
+        lines += [f"{r},0.{r},0.{r + 1},0.5,{1000 * r},{8000 * r}" for r in range(1, 4)]
+        (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
+        (folder / "nodes.json").write_text(json.dumps({link: {"0": {"bytes": 750}}}))
+        return {"final_global_acc": 0.3}
+
+    monkeypatch.setattr(figures, "run_jobs", lambda j, o, d: common.run_jobs(j, o, d, run=run))
+    report = figures.reproduce(opts(tmp_path, methods=["fig3", "fig5"]))
+    assert set(report["figures"]) == {"fig3", "fig5"}
+    for fig in report["figures"].values():
+        for f in fig["files"]:
+            assert Path(f).stat().st_size > 1000
+    runs = {r["label"]: r for r in report["figures"]["fig3"]["runs"]}
+    assert runs["HierFAVG"]["node_bytes_avg"] == 750  # 3000 bytes over 4 edges
+    assert runs["pFedMe"]["node_bytes_avg"] == 150  # 3000 bytes over 20 clients
+    assert (tmp_path / "out" / "figures.json").is_file()
+
+
+def write_cifar(root: Path, per_class: int = 10) -> None:
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = np.repeat(np.arange(10), per_class).tolist()
+        data = rng.integers(0, 256, (len(labels), 3072), dtype=np.uint8)
+        (root / name).write_bytes(pickle.dumps({"data": data, "labels": labels}))
+
+
+def test_cifar10_plumbing_with_fabricated_batches(tmp_path: Path) -> None:
+    write_cifar(tmp_path / "cifar")
+    code = main(
+        [
+            "reproduce",
+            "sfedhp-table1",
+            "partition.train_per_class=10",
+            "partition.test_per_class=10",
+            "algorithm.local_steps=1",
+            "algorithm.batch_size=2",
+            "--dataset",
+            "cifar10",
+            "--setting",
+            "2",
+            "--rounds",
+            "1",
+            "--methods",
+            "fedavg,local",
+            "--data-dir",
+            str(tmp_path / "cifar"),
+            "--out",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert code == 0
+    data = json.loads((tmp_path / "c" / "table.json").read_text())
+    assert data["model"] == "vgg" and [r["method"] for r in data["rows"]] == ["fedavg", "local"]
+    assert data["rows"][0]["paper_gm"] == [81.74, 0.17]
+    config = (tmp_path / "c/runs/fedavg/seed0/config.yaml").read_text()
+    assert "name: vgg" in config and "name: cifar10" in config
+
+
+def test_cli_reproduce_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "nope"]) != 0
+    assert "sfedhp-table1" in capsys.readouterr().err
