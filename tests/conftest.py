@@ -15,5 +15,6 @@ def _torch_threads() -> None:
 
 
 def small_experiment(*overrides: str) -> Experiment:
-    """MNIST Setting 1 (20 clients, 4 edges) with the given ``key=value`` overrides."""
-    return build_experiment(resolve_config(None, ["progress=false", *overrides]))
+    """MNIST Setting 1 (20 clients, 4 edges), FedAvg unless overridden, with ``key=value``."""
+    base = ["progress=false", "algorithm.name=fedavg", "eval_every=1"]
+    return build_experiment(resolve_config(None, [*base, *overrides]))

@@ -77,3 +77,13 @@ def test_yaml_config_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture
     resolved = (out / "config.yaml").read_text()
     assert "fedprox" in resolved and "mu: 0.1" in resolved and "local_steps: 2" in resolved
     assert "results:" in capsys.readouterr().out
+
+
+def test_override_order_does_not_drop_options() -> None:
+    from fedhp.config import resolve_config
+
+    a = resolve_config(None, ["algorithm.lr=0.2", "algorithm.name=fedavg"])
+    b = resolve_config(None, ["algorithm.name=fedavg", "algorithm.lr=0.2"])
+    assert a == b and a.algorithm == {"name": "fedavg", "lr": 0.2}
+    default = resolve_config(None, [])
+    assert default.algorithm["name"] == "sfedhp" and "lam" in default.algorithm

@@ -94,20 +94,23 @@ def default_config_dict() -> dict[str, Any]:
     return data
 
 
-def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+def deep_merge(
+    base: Mapping[str, Any], update: Mapping[str, Any], replace_renamed: bool = True
+) -> dict[str, Any]:
     """Recursively merge ``update`` into a copy of ``base``.
 
-    A component section whose ``name`` changes is replaced, not merged, so the options of the
-    default algorithm (say) are not carried over to another one.
+    With ``replace_renamed``, a component section whose ``name`` changes is replaced, not merged,
+    so the options of the default algorithm (say) are not carried over to another one.
     """
     out = copy.deepcopy(dict(base))
     for key, value in update.items():
         old = out.get(key)
         if isinstance(old, Mapping) and isinstance(value, Mapping):
-            if "name" in value and value.get("name") != old.get("name"):
+            renamed = "name" in value and value.get("name") != old.get("name")
+            if replace_renamed and renamed:
                 out[key] = copy.deepcopy(dict(value))
             else:
-                out[key] = deep_merge(old, value)
+                out[key] = deep_merge(old, value, replace_renamed)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -157,13 +160,17 @@ def resolve_config(
     overrides: Sequence[str] = (),
     base: Mapping[str, Any] | None = None,
 ) -> RunConfig:
-    """Defaults ← YAML file ← overrides, validated; raises :class:`ConfigError` on bad input."""
-    data = dict(base) if base is not None else default_config_dict()
-    if config_path is not None:
-        data = deep_merge(data, load_yaml(config_path))
+    """Defaults ← YAML file ← overrides, validated; raises :class:`ConfigError` on bad input.
+
+    The user's YAML and overrides are merged first (order among them does not matter for
+    different keys), then laid over the defaults: naming another component there (e.g.
+    ``algorithm.name=fedavg``) drops the default component's options instead of mixing them.
+    """
+    user: dict[str, Any] = load_yaml(config_path) if config_path is not None else {}
     for text in overrides:
-        data = deep_merge(data, parse_override(text))
-    return validate_config(data)
+        user = deep_merge(user, parse_override(text), replace_renamed=False)
+    data = dict(base) if base is not None else default_config_dict()
+    return validate_config(deep_merge(data, user))
 
 
 def validate_config(data: Mapping[str, Any]) -> RunConfig:

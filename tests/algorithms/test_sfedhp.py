@@ -168,6 +168,7 @@ def test_sfedhp_smoke_mnist(tmp_path: Path) -> None:
             "rounds=2",
             "model.name=mlr",
             "algorithm.name=sfedhp",
+            "algorithm.lam=15",
             "algorithm.R=5",
             "algorithm.K=3",
             "algorithm.gamma1=0.001",

@@ -18,7 +18,14 @@ from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedhp.engine.runner import run_experiment
 from fedhp.errors import DivergenceError
 
-FAST = ["progress=false", "threads=2", "model.name=mlr", "rounds=3"]
+FAST = [
+    "progress=false",
+    "threads=2",
+    "model.name=mlr",
+    "rounds=3",
+    "eval_every=1",
+    "algorithm.name=fedavg",
+]
 # (algorithm overrides, text the message must contain); sfedhp runs once it is registered.
 DIVERGING = {
     "sfedhp": (

@@ -11,7 +11,14 @@ from fedhp.engine.build import build_experiment
 from fedhp.engine.faults import FaultModel, RoundSkipped
 from fedhp.engine.runner import run_experiment
 
-FAST = ["progress=false", "threads=2", "model.name=mlr", "algorithm.local_steps=2", "rounds=2"]
+FAST = [
+    "progress=false",
+    "threads=2",
+    "model.name=mlr",
+    "algorithm.name=fedavg",
+    "algorithm.local_steps=2",
+    "rounds=2",
+]
 
 
 def experiment(*overrides: str):  # noqa: ANN201 - an Experiment
@@ -116,7 +123,16 @@ def test_absent_clients_keep_their_personal_state() -> None:
 # Each entry: (overrides, rounds). MNIST Setting 1 with MLR (fast; see docs/reliability.md for DNN).
 DROPOUT_CASES = {
     "fedavg": (["algorithm.name=fedavg", "algorithm.local_steps=10", "model.name=mlr"], 30),
-    "sfedhp": (["algorithm.name=sfedhp", "algorithm.R=5", "algorithm.K=2", "model.name=mlr"], 20),
+    "sfedhp": (
+        [
+            "algorithm.name=sfedhp",
+            "algorithm.lam=15",
+            "algorithm.R=5",
+            "algorithm.K=2",
+            "model.name=mlr",
+        ],
+        20,
+    ),
 }
 
 

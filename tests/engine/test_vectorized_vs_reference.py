@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from fedhp.engine.ops import sgd_steps, weighted_mean
 from fedhp.engine.reference import reference_fedavg_round
