@@ -3,7 +3,8 @@
 Same work for both paths, measured in the same run (this machine is shared and noisy): 20 clients
 of MNIST Setting 1, batch 20, 100 local gradient steps per client per round, identical minibatch
 indices. Timings are the median of interleaved repeats. GFLOP/s counts training as 3x the forward
-FLOPs (forward + backward); the peak is a large fp32 matmul measured in the same run.
+FLOPs (forward + backward); the peak is a 2048x2048 fp32 matmul measured beside every repeat
+(median), since the machine's speed drifts during a run.
 
 Usage: python benchmarks/bench_engine.py [--threads N] [--repeats R] [--steps S]
 Output: one line per model,
@@ -42,7 +43,7 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def bench_model(name: str, steps: int, repeats: int, peak: float) -> str:
+def bench_model(name: str, steps: int, repeats: int) -> str:
     exp = build_experiment(resolve_config(None, ["progress=false", *MODELS[name]]))
     ctx, model = exp.ctx, exp.model
     clients = ctx.all_clients
@@ -60,13 +61,15 @@ def bench_model(name: str, steps: int, repeats: int, peak: float) -> str:
         return reference_fedavg_round(model, w0, batches, 0.05, weights)
 
     drift = (vectorized() - reference()).abs().max().item()  # also warms both paths up
-    vec_times, ref_times = [], []
+    vec_times, ref_times, peaks = [], [], []
     for _ in range(repeats):
+        peaks.append(matmul_peak_gflops(repeats=3))  # the peak, too, beside each repeat
         for fn, times in ((reference, ref_times), (vectorized, vec_times)):
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
     vec, ref = statistics.median(vec_times), statistics.median(ref_times)
+    peak = statistics.median(peaks)
     flops = 3 * model.flops_per_sample() * 20 * len(clients) * steps
     return (
         f"bench {name} vectorized_s={vec:.4f} reference_s={ref:.4f} speedup={ref / vec:.2f} "
@@ -83,14 +86,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    peak = matmul_peak_gflops()
     print(
         f"# torch {torch.__version__}, threads={torch.get_num_threads()}, 20 clients, batch 20, "
         f"{args.steps} local steps per round; median of {args.repeats} interleaved repeats",
         flush=True,
     )
     for name in args.models:
-        print(bench_model(name, args.steps, args.repeats, peak), flush=True)
+        print(bench_model(name, args.steps, args.repeats), flush=True)
 
 
 if __name__ == "__main__":
