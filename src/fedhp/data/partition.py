@@ -189,6 +189,20 @@ class _WithTest(_WithValFraction):
     test_per_client: int | None = Field(None, gt=0)
     """Test samples per client (default: the whole test pool, divided proportionally)."""
 
+    def _finish_by_label_mix(
+        self,
+        data: DatasetArrays,
+        y: np.ndarray,
+        train: list[np.ndarray],
+        num_classes: int,
+        rng: np.random.Generator,
+    ) -> list[ClientData]:
+        """Test sets in each client's training label mix, a validation carve-out, the result."""
+        counts = _label_counts(y, train, num_classes)
+        test = _test_by_label_mix(_labels(data.test_y), counts, self.test_per_client, rng)
+        train, val = _carve_val(train, self.val_fraction, rng)
+        return _build(data, train, test, val)
+
 
 # ---------------------------------------------------------------------------------------- labels
 
@@ -309,10 +323,7 @@ class ShardsPartitioner(_WithTest):
         shards = order[: size * num_shards].reshape(num_shards, size)
         deal = rng.permutation(num_shards).reshape(num_clients, self.shards_per_client)
         train = [np.sort(shards[d].ravel()) for d in deal]
-        counts = _label_counts(y, train, data.num_classes)
-        test = _test_by_label_mix(_labels(data.test_y), counts, self.test_per_client, rng)
-        train, val = _carve_val(train, self.val_fraction, rng)
-        return _build(data, train, test, val)
+        return self._finish_by_label_mix(data, y, train, data.num_classes, rng)
 
 
 # ------------------------------------------------------------------------------------- dirichlet
@@ -354,10 +365,7 @@ class DirichletPartitioner(_WithTest):
                 f"{num_clients} clients ≥ {self.min_samples} samples in {self.max_retries} tries"
             )
         train = [np.sort(np.concatenate(p)) for p in parts]
-        counts = _label_counts(y, train, data.num_classes)
-        test = _test_by_label_mix(_labels(data.test_y), counts, self.test_per_client, rng)
-        train, val = _carve_val(train, self.val_fraction, rng)
-        return _build(data, train, test, val)
+        return self._finish_by_label_mix(data, y, train, data.num_classes, rng)
 
 
 # -------------------------------------------------------------------------------------- quantity
@@ -511,10 +519,7 @@ class MixedPartitioner(_WithTest):
                 f"{num_clients} clients ≥ {self.min_samples} samples in {self.max_retries} tries"
             )
         train = [np.sort(np.concatenate(p)) for p in parts]
-        counts = _label_counts(y, train, k_classes)
-        test = _test_by_label_mix(_labels(data.test_y), counts, self.test_per_client, rng)
-        train, val = _carve_val(train, self.val_fraction, rng)
-        return _build(data, train, test, val)
+        return self._finish_by_label_mix(data, y, train, k_classes, rng)
 
 
 # --------------------------------------------------------------------------------------- natural
