@@ -3,8 +3,8 @@
 Same work for both paths, measured in the same run (this machine is shared and noisy): 20 clients
 of MNIST Setting 1, batch 20, 100 local gradient steps per client per round, identical minibatch
 indices. Timings are the median of interleaved repeats. GFLOP/s counts training as 3x the forward
-FLOPs (forward + backward); the peak is a 2048x2048 fp32 matmul measured beside every repeat
-(median), since the machine's speed drifts during a run.
+FLOPs (forward + backward); the peak is the best 2048x2048 fp32 matmul measured right before and
+right after each model's timings (the higher of the two), since the machine's speed drifts.
 
 Usage: python benchmarks/bench_engine.py [--threads N] [--repeats R] [--steps S]
 Output: one line per model,
@@ -43,7 +43,7 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def bench_model(name: str, steps: int, repeats: int) -> str:
+def bench_model(name: str, steps: int, repeats: int, peak_before: float) -> str:
     exp = build_experiment(resolve_config(None, ["progress=false", *MODELS[name]]))
     ctx, model = exp.ctx, exp.model
     clients = ctx.all_clients
@@ -61,15 +61,17 @@ def bench_model(name: str, steps: int, repeats: int) -> str:
         return reference_fedavg_round(model, w0, batches, 0.05, weights)
 
     drift = (vectorized() - reference()).abs().max().item()  # also warms both paths up
-    vec_times, ref_times, peaks = [], [], []
+    vec_times, ref_times = [], []
     for _ in range(repeats):
-        peaks.append(matmul_peak_gflops(repeats=3))  # the peak, too, beside each repeat
         for fn, times in ((reference, ref_times), (vectorized, vec_times)):
             t = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t)
     vec, ref = statistics.median(vec_times), statistics.median(ref_times)
-    peak = statistics.median(peaks)
+    # The peak right before and right after this model's timings; the higher one is reported
+    # (conservative for the share of peak). Measuring it between repeats would evict the caches
+    # the small models live in and slow them ~2x.
+    peak = max(peak_before, matmul_peak_gflops())
     flops = 3 * model.flops_per_sample() * 20 * len(clients) * steps
     return (
         f"bench {name} vectorized_s={vec:.4f} reference_s={ref:.4f} speedup={ref / vec:.2f} "
@@ -92,7 +94,7 @@ def main() -> None:
         flush=True,
     )
     for name in args.models:
-        print(bench_model(name, args.steps, args.repeats), flush=True)
+        print(bench_model(name, args.steps, args.repeats, matmul_peak_gflops()), flush=True)
 
 
 if __name__ == "__main__":
