@@ -353,3 +353,27 @@ def describe(opts: ReproOptions) -> str:
         f"round (Per-FedAvg: {BUDGET // 2} meta-steps of 2 gradients each; centralized: {BUDGET} "
         f"steps of {BATCH}×20 samples from the union)."
     )
+
+
+def table_result(opts: ReproOptions, rows: list[dict[str, Any]], text: str) -> dict[str, Any]:
+    """A reproduced table as data: its settings, rows and markdown."""
+    return {
+        "dataset": opts.dataset,
+        "setting": opts.setting,
+        "rounds": opts.rounds,
+        "seeds": opts.seeds,
+        "model": opts.model_name,
+        "description": describe(opts),
+        "rows": rows,
+        "markdown": text,
+    }
+
+
+def write_table(out: Path, table: dict[str, Any]) -> None:
+    """``out/table.md`` and ``out/table.json`` (atomic), and the markdown on stdout."""
+    from fedhp.reporting import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(table["markdown"])
+    write_json_atomic(out / "table.json", {k: v for k, v in table.items() if k != "markdown"})
+    print(table["markdown"])

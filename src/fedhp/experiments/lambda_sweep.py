@@ -18,8 +18,9 @@ from fedhp.experiments.common import (
     paper_cell,
     pct,
     run_jobs,
+    table_result,
+    write_table,
 )
-from fedhp.reporting import write_json_atomic
 
 NAME = "sfedhp-lambda"
 
@@ -107,24 +108,12 @@ def build_table(opts: ReproOptions, results: dict[str, dict[str, Any]]) -> dict[
         "(paper PM: "
         f"{paper_cell(paper.paper_pm(key, 'pfedgp'))}).\n\n" + markdown_table(header, lines)
     )
-    return {
-        "dataset": opts.dataset,
-        "setting": opts.setting,
-        "rounds": opts.rounds,
-        "seeds": opts.seeds,
-        "model": opts.model_name,
-        "description": describe(opts),
-        "rows": rows,
-        "markdown": text,
-    }
+    return table_result(opts, rows, text)
 
 
 def reproduce(opts: ReproOptions) -> dict[str, Any]:
     out = opts.out_dir(NAME)
     results = run_jobs(jobs(opts), opts, opts.runs_dir(NAME))
     table = build_table(opts, results)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table["markdown"])
-    write_json_atomic(out / "table.json", {k: v for k, v in table.items() if k != "markdown"})
-    print(table["markdown"])
+    write_table(out, table)
     return table
