@@ -41,8 +41,6 @@ ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
 class Algorithm(ABC):
     """One federated algorithm. State is a flat dict of tensors (checkpointable as is)."""
 
-    has_global: ClassVar[bool] = True
-    has_personal: ClassVar[bool] = False
 
     def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
         self.options = options

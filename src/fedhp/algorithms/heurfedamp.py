@@ -40,8 +40,6 @@ class HeurFedAMP(Algorithm):
     """HeurFedAMP; the personalized models are the clients' ``w_i``; there is no global model."""
 
     options: HeurFedAMPOptions
-    has_global = False
-    has_personal = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)

@@ -16,8 +16,6 @@ class LocalOnly(Algorithm):
     """Independent local SGD per client; the personalized models are the clients' own models."""
 
     options: LocalOptions
-    has_global = False
-    has_personal = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)

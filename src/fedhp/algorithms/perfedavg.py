@@ -44,7 +44,6 @@ class PerFedAvg(Algorithm):
     """Per-FedAvg (FO or HF); global model ``w``, personalized = ``w`` adapted by one step."""
 
     options: PerFedAvgOptions
-    has_personal = True
 
     def __init__(self, options: PerFedAvgOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)

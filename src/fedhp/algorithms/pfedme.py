@@ -21,7 +21,6 @@ class PFedMe(Algorithm):
     """pFedMe; global model ``w``, personalized models ``theta``."""
 
     options: PFedMeOptions
-    has_personal = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)

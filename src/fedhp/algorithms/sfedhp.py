@@ -31,7 +31,6 @@ class SFedHP(Algorithm):
     """sFedHP; the global model is ``w``, the personalized models are the clients' ``theta``."""
 
     options: SFedHPOptions
-    has_personal = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         opt = self.options
