@@ -41,7 +41,6 @@ ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
 class Algorithm(ABC):
     """One federated algorithm. State is a flat dict of tensors (checkpointable as is)."""
 
-
     def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
         self.options = options
         self.ctx = ctx
