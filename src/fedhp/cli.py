@@ -63,6 +63,7 @@ def _resume_config(folder: Path, overrides: list[str]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedhp.algorithms import ALGORITHMS
     from fedhp.config import resolve_config
     from fedhp.engine.build import build_experiment
     from fedhp.engine.runner import run_experiment
@@ -77,6 +78,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = resolve_config(config_path, overrides)
         out = Path(args.out) if args.out else default_out_dir(cfg)
+    if cfg.backend != "inprocess":
+        from fedhp.flower.shards import check_flower_config
+
+        if args.resume is not None:
+            raise ConfigError(f"--resume: backend={cfg.backend} runs cannot be resumed; rerun")
+        hierarchical = ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical
+        check_flower_config(cfg, hierarchical)
     exp = build_experiment(cfg)
     if args.check:
         fed = exp.ctx.fed
@@ -86,7 +94,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return 0
     try:
-        summary = run_experiment(exp, out, resume=args.resume is not None)
+        if cfg.backend == "flower-sim":
+            from fedhp.flower.simulation import run_flower_sim
+
+            summary = run_flower_sim(exp, out)
+        else:
+            summary = run_experiment(exp, out, resume=args.resume is not None)
     except KeyboardInterrupt:
         print(f"fedhp: interrupted; continue with: fedhp run --resume {out}", file=sys.stderr)
         return 130
@@ -201,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--methods", help="comma-separated subset of the reproduction's methods")
     rep.add_argument("--data-dir", help="dataset.data_dir for every run (e.g. CIFAR-10 batches)")
     rep.set_defaults(func=cmd_reproduce)
+    from fedhp.flower.deploy_cli import add_parser as add_flower_parser
+
+    add_flower_parser(sub)  # fedhp flower certs|keys|app|deploy (docs/flower.md)
     return parser
 
 

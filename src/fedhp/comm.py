@@ -427,3 +427,22 @@ class CommLedger:
             self._total.setdefault(key, _zero_stats(_STATS))
         self._node_round = node_pairs(state["node_round"])
         self._node_total = node_pairs(state["node_total"])
+
+    def merge_round(self, other: dict[str, object]) -> None:
+        """Add the open round of another ledger (its :meth:`state_dict`) to this open round.
+
+        A Flower node records its client↔edge traffic in a ledger of its own and sends the
+        state back with its reply; the cloud merges it here."""
+        for lk, d, stats in other["round"]:  # type: ignore[attr-defined]
+            _check_link(lk, d)
+            acc = self._round.setdefault((lk, d), _zero_stats(_STATS))
+            for s in _STATS:
+                acc[s] += int(stats.get(s, 0))
+            self._total.setdefault((lk, d), _zero_stats(_STATS))
+        for lk, d, node, stats in other["node_round"]:  # type: ignore[attr-defined]
+            _check_link(lk, d)
+            acc = self._node_round.setdefault((lk, d), {}).setdefault(
+                int(node), _zero_stats(_NODE_STATS)
+            )
+            for s in _NODE_STATS:
+                acc[s] += int(stats.get(s, 0))

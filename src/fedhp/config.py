@@ -62,6 +62,17 @@ class FaultsConfig(pydantic.BaseModel):
         return self.client_dropout > 0 or self.edge_failure > 0 or self.straggler > 0
 
 
+class FlowerConfig(pydantic.BaseModel):
+    """Options of the Flower backends (see docs/flower.md); ignored by ``backend: inprocess``."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    nodes: int | None = pydantic.Field(None, gt=0)
+    timeout: float = pydantic.Field(600.0, gt=0)
+    num_cpus: float = pydantic.Field(1.0, gt=0)
+    ray_cpus: int | None = pydantic.Field(None, gt=0)
+
+
 class RunConfig(pydantic.BaseModel):
     """A whole run. Component sections (dataset, partition, model, algorithm) are validated by the
     component registered under their ``name`` (see :func:`fedhp.engine.build.build_components`)."""
@@ -84,6 +95,8 @@ class RunConfig(pydantic.BaseModel):
     algorithm: dict[str, Any]
     comm: CommConfig = CommConfig()
     faults: FaultsConfig = FaultsConfig()
+    backend: Literal["inprocess", "flower-sim"] = "inprocess"
+    flower: FlowerConfig = FlowerConfig()
 
 
 def default_config_dict() -> dict[str, Any]:

@@ -145,6 +145,10 @@ def test_tune_picks_by_validation_accuracy(tmp_path: Path, monkeypatch: pytest.M
     assert all("eval_split=val" in c and "partition.val_per_class=200" in c for c in calls)
     tuned = tmp_path / "out" / "tuned.json"
     assert json.loads(tuned.read_text())["mnist-s1"]["choices"]["sfedhp"] == {"lam": 25.0}
+    md = (tmp_path / "out" / "tune.md").read_text()
+    # FedProx has no personalized model: "—", not "diverged"; the diverged λ = 30 run says so.
+    assert "| fedprox | mu=0.01 | global | 70.00 ← | 70.00 | — |" in md
+    assert "| sfedhp | lam=30 | global | diverged | diverged | diverged |" in md
     chosen = table1.choose(opts(tmp_path, tuned=tuned))
     assert chosen["sfedhp"] == {"lam": 25.0} and chosen["pfedme"] == {"lam": 15.0}
 
@@ -164,13 +168,14 @@ def test_eval_split_val_evaluates_validation_samples() -> None:
 
 def test_lambda_sweep_table(tmp_path: Path) -> None:
     calls: list[list[str]] = []
-    o = opts(tmp_path, methods=["pfedme", "perfedavg"])
+    o = opts(tmp_path, methods=["pfedme", "perfedavg", "centralized", "local"])
     results = common.run_jobs(
         lambda_sweep.jobs(o), o, tmp_path / "r", run=fake_runner({"pfedme30.0": [0.1] * 3}, calls)
     )
     md = lambda_sweep.build_table(o, results)["markdown"]
     assert "Table II" in md and "| 52.07 | 10.41 |" in md and "56.50" in md
-    assert len(calls) == 6
+    assert "| Centralized (union of data) |" in md and "| Local only |" in md
+    assert len(calls) == 8
 
 
 def test_figures_write_pngs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,3 +247,9 @@ def test_cifar10_plumbing_with_fabricated_batches(tmp_path: Path) -> None:
 def test_cli_reproduce_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["reproduce", "nope"]) != 0
     assert "sfedhp-table1" in capsys.readouterr().err
+
+
+def test_figures_report_the_zero_threshold_the_runs_use(tmp_path: Path) -> None:
+    assert figures.zero_threshold(opts(tmp_path)) == figures.EPS
+    o = opts(tmp_path, extra=["comm.zero_threshold=5e-4"])
+    assert figures.zero_threshold(o) == 5e-4

@@ -10,6 +10,6 @@ from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     pfedme,
     sfedhp,
 )
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "State"]
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmOptions", "State", "Task", "Update"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 
 
@@ -23,6 +23,15 @@ class Centralized(Algorithm):
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.to(self.ctx.device).clone()}
+
+    def plan(self, state: State, rnd: int) -> Task:
+        raise NotImplementedError("centralized is not federated: it has no plan/train split")
+
+    def train(self, state: State, task: Task) -> Update:
+        raise NotImplementedError("centralized is not federated: it has no plan/train split")
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        raise NotImplementedError("centralized is not federated: it has no plan/train split")
 
     def run_round(self, state: State, rnd: int) -> dict[str, float]:
         ctx, opt = self.ctx, self.options

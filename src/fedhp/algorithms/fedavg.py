@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ExtraGrad, prox_grad, weighted_mean
 
@@ -14,25 +14,39 @@ class FedAvg(Algorithm):
     """Sampled clients run local SGD from the global model; the cloud averages their models."""
 
     options: FedAvgOptions
+    client_outputs = ("params",)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.clone()}
 
-    def local_extra_grad(self, state: State) -> ExtraGrad | None:
-        """Additive gradient term of the local objective (none for FedAvg)."""
+    def local_extra_grad(self, w: torch.Tensor) -> ExtraGrad | None:
+        """Additive gradient term of the local objective around the global model ``w`` (none
+        for FedAvg)."""
         return None
 
-    def run_round(self, state: State, rnd: int) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
+    def plan(self, state: State, rnd: int) -> Task:
+        ctx = self.ctx
         clients = ctx.sample_clients()
         start = state["global"].expand(len(clients), -1)
         ctx.ledger.record("client_cloud", "down", start, ctx.zero_threshold, nodes=clients)
+        return Task(clients, broadcast={"global": state["global"]})
+
+    def train(self, state: State, task: Task) -> Update:
+        ctx, opt = self.ctx, self.options
+        w = task.broadcast["global"]
+        start = w.expand(len(task.clients), -1)
         params, loss_sum = ctx.local_sgd(
-            start, clients, opt.local_steps, opt.batch_size, opt.lr, self.local_extra_grad(state)
+            start, task.clients, opt.local_steps, opt.batch_size, opt.lr, self.local_extra_grad(w)
         )
+        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0))
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        params, clients = update.per_client["params"], task.clients
         ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
         state["global"] = weighted_mean(params, ctx.client_weights(clients))
-        return {"local_loss": float(loss_sum.mean()) / opt.local_steps}
+        assert update.losses is not None
+        return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
 
 
 @ALGORITHMS.register("fedavg")
@@ -48,8 +62,8 @@ class FedProx(FedAvg):
 
     options: FedProxOptions  # type: ignore[assignment]
 
-    def local_extra_grad(self, state: State) -> ExtraGrad | None:
-        return prox_grad(state["global"], self.options.mu)
+    def local_extra_grad(self, w: torch.Tensor) -> ExtraGrad | None:
+        return prox_grad(w, self.options.mu)
 
 
 @ALGORITHMS.register("fedprox")

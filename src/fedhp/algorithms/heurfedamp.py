@@ -12,7 +12,7 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import prox_grad
 
@@ -40,6 +40,7 @@ class HeurFedAMP(Algorithm):
     """HeurFedAMP; the personalized models are the clients' ``w_i``; there is no global model."""
 
     options: HeurFedAMPOptions
+    client_outputs = ("params",)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
@@ -48,24 +49,34 @@ class HeurFedAMP(Algorithm):
     def global_model(self, state: State) -> torch.Tensor | None:
         return None
 
-    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+    def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        eps = ctx.zero_threshold
         clients = ctx.sample_clients()
         xi = attention_weights(state["personal"], clients, opt.alpha, opt.sigma)
         cloud = xi @ state["personal"]
-        ctx.ledger.record("client_cloud", "down", cloud, eps, nodes=clients)
+        ctx.ledger.record("client_cloud", "down", cloud, ctx.zero_threshold, nodes=clients)
+        return Task(clients, per_client={"u": cloud})
+
+    def train(self, state: State, task: Task) -> Update:
+        ctx, opt = self.ctx, self.options
+        cloud = task.per_client["u"]
         params, loss_sum = ctx.local_sgd(
             cloud,
-            clients,
+            task.clients,
             opt.local_steps,
             opt.batch_size,
             opt.lr,
             prox_grad(cloud, opt.lam / opt.alpha_k),
         )
-        ctx.ledger.record("client_cloud", "up", params, eps, nodes=clients)
+        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0))
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        params, clients = update.per_client["params"], task.clients
+        assert update.losses is not None
+        ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
         state["personal"][clients] = params
-        return {"local_loss": float(loss_sum.mean()) / opt.local_steps}
+        return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
 
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["personal"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import segment_mean, weighted_mean
 
@@ -15,27 +15,46 @@ class HierFAVG(Algorithm):
     aggregations the cloud averages the edges. One global round = one cloud aggregation."""
 
     options: HierFAVGOptions
+    edge_outputs = ("model",)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.clone()}
 
-    def run_round(self, state: State, rnd: int) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
+    def plan(self, state: State, rnd: int) -> Task:
+        ctx = self.ctx
         edges = ctx.sample_edges()
-        clients, seg = ctx.clients_of_edges(edges)
+        clients, _ = ctx.clients_of_edges(edges)
         edge_models = state["global"].expand(len(edges), -1)
         ctx.ledger.record("edge_cloud", "down", edge_models, ctx.zero_threshold, nodes=edges)
-        loss_total = 0.0
+        return Task(clients, edges, broadcast={"global": state["global"]})
+
+    def train(self, state: State, task: Task) -> Update:
+        ctx, opt = self.ctx, self.options
+        clients, edges = task.clients, task.edges
+        assert edges is not None
+        seg = ctx.edge_positions(clients, edges)
+        ids = ctx.global_clients(clients)
+        edge_models = task.broadcast["global"].expand(len(edges), -1)
         weights = ctx.client_weights(clients)
+        losses = []
         for _ in range(opt.kappa2):
             start = edge_models[seg]
-            ctx.ledger.record("client_edge", "down", start, ctx.zero_threshold, nodes=clients)
+            ctx.ledger.record("client_edge", "down", start, ctx.zero_threshold, nodes=ids)
             params, loss_sum = ctx.local_sgd(start, clients, opt.kappa1, opt.batch_size, opt.lr)
-            ctx.ledger.record("client_edge", "up", params, ctx.zero_threshold, nodes=clients)
+            ctx.ledger.record("client_edge", "up", params, ctx.zero_threshold, nodes=ids)
             edge_models = segment_mean(params, seg, weights, len(edges))
-            loss_total += float(loss_sum.mean()) / opt.kappa1
+            losses.append(loss_sum)
+        return Update(per_edge={"model": edge_models}, losses=torch.stack(losses))
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        edges, edge_models = task.edges, update.per_edge["model"]
+        assert edges is not None and update.losses is not None
         ctx.ledger.record("edge_cloud", "up", edge_models, ctx.zero_threshold, nodes=edges)
         state["global"] = weighted_mean(edge_models, ctx.edge_weights(edges))
+        loss_total = 0.0
+        for loss_sum in update.losses:
+            loss_total += float(loss_sum.mean()) / opt.kappa1
         return {"local_loss": loss_total / opt.kappa2}
 
 

@@ -6,9 +6,19 @@ per round (the same budget as the federated methods), no aggregation, no global 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmOptions,
+    RowKind,
+    State,
+    Task,
+    Update,
+)
 from fedhp.engine.context import RunContext
 
 
@@ -16,19 +26,28 @@ class LocalOnly(Algorithm):
     """Independent local SGD per client; the personalized models are the clients' own models."""
 
     options: LocalOptions
+    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
+    personal_on_node = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
         return {"theta": p.expand(self.ctx.num_clients, -1).clone()}
 
-    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+    def plan(self, state: State, rnd: int) -> Task:
+        return Task(self.ctx.all_clients)
+
+    def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
-        clients = ctx.all_clients
+        clients = task.clients
         params, loss_sum = ctx.local_sgd(
             state["theta"][clients], clients, opt.local_steps, opt.batch_size, opt.lr
         )
         state["theta"][clients] = params
-        return {"local_loss": float(loss_sum.mean()) / opt.local_steps}
+        return Update(losses=loss_sum.unsqueeze(0))
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        assert update.losses is not None
+        return {"local_loss": float(update.losses[0].mean()) / self.options.local_steps}
 
     def global_model(self, state: State) -> torch.Tensor | None:
         return None

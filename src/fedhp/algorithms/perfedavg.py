@@ -17,10 +17,9 @@ import pydantic
 import torch
 import torch.nn.functional as F
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, weighted_mean
-from fedhp.engine.sampler import BatchSampler
 from fedhp.models.base import BatchedModel
 
 EVAL_SEED = 7_777_777
@@ -44,13 +43,16 @@ class PerFedAvg(Algorithm):
     """Per-FedAvg (FO or HF); global model ``w``, personalized = ``w`` adapted by one step."""
 
     options: PerFedAvgOptions
+    client_outputs = ("params",)
+    personal_on_node = True
+    personal_needs_global = True
 
     def __init__(self, options: PerFedAvgOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
         counts = ctx.fed.train.counts
         gen = torch.Generator(device=counts.device)
         self.eval_generator = gen
-        self.eval_sampler = BatchSampler(counts, gen, ctx.sampler.replacement)
+        self.eval_sampler = ctx.sampler.with_generator(gen)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.to(self.ctx.device).clone()}
@@ -69,19 +71,33 @@ class PerFedAvg(Algorithm):
             g = g - opt.alpha * batched_hvp(model, params, x3, y3, g)
         return params - opt.beta * g, loss
 
-    def run_round(self, state: State, rnd: int) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
-        eps = ctx.zero_threshold
+    def plan(self, state: State, rnd: int) -> Task:
+        ctx = self.ctx
         clients = ctx.sample_clients()
-        params = state["global"].expand(len(clients), -1).clone()
-        ctx.ledger.record("client_cloud", "down", params, eps, nodes=clients)
+        sent = state["global"].expand(len(clients), -1)
+        ctx.ledger.record("client_cloud", "down", sent, ctx.zero_threshold, nodes=clients)
+        return Task(clients, broadcast={"global": state["global"]})
+
+    def train(self, state: State, task: Task) -> Update:
+        ctx, opt = self.ctx, self.options
+        clients = task.clients
+        params = task.broadcast["global"].expand(len(clients), -1).clone()
         draw = ctx.batches(clients, opt.batch_size)
-        loss_total = torch.zeros((), device=params.device)
+        losses = []
         for _ in range(opt.local_steps):
             params, loss = self.meta_step(params, draw)
-            loss_total += loss.mean()
-        ctx.ledger.record("client_cloud", "up", params, eps, nodes=clients)
+            losses.append(loss)
+        return Update(per_client={"params": params}, losses=torch.stack(losses))
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        params, clients = update.per_client["params"], task.clients
+        assert update.losses is not None
+        ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
         state["global"] = weighted_mean(params, ctx.client_weights(clients))
+        loss_total = torch.zeros((), device=params.device)
+        for loss in update.losses:
+            loss_total += loss.mean()
         return {"local_loss": float(loss_total) / opt.local_steps}
 
     def adapt(self, w: torch.Tensor, clients: torch.Tensor) -> torch.Tensor:

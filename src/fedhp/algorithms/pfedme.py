@@ -9,10 +9,20 @@ then ``w_loc <- w_loc - lr lam (w_loc - theta)``. After ``R`` local rounds the c
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmOptions,
+    RowKind,
+    State,
+    Task,
+    Update,
+)
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, weighted_mean
 
@@ -21,20 +31,28 @@ class PFedMe(Algorithm):
     """pFedMe; global model ``w``, personalized models ``theta``."""
 
     options: PFedMeOptions
+    client_outputs = ("local",)
+    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
+    personal_on_node = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
         return {"global": p.clone(), "theta": p.expand(self.ctx.num_clients, -1).clone()}
 
-    def run_round(self, state: State, rnd: int) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
-        eps = ctx.zero_threshold
+    def plan(self, state: State, rnd: int) -> Task:
+        ctx = self.ctx
         clients = ctx.sample_clients()
-        local = state["global"].expand(len(clients), -1).clone()
-        ctx.ledger.record("client_cloud", "down", local, eps, nodes=clients)
+        sent = state["global"].expand(len(clients), -1)
+        ctx.ledger.record("client_cloud", "down", sent, ctx.zero_threshold, nodes=clients)
+        return Task(clients, broadcast={"global": state["global"]})
+
+    def train(self, state: State, task: Task) -> Update:
+        ctx, opt = self.ctx, self.options
+        clients = task.clients
+        local = task.broadcast["global"].expand(len(clients), -1).clone()
         theta = state["theta"][clients].clone()
         draw = ctx.batches(clients, opt.batch_size)
-        loss_total = torch.zeros((), device=local.device)
+        losses = []
         for _ in range(opt.R):
             x, y = draw()
             for _ in range(opt.K):
@@ -43,12 +61,21 @@ class PFedMe(Algorithm):
                     grad.add_(theta, alpha=opt.l2)
                 # theta - plr (grad + lam (theta - local)), fused: no temporaries.
                 theta.lerp_(local, opt.personal_lr * opt.lam).add_(grad, alpha=-opt.personal_lr)
-            loss_total += loss.mean()
+            losses.append(loss)
             local.lerp_(theta, opt.lr * opt.lam)  # local - lr lam (local - theta)
-        ctx.ledger.record("client_cloud", "up", local, eps, nodes=clients)
+        state["theta"][clients] = theta
+        return Update(per_client={"local": local}, losses=torch.stack(losses))
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        local, clients = update.per_client["local"], task.clients
+        assert update.losses is not None
+        ctx.ledger.record("client_cloud", "up", local, ctx.zero_threshold, nodes=clients)
         mean = weighted_mean(local, ctx.client_weights(clients))
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
-        state["theta"][clients] = theta
+        loss_total = torch.zeros((), device=update.losses.device)
+        for loss in update.losses:
+            loss_total += loss.mean()
         return {"local_loss": float(loss_total) / opt.R}
 
     def personal_models(self, state: State) -> torch.Tensor | None:

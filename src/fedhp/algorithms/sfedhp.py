@@ -14,12 +14,20 @@ as 0) and the receiver uses the truncated values.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmOptions,
+    RowKind,
+    State,
+    Task,
+    Update,
+)
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
@@ -31,6 +39,9 @@ class SFedHP(Algorithm):
     """sFedHP; the global model is ``w``, the personalized models are the clients' ``theta``."""
 
     options: SFedHPOptions
+    edge_outputs = ("w",)
+    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client", "edge": "edge"}
+    personal_on_node = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         opt = self.options
@@ -52,7 +63,7 @@ class SFedHP(Algorithm):
         if not opt.sparse_schedule:
             return
         if float(state["gamma1"]) > opt.gamma_tiny and (
-            density(state["theta"], self.ctx.zero_threshold) < opt.density_target
+            self.state_density(state, "theta") < opt.density_target
         ):
             state["gamma1"].fill_(opt.gamma_tiny)
         if rnd >= opt.gamma2_switch_round:
@@ -87,66 +98,82 @@ class SFedHP(Algorithm):
                 theta.add_(grad.add(velocity, alpha=opt.momentum), alpha=-lr)
         return theta, loss
 
-    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+    def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
         eps = ctx.zero_threshold
-        lam1, lam2 = opt.lam1_value, opt.lam2_value
         self.update_gammas(state, rnd)
-        gamma1, gamma2 = float(state["gamma1"]), float(state["gamma2"])
-
         agg = ctx.sample_edges()
         edges = agg
         if opt.all_edges_train:
             edges = torch.arange(ctx.topology.num_edges, device=ctx.device)
-        clients, seg = ctx.clients_of_edges(edges)
+        clients, _ = ctx.clients_of_edges(edges)
+        w = truncate(state["global"], eps)
+        ctx.ledger.record("edge_cloud", "down", w.expand(len(edges), -1), eps, nodes=edges)
+        scalars = {"gamma1": float(state["gamma1"]), "gamma2": float(state["gamma2"])}
+        return Task(clients, edges, agg, broadcast={"global": w}, scalars=scalars)
+
+    def train(self, state: State, task: Task) -> Update:
+        ctx, opt = self.ctx, self.options
+        eps = ctx.zero_threshold
+        lam1, lam2 = opt.lam1_value, opt.lam2_value
+        gamma1, gamma2 = task.scalars["gamma1"], task.scalars["gamma2"]
+        clients, edges, agg = task.clients, task.edges, task.up_edges
+        assert edges is not None and agg is not None
+        seg = ctx.edge_positions(clients, edges)
+        ids = ctx.global_clients(clients)
         weights = ctx.client_weights(clients)
         n = len(edges)
-        sent_w = truncate(state["global"], eps).expand(n, -1)
-        ctx.ledger.record("edge_cloud", "down", sent_w, eps, nodes=edges)
+        sent_w = task.broadcast["global"].expand(n, -1)
         w_edge = sent_w.clone()
         phi_edge = sent_w.clone()
         theta = state["theta"][clients]
         draw = ctx.batches(clients, opt.batch_size)
-        loss_total = torch.zeros((), device=theta.device)
+        losses = []
         for _ in range(opt.R):
             # Edge -> clients: the edge personalized model (prox centre) and the edge global model.
             phi_sent, w_sent = truncate(phi_edge, eps), truncate(w_edge, eps)
             for sent in (phi_sent, w_sent):  # one broadcast per edge: count once, bill per client
                 nnz = count_nonzero(sent, eps)[seg]
-                ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=clients)
+                ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=ids)
             phi_recv, w_recv = phi_sent[seg], w_sent[seg]
             if opt.theta_init == "reset":
                 theta = phi_recv.clone()
             x, y = draw()
             theta, loss = self.solve_theta(theta, phi_recv, x, y, gamma1)
-            loss_total += loss.mean()
+            losses.append(loss)
             # (lam1 theta + lam2 w_i) / (lam1 + lam2), as one lerp.
             phi_local = truncate(torch.lerp(w_recv, theta, lam1 / (lam1 + lam2)), eps)
-            ctx.ledger.record("client_edge", "up", phi_local, eps, nodes=clients)
+            ctx.ledger.record("client_edge", "up", phi_local, eps, nodes=ids)
             phi_edge = segment_mean(phi_local, seg, weights, n)
             step = (w_edge - phi_edge).mul_(lam2)
             if gamma2 > 0:
                 step.add_(smooth_l1_grad(w_edge, opt.rho), alpha=gamma2)
             w_edge = w_edge.sub(step, alpha=opt.global_lr)
-
-        pos = torch.searchsorted(edges, agg)
-        sent_up = truncate(w_edge[pos], eps)
-        ctx.ledger.record("edge_cloud", "up", sent_up, eps, nodes=agg)
-        mean = weighted_mean(sent_up, ctx.edge_weights(agg))
-        state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
         state["theta"][clients] = theta
         state["edge"][edges] = w_edge
+        sent_up = truncate(w_edge[torch.searchsorted(edges, agg)], eps)
+        return Update(per_edge={"w": sent_up}, losses=torch.stack(losses))
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        agg, sent_up = task.up_edges, update.per_edge["w"]
+        assert agg is not None and update.losses is not None
+        ctx.ledger.record("edge_cloud", "up", sent_up, ctx.zero_threshold, nodes=agg)
+        mean = weighted_mean(sent_up, ctx.edge_weights(agg))
+        state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
+        loss_total = torch.zeros((), device=update.losses.device)
+        for loss in update.losses:
+            loss_total += loss.mean()
         return {"local_loss": float(loss_total) / opt.R}
 
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["theta"]
 
     def extra_metrics(self, state: State) -> dict[str, float]:
-        eps = self.ctx.zero_threshold
         return {
-            "density_client": density(state["theta"], eps),
-            "density_edge": density(state["edge"], eps),
-            "density_cloud": density(state["global"], eps),
+            "density_client": self.state_density(state, "theta"),
+            "density_edge": self.state_density(state, "edge"),
+            "density_cloud": density(state["global"], self.ctx.zero_threshold),
             "gamma1": float(state["gamma1"]),
             "gamma2": float(state["gamma2"]),
         }

@@ -171,8 +171,19 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return data
 
 
+def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` (a resolved configuration written earlier) with the top-level keys added since
+    (``backend``, ``flower``) at their defaults, so it compares equal to the same run's
+    configuration resolved today."""
+    from fedhp.config import FlowerConfig
+
+    added = {"backend": "inprocess", "flower": FlowerConfig().model_dump(mode="json")}
+    return {**{k: v for k, v in added.items() if k not in saved}, **saved}
+
+
 def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
     """The first dotted key (other than :data:`RESUMABLE_KEYS`) whose value differs, or None."""
+    saved = with_added_defaults(saved)
 
     def walk(a: Any, b: Any, prefix: str) -> str | None:
         if isinstance(a, dict) and isinstance(b, dict):

@@ -34,6 +34,10 @@ class RunContext:
     edges_per_round: int | None = None
     zero_threshold: float = 0.0
     faults: FaultModel | None = None
+    # Global indices of this context's clients and edges where it holds only part of the
+    # federation (a Flower node); None: it holds all of it and local indices are global.
+    client_ids: torch.Tensor | None = None
+    edge_ids: torch.Tensor | None = None
     # The current round's failures (set by begin_round) and who took part so far this round.
     round_faults: RoundFaults | None = field(default=None, init=False, repr=False)
     round_participants: torch.Tensor | None = field(default=None, init=False, repr=False)
@@ -50,6 +54,18 @@ class RunContext:
     @property
     def all_clients(self) -> torch.Tensor:
         return torch.arange(self.num_clients, device=self.device)
+
+    def global_clients(self, clients: torch.Tensor) -> torch.Tensor:
+        """Global indices of local ``clients`` (for ledger node ids and messages)."""
+        return clients if self.client_ids is None else self.client_ids.to(self.device)[clients]
+
+    def global_edges(self, edges: torch.Tensor) -> torch.Tensor:
+        """Global indices of local ``edges``."""
+        return edges if self.edge_ids is None else self.edge_ids.to(self.device)[edges]
+
+    def edge_positions(self, clients: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+        """For each of ``clients``, the position of its edge in the sorted ``edges``."""
+        return torch.searchsorted(edges, self.topology.edge_of_client.to(self.device)[clients])
 
     def begin_round(self, rnd: int) -> RoundFaults | None:
         """Draw round ``rnd``'s failures (called by the runner before ``run_round``).

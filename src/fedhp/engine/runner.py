@@ -6,7 +6,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tqdm import tqdm
@@ -26,7 +26,7 @@ from fedhp.engine.checkpoint import (
     save_checkpoint,
     save_final_state,
 )
-from fedhp.engine.evaluate import density, evaluate_personal, evaluate_shared
+from fedhp.engine.evaluate import ClientEval, density, evaluate_personal, evaluate_shared
 from fedhp.engine.faults import RoundSkipped
 from fedhp.errors import DivergenceError
 from fedhp.reporting import MetricsWriter, plot_run, write_json_atomic, write_yaml_atomic
@@ -34,8 +34,37 @@ from fedhp.reporting import MetricsWriter, plot_run, write_json_atomic, write_ya
 Row = dict[str, Any]
 
 
-def evaluate_state(exp: Experiment, state: State) -> tuple[Row, list[Row]]:
-    """Metrics of the current state: the round row and per-client rows."""
+class PersonalEval(Protocol):
+    """Personalized models' evaluation done elsewhere (on Flower nodes), for all clients."""
+
+    test: ClientEval
+    train: ClientEval
+    density: float
+
+
+class RoundDriver(Protocol):
+    """Runs rounds somewhere other than this process (the Flower backend); the runner keeps the
+    loop, evaluation rows, accounting, checkpoints and reports."""
+
+    def cloud_state(self, state: State) -> State:
+        """The part of the initial ``state`` the cloud keeps (the rest lives below it)."""
+
+    def run_round(self, state: State, rnd: int) -> Row:
+        """Run round ``rnd`` on ``state`` (the cloud's), like ``Algorithm.run_round``."""
+
+    def evaluate(self, state: State) -> tuple[Row, list[Row]]:
+        """Like :func:`evaluate_state`, for the cloud's ``state``."""
+
+    def close(self) -> None:
+        """Called once after the last round."""
+
+
+def evaluate_state(
+    exp: Experiment, state: State, personal_eval: PersonalEval | None = None
+) -> tuple[Row, list[Row]]:
+    """Metrics of the current state: the round row and per-client rows.
+
+    ``personal_eval``: the personalized models' results computed elsewhere (Flower nodes)."""
     model, fed, topo = exp.model, exp.ctx.fed, exp.ctx.topology
     algo, eps = exp.algorithm, exp.ctx.zero_threshold
     split = fed.val if exp.cfg.eval_split == "val" else fed.test  # val: tuning only
@@ -52,14 +81,20 @@ def evaluate_state(exp: Experiment, state: State) -> tuple[Row, list[Row]]:
             row[f"edge{e}_global_acc"] = acc
         for c, acc in enumerate(test.per_client_accuracy().tolist()):
             clients[c]["global_acc"] = acc
-    personal = algo.personal_models(state)
-    if personal is not None:
-        test = evaluate_personal(model, personal, split)
-        train = evaluate_personal(model, personal, fed.train)
+    personal = algo.personal_models(state) if personal_eval is None else None
+    if personal is not None or personal_eval is not None:
+        if personal_eval is not None:
+            test, train = personal_eval.test, personal_eval.train
+            personal_density = personal_eval.density
+        else:
+            assert personal is not None
+            test = evaluate_personal(model, personal, split)
+            train = evaluate_personal(model, personal, fed.train)
+            personal_density = density(personal, eps)
         row.update(
             personal_acc=test.accuracy, personal_loss=test.loss, personal_train_loss=train.loss
         )
-        row["density_personal"] = density(personal, eps)
+        row["density_personal"] = personal_density
         for e, acc in enumerate(test.per_group_accuracy(edge_of, topo.num_edges).tolist()):
             row[f"edge{e}_personal_acc"] = acc
         for c, acc in enumerate(test.per_client_accuracy().tolist()):
@@ -222,18 +257,25 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
 
 
 def run_experiment(
-    exp: Experiment, out_dir: Path | None, progress: bool | None = None, resume: bool = False
+    exp: Experiment,
+    out_dir: Path | None,
+    progress: bool | None = None,
+    resume: bool = False,
+    driver: RoundDriver | None = None,
 ) -> Row:
     """Run all rounds; write config.yaml, metrics.csv, per_client.csv, timings.csv,
     summary.json, plot.png, checkpoint.pt (every ``checkpoint_every`` rounds) and final_state.pt.
 
     With ``resume``, continue from ``out_dir``'s checkpoint (from scratch if it has none); the
-    results are bit-identical to an uninterrupted run's (timings aside).
+    results are bit-identical to an uninterrupted run's (timings aside). With a ``driver``
+    (the Flower backend) the rounds and evaluations run through it.
     """
     cfg, algo, ledger, ctx = exp.cfg, exp.algorithm, exp.ctx.ledger, exp.ctx
     show = cfg.progress if progress is None else progress
     config = config_to_dict(cfg)
     state = algo.init_state(exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET))
+    if driver is not None:
+        state = driver.cloud_state(state)
     restored: Snapshot | None = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -263,7 +305,10 @@ def run_experiment(
     for rnd in range(start_round, cfg.rounds):
         ctx.begin_round(rnd)
         try:
-            stats: Row = algo.run_round(state, rnd)
+            if driver is None:
+                stats: Row = algo.run_round(state, rnd)
+            else:
+                stats = driver.run_round(state, rnd)
         except RoundSkipped as why:
             state.clear()
             state.update(snap.state_copy())
@@ -277,7 +322,8 @@ def run_experiment(
         if problem is None and (rnd + 1) % cfg.eval_every and rnd + 1 != cfg.rounds:
             evals: Row | None = None
         else:
-            evals, clients = evaluate_state(exp, state) if problem is None else ({}, [])
+            evaluate = evaluate_state if driver is None else lambda _, s: driver.evaluate(s)
+            evals, clients = evaluate(exp, state) if problem is None else ({}, [])
             problem = problem or divergence_problem({}, evals, cfg.max_loss)
         if problem is not None:
             error = _divergence(exp, rnd, problem, out_dir)
@@ -316,6 +362,8 @@ def run_experiment(
         if out_dir is not None and due:
             save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)
     bar.close()
+    if driver is not None:
+        driver.close()
     seconds = prior_seconds + time.perf_counter() - start
     summary = summarize(exp, rows, seconds, rounds_done)
     if error is not None:

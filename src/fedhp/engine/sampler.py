@@ -12,23 +12,55 @@ class BatchSampler:
     permutation per draw, as a shuffled DataLoader's batch would); clients with fewer than ``B``
     samples repeat samples cyclically. ``with_replacement``: i.i.d. uniform indices (cheaper for
     very large clients).
+
+    Every draw consumes the generator as if for ALL ``total`` clients of the federation (one row
+    of random keys per client) and keeps the rows of the requested clients. So a client's
+    minibatches do not depend on who else takes part, and a process that holds only some clients
+    (a Flower node: ``rows`` maps its local clients to their global indices, ``max_count`` /
+    ``min_count`` are the federation's) draws exactly the rows the in-process engine draws.
     """
 
-    def __init__(self, counts: torch.Tensor, generator: torch.Generator, replacement: bool = False):
+    def __init__(
+        self,
+        counts: torch.Tensor,
+        generator: torch.Generator,
+        replacement: bool = False,
+        *,
+        rows: torch.Tensor | None = None,
+        total: int | None = None,
+        max_count: int | None = None,
+        min_count: int | None = None,
+    ):
         self.counts = counts
         self.generator = generator
         self.replacement = replacement
-        self.max_count = int(counts.max().item())
-        self.min_count = int(counts.min().item())
+        self.rows = rows
+        self.total = int(counts.shape[0]) if total is None else total
+        self.max_count = int(counts.max().item()) if max_count is None else max_count
+        self.min_count = int(counts.min().item()) if min_count is None else min_count
+
+    def with_generator(self, generator: torch.Generator) -> BatchSampler:
+        """The same sampler (same rows and counts) drawing from ``generator``."""
+        return BatchSampler(
+            self.counts,
+            generator,
+            self.replacement,
+            rows=self.rows,
+            total=self.total,
+            max_count=self.max_count,
+            min_count=self.min_count,
+        )
 
     def draw(self, clients: torch.Tensor, batch_size: int) -> torch.Tensor:
         """Indices for one minibatch of each client in ``clients``."""
         counts = self.counts[clients]
         device = counts.device
+        rows = clients if self.rows is None else self.rows.to(device)[clients]
         if self.replacement:
-            u = torch.rand(len(clients), batch_size, generator=self.generator, device=device)
+            u = torch.rand(self.total, batch_size, generator=self.generator, device=device)[rows]
             return (u * counts.unsqueeze(1)).long()
-        keys = torch.rand(len(clients), self.max_count, generator=self.generator, device=device)
+        keys = torch.rand(self.total, self.max_count, generator=self.generator, device=device)
+        keys = keys[rows]
         pos = torch.arange(self.max_count, device=device)
         keys = keys.masked_fill(pos.unsqueeze(0) >= counts.unsqueeze(1), 2.0)
         width = min(batch_size, self.max_count)

@@ -233,6 +233,7 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     from fedhp.comm import LINKS
     from fedhp.config import config_to_dict, resolve_config
     from fedhp.engine.build import build_experiment
+    from fedhp.engine.checkpoint import with_added_defaults
     from fedhp.engine.runner import run_experiment
     from fedhp.errors import DivergenceError
     from fedhp.reporting import write_json_atomic
@@ -241,17 +242,22 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     config = config_to_dict(cfg)
     summary_path, config_path = folder / "summary.json", folder / "config.yaml"
     if summary_path.is_file() and config_path.is_file():
-        old = yaml.safe_load(config_path.read_text())
+        old = with_added_defaults(yaml.safe_load(config_path.read_text()))
         if old == config:
             summary: dict[str, Any] = json.loads(summary_path.read_text())
             summary["reused"] = True
             return summary
     exp = build_experiment(cfg)
     resume = config_path.is_file() and (folder / "checkpoint.pt").is_file()
-    if resume and yaml.safe_load(config_path.read_text()) != config:
+    if resume and with_added_defaults(yaml.safe_load(config_path.read_text())) != config:
         resume = False
     try:
-        summary = run_experiment(exp, folder, progress=False, resume=resume)
+        if cfg.backend == "flower-sim":
+            from fedhp.flower.simulation import run_flower_sim
+
+            summary = run_flower_sim(exp, folder, progress=False)
+        else:
+            summary = run_experiment(exp, folder, progress=False, resume=resume)
     except DivergenceError as err:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         summary["stopped"] = str(err)

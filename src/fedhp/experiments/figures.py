@@ -34,6 +34,16 @@ GAMMAS = (0.0, 0.001, 0.004, 0.008)
 SPARSE = {"gamma1": 0.001, "gamma2": 0.001, "sparse_schedule": "true"}
 
 
+def zero_threshold(opts: ReproOptions) -> float:
+    """The ε the runs use: the last ``comm.zero_threshold=`` override, else :data:`EPS`."""
+    eps = EPS
+    for item in opts.extra:
+        key, _, value = item.partition("=")
+        if key.strip() == "comm.zero_threshold":
+            eps = float(value)
+    return eps
+
+
 def _job(method: str, model: str, label: str, **params: Any) -> Job:
     job = method_job(method, **params)
     job.key = f"{model}-{job.key}"
@@ -160,7 +170,8 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     wanted = opts.methods  # here: a subset of fig2..fig5
     all_jobs = jobs(opts)
     runs_dir = opts.runs_dir(NAME)
-    report: dict[str, Any] = {"zero_threshold": EPS, "rounds": opts.rounds, "figures": {}}
+    report: dict[str, Any] = {"zero_threshold": zero_threshold(opts), "rounds": opts.rounds}
+    report["figures"] = {}
     sub = ReproOptions(**{**opts.__dict__, "methods": None})
     for fig, fig_jobs in all_jobs.items():
         if wanted is not None and fig not in wanted:

@@ -45,12 +45,15 @@ def jobs(opts: ReproOptions) -> list[Job]:
     return out
 
 
-def score(agg: dict[str, Any], metric: str) -> float:
-    """Final-round validation accuracy (−inf for a diverged or missing run)."""
+def score(agg: dict[str, Any], metric: str) -> float | None:
+    """Final-round validation accuracy; −inf for a diverged run, None where the method has no
+    such model (e.g. FedProx's personalized accuracy)."""
     stat = agg.get(f"final_{metric}_acc")
-    if agg.get("stopped") or not isinstance(stat, dict) or not math.isfinite(stat["mean"]):
+    if agg.get("stopped"):
         return -math.inf
-    return float(stat["mean"])
+    if not isinstance(stat, dict):
+        return None
+    return float(stat["mean"]) if math.isfinite(stat["mean"]) else -math.inf
 
 
 def select(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -81,20 +84,26 @@ def select(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
             choices[method] = {param: best[param]}
         if metric == "global":
             best_pm = _argmax(table, lambda e: e["personal"])
-            if best_pm is not None and best_pm["personal"] > -math.inf:
+            if best_pm is not None:
                 personal[method] = {param: best_pm[param]}
     return {"choices": choices, "personal_choices": personal, "scores": scores}
 
 
-def _argmax(table: list[dict[str, Any]], key: Callable[[dict[str, Any]], float]) -> Any:
-    best = None
-    for entry in table:  # strict > : ties keep the earlier grid value
-        if key(entry) > -math.inf and (best is None or key(entry) > key(best)):
-            best = entry
+def _argmax(
+    table: list[dict[str, Any]], key: Callable[[dict[str, Any]], float | None]
+) -> dict[str, Any] | None:
+    """The entry with the largest finite key (strict >: ties keep the earlier grid value)."""
+    best, best_key = None, -math.inf
+    for entry in table:
+        value = key(entry)
+        if value is not None and value > best_key:
+            best, best_key = entry, value
     return best
 
 
-def _fmt(x: float) -> str:
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "—"
     return "diverged" if x == -math.inf else f"{100 * x:.2f}"
 
 

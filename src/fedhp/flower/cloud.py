@@ -1,0 +1,391 @@
+"""The cloud's side of a fedhp round on Flower: split the task over the nodes, collect and check
+their replies, merge them and aggregate — with the algorithm's own ``plan``/``aggregate``.
+
+Faults: a node that does not answer in time (died, timed out) or answers with an error is a failed
+node for the round — its edges (or clients) take no part, the weights renormalize over the rest,
+one line is logged; it is asked again the next round. A reply with wrong keys, shapes, dtypes or
+NaN/Inf is rejected the same way and never aggregated. If no node returns a usable update the
+round is skipped (model unchanged), as the in-process engine skips a round nobody can join.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import yaml
+from flwr.app import RecordDict
+from tqdm import tqdm
+
+from fedhp.algorithms import State, Task, Update
+from fedhp.algorithms.base import NNZ_PREFIX
+from fedhp.config import config_to_dict
+from fedhp.engine.build import Experiment
+from fedhp.engine.evaluate import ClientEval
+from fedhp.engine.faults import RoundSkipped
+from fedhp.engine.runner import Row, evaluate_state
+from fedhp.flower.messages import (
+    Content,
+    MalformedReply,
+    expect,
+    expect_ids,
+    expect_keys,
+    from_record,
+    parse_ledger,
+    payload_bytes,
+    serialized_bytes,
+    to_record,
+)
+from fedhp.flower.shards import Shard
+from fedhp.reporting import MetricsWriter
+
+BYTES_FILE = "flower_bytes.csv"
+EVENTS_FILE = "flower_events.csv"
+
+Reply = RecordDict | str
+"""A node's reply content, or a description of the error it answered with."""
+
+
+class Transport(Protocol):
+    """Sends one message per shard and returns the replies that came back (by shard); a shard
+    missing from the result did not answer in time."""
+
+    def exchange(self, kind: str, rnd: int, requests: dict[int, RecordDict]) -> dict[int, Reply]:
+        """``kind``: ``train`` or ``evaluate``; ``rnd``: the 0-based round."""
+        ...
+
+
+@dataclass
+class PersonalResult:
+    """Personalized evaluation assembled from the nodes' per-client sums."""
+
+    test: ClientEval
+    train: ClientEval
+    density: float
+
+
+@dataclass
+class _Part:
+    shard: Shard
+    task: Task  # global indices, this shard's part
+
+
+def log_line(line: str) -> None:
+    tqdm.write(f"fedhp: {line}", file=sys.stderr)
+
+
+class FlowerDriver:
+    """A :class:`~fedhp.engine.runner.RoundDriver` running rounds over Flower nodes."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        transport: Transport,
+        shards: list[Shard],
+        out_dir: Path | None,
+        log: Callable[[str], None] = log_line,
+    ) -> None:
+        self.exp = exp
+        self.algo = exp.algorithm
+        self.transport = transport
+        self.shards = shards
+        self.log = log
+        self.config_text = yaml.safe_dump(config_to_dict(exp.cfg), sort_keys=False)
+        self.configured: set[int] = set()
+        self.num_params = exp.model.num_params
+        self.events: list[Row] = []
+        self.bytes_rows: list[Row] = []
+        self._pending: Row = {}
+        self._bytes = MetricsWriter(out_dir / BYTES_FILE) if out_dir is not None else None
+        self._events = MetricsWriter(out_dir / EVENTS_FILE) if out_dir is not None else None
+        if out_dir is not None:
+            for name in (BYTES_FILE, EVENTS_FILE):
+                (out_dir / name).unlink(missing_ok=True)
+        self._round = 0
+
+    # -- RoundDriver -------------------------------------------------------------------------
+
+    def cloud_state(self, state: State) -> State:
+        """Drop the node-held entries; keep their per-row non-zero counts."""
+        out = {k: v for k, v in state.items() if k not in self.algo.node_keys}
+        for key in self.algo.node_keys:
+            out[NNZ_PREFIX + key] = self.algo.row_nonzeros(state, key)
+        return out
+
+    def run_round(self, state: State, rnd: int) -> Row:
+        self._round = rnd
+        task = self.algo.plan(state, rnd)
+        gen = self.exp.ctx.sampler.generator
+        gen_state = gen.get_state()
+        parts: dict[int, _Part] = {}
+        requests: dict[int, RecordDict] = {}
+        for shard in self.shards:
+            part = _split(task, shard)
+            if part is None:
+                continue
+            parts[shard.index] = _Part(shard, part)
+            arrays = {"clients": part.clients, "gen": gen_state}
+            if part.edges is not None:
+                arrays["edges"] = part.edges
+            if part.agg_edges is not None:
+                arrays["agg"] = part.agg_edges
+            arrays.update({f"b.{k}": v for k, v in part.broadcast.items()})
+            arrays.update({f"c.{k}": v for k, v in part.per_client.items()})
+            meta: dict[str, int | float | str] = {"round": rnd, "shard": shard.index}
+            meta.update({f"s.{k}": v for k, v in part.scalars.items()})
+            if shard.index not in self.configured:
+                meta["config"] = self.config_text
+            requests[shard.index] = to_record(arrays, meta)
+        replies = self.transport.exchange("train", rnd, requests)
+        good: dict[int, Content] = {}
+        for index, entry in parts.items():
+            content = self._usable(index, replies.get(index))
+            if content is None:
+                continue
+            try:
+                self._check_train(content, entry, gen_state)
+            except MalformedReply as why:
+                self._event(index, "rejected", f"malformed update ({why}); not aggregated")
+                continue
+            good[index] = content
+        self._agree(good)
+        self._record_bytes("train", requests, replies, good)
+        if not good:
+            self._write_bytes(self._pending)
+            raise RoundSkipped("no Flower node returned a usable update")
+        gen.set_state(good[min(good)].arrays["gen"])
+        merged_task, update = self._merge(task, parts, good)
+        for index, content in good.items():
+            self.exp.ctx.ledger.merge_round(parse_ledger(content.meta.get("ledger")))
+            shard = parts[index].shard
+            for key, kind in self.algo.node_keys.items():
+                ids = shard.clients if kind == "client" else shard.edges
+                state[NNZ_PREFIX + key][ids] = content.arrays[f"nnz.{key}"]
+        stats = self.algo.aggregate(state, merged_task, update)
+        self._bytes_accounting_note()
+        return stats
+
+    def evaluate(self, state: State) -> tuple[Row, list[Row]]:
+        personal = self._personal(state) if self.algo.personal_on_node else None
+        return evaluate_state(self.exp, state, personal)
+
+    def close(self) -> None:
+        pass
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _event(self, shard: int, event: str, detail: str) -> None:
+        row: Row = {"round": self._round + 1, "shard": shard, "event": event, "detail": detail}
+        self.events.append(row)
+        if self._events is not None:
+            self._events.append(row)
+        self.log(f"round {self._round + 1}: node {shard}: {detail}")
+
+    def _usable(self, index: int, reply: Reply | None) -> Content | None:
+        """Decoded reply, or None (logged) when the node failed."""
+        if reply is None:
+            self.configured.discard(index)
+            self._event(index, "missing", "no reply (node down or timed out); its edges sit out")
+            return None
+        if isinstance(reply, str):
+            self.configured.discard(index)
+            self._event(index, "error", f"error reply ({reply}); its edges sit out")
+            return None
+        try:
+            content = from_record(reply)
+        except MalformedReply as why:
+            self._event(index, "rejected", f"malformed reply ({why}); not aggregated")
+            return None
+        self.configured.add(index)
+        return content
+
+    def _check_train(self, content: Content, part: _Part, gen_state: torch.Tensor) -> None:
+        algo, task, shard, p = self.algo, part.task, part.shard, self.num_params
+        up = task.up_edges
+        keys = {"clients", "edges", "gen", "losses"}
+        keys |= {f"c.{k}" for k in algo.client_outputs} | {f"e.{k}" for k in algo.edge_outputs}
+        keys |= {f"nnz.{k}" for k in algo.node_keys}
+        a = content.arrays
+        expect_keys(a, keys)
+        expect_ids(a, "clients", task.clients)
+        expect_ids(a, "edges", up if up is not None else torch.zeros(0, dtype=torch.long))
+        n_c, n_e = len(task.clients), 0 if up is None else len(up)
+        for k in algo.client_outputs:
+            expect(a, f"c.{k}", (n_c, p), torch.float32)
+        for k in algo.edge_outputs:
+            expect(a, f"e.{k}", (n_e, p), torch.float32)
+        losses = a["losses"]
+        if losses.dim() != 2:
+            raise MalformedReply("'losses' must be [groups, clients]")
+        expect(a, "losses", (losses.shape[0], n_c), torch.float32)
+        expect(a, "gen", tuple(gen_state.shape), torch.uint8)
+        for key, kind in algo.node_keys.items():
+            rows = len(shard.clients) if kind == "client" else len(shard.edges)
+            nnz = expect(a, f"nnz.{key}", (rows,), torch.int64)
+            if rows and (int(nnz.min()) < 0 or int(nnz.max()) > p):
+                raise MalformedReply(f"'nnz.{key}' out of range")
+        parse_ledger(content.meta.get("ledger"))
+
+    def _agree(self, good: dict[int, Content]) -> None:
+        """Every node consumed the engine generator identically and reports the same number of
+        loss groups; one that does not (compared with the lowest shard) is rejected."""
+        if not good:
+            return
+        ref = good[min(good)].arrays
+        for index in sorted(good):
+            a = good[index].arrays
+            if not torch.equal(a["gen"], ref["gen"]):
+                why = "drew a different random stream"
+            elif a["losses"].shape[0] != ref["losses"].shape[0]:
+                why = "reported a different number of loss groups"
+            else:
+                continue
+            del good[index]
+            self._event(index, "rejected", f"{why}; not aggregated")
+
+    def _merge(
+        self, task: Task, parts: dict[int, _Part], good: dict[int, Content]
+    ) -> tuple[Task, Update]:
+        """The task restricted to the nodes that answered, and their merged update (rows in
+        global order: shards are contiguous and ordered)."""
+        order = sorted(good)
+
+        def cat(key: str) -> torch.Tensor:
+            return torch.cat([good[i].arrays[key] for i in order])
+
+        clients = cat("clients")
+        edges = agg = None
+        if task.edges is not None:
+            edges = torch.cat([_must(parts[i].task.edges) for i in order])
+        if task.agg_edges is not None:
+            agg = torch.cat([_must(parts[i].task.agg_edges) for i in order])
+        merged = Task(clients, edges, agg, task.broadcast, {}, task.scalars)
+        update = Update(
+            per_client={k: cat(f"c.{k}") for k in self.algo.client_outputs},
+            per_edge={k: cat(f"e.{k}") for k in self.algo.edge_outputs},
+            losses=torch.cat([good[i].arrays["losses"] for i in order], dim=1),
+        )
+        return merged, update
+
+    def _personal(self, state: State) -> PersonalResult:
+        """Ask every node to evaluate its clients' personalized models; assemble all clients."""
+        w = self.algo.global_model(state) if self.algo.personal_needs_global else None
+        requests: dict[int, RecordDict] = {}
+        for shard in self.shards:
+            meta: dict[str, int | float | str] = {"round": self._round, "shard": shard.index}
+            if shard.index not in self.configured:
+                meta["config"] = self.config_text
+            requests[shard.index] = to_record({} if w is None else {"b.global": w}, meta)
+        replies = self.transport.exchange("evaluate", self._round, requests)
+        c = self.exp.ctx.num_clients
+        sums = {k: torch.zeros(c, dtype=torch.float64) for k in _EVAL_KEYS}
+        nnz = torch.zeros(c, dtype=torch.int64)
+        good: dict[int, Content] = {}
+        for shard in self.shards:
+            content = self._usable(shard.index, replies.get(shard.index))
+            if content is None:
+                continue
+            try:
+                a = content.arrays
+                expect_keys(a, {"clients", "nnz", *_EVAL_KEYS})
+                expect_ids(a, "clients", shard.clients)
+                for key in _EVAL_KEYS:
+                    expect(a, key, (len(shard.clients),), torch.float64)
+                expect(a, "nnz", (len(shard.clients),), torch.int64)
+            except MalformedReply as why:
+                self._event(shard.index, "rejected", f"malformed evaluation ({why})")
+                continue
+            good[shard.index] = content
+            for key in _EVAL_KEYS:
+                sums[key][shard.clients] = a[key]
+            nnz[shard.clients] = a["nnz"]
+        self._record_bytes("evaluate", requests, replies, good)
+        missing = c - int(sum(len(s.clients) for s in self.shards if s.index in good))
+        if missing:
+            self.log(f"round {self._round + 1}: personalized accuracy without {missing} clients")
+
+        def part(prefix: str) -> ClientEval:
+            return ClientEval(
+                sums[f"{prefix}.correct"], sums[f"{prefix}.loss"], sums[f"{prefix}.count"]
+            )
+
+        density = float(nnz.sum()) / (c * self.num_params)
+        return PersonalResult(part("test"), part("train"), density)
+
+    def _record_bytes(
+        self,
+        kind: str,
+        requests: dict[int, RecordDict],
+        replies: dict[int, Reply],
+        good: dict[int, Content],
+    ) -> None:
+        """What Flower carried this exchange, next to fedhp's own accounting of the round."""
+        up = [r for r in replies.values() if isinstance(r, RecordDict)]
+        row: Row = {
+            "round": self._round + 1,
+            "kind": kind,
+            "messages_down": len(requests),
+            "payload_bytes_down": sum(payload_bytes(r) for r in requests.values()),
+            "serialized_bytes_down": sum(serialized_bytes(r) for r in requests.values()),
+            "messages_up": len(up),
+            "payload_bytes_up": sum(payload_bytes(r) for r in up),
+            "serialized_bytes_up": sum(serialized_bytes(r) for r in up),
+            "replies_used": len(good),
+        }
+        self._pending = row
+        if kind == "evaluate":
+            self._write_bytes(row)
+
+    def _bytes_accounting_note(self) -> None:
+        """Add fedhp's ledger bytes of the cloud link for this round to the train row."""
+        row = self._pending
+        current = self.exp.ctx.ledger.current()
+        link = "edge_cloud" if self.algo.options.hierarchical else "client_cloud"
+        for d in ("down", "up"):
+            row[f"fedhp_bytes_{d}"] = int(current.get(f"bytes_{link}_{d}", 0))
+            row[f"fedhp_dense_bytes_{d}"] = int(current.get(f"dense_bytes_{link}_{d}", 0))
+        self._write_bytes(row)
+
+    def _write_bytes(self, row: Row) -> None:
+        self.bytes_rows.append(row)
+        if self._bytes is not None:
+            self._bytes.append(row)
+
+
+_EVAL_KEYS = (
+    "test.correct",
+    "test.loss",
+    "test.count",
+    "train.correct",
+    "train.loss",
+    "train.count",
+)
+
+
+def _must(value: torch.Tensor | None) -> torch.Tensor:
+    assert value is not None
+    return value
+
+
+def _split(task: Task, shard: Shard) -> Task | None:
+    """``shard``'s part of ``task`` (global indices), or None when it has no part."""
+    mask = torch.isin(task.clients, shard.clients.to(task.clients.device))
+    edges = agg = None
+    if task.edges is not None:
+        edges = task.edges[torch.isin(task.edges, shard.edges.to(task.edges.device))]
+    if task.agg_edges is not None:
+        agg = task.agg_edges[torch.isin(task.agg_edges, shard.edges.to(task.agg_edges.device))]
+    if not bool(mask.any()) and (edges is None or len(edges) == 0):
+        return None
+    return Task(
+        task.clients[mask],
+        edges,
+        agg,
+        dict(task.broadcast),
+        {k: v[mask] for k, v in task.per_client.items()},
+        dict(task.scalars),
+    )

@@ -1,0 +1,156 @@
+"""``fedhp flower ...``: development certificates, SuperNode keys, the Flower app project, and a
+whole loopback deployment (SuperLink + SuperNodes as processes, TLS and node authentication on).
+
+Nothing here imports flwr or torch until a command runs, so ``fedhp --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
+
+
+def require_flower() -> None:
+    """A one-line error when Flower (and the ``cryptography`` it brings) is not installed."""
+    import importlib.util
+
+    from fedhp.errors import FedhpError
+
+    if importlib.util.find_spec("flwr") is None or importlib.util.find_spec("cryptography") is None:
+        raise FedhpError("fedhp flower: Flower is not installed; pip install 'fedhp[flower]'")
+
+
+def resolve_run_config(
+    items: list[str], out: str
+) -> tuple[RunConfig, dict[str, str | int | float | bool], int]:
+    """The validated fedhp config, the Flower run config (``fedhp-config``, ``fedhp-out``) and
+    the number of SuperNodes the run needs, checked here before any process starts."""
+    import yaml
+
+    from fedhp.algorithms import ALGORITHMS
+    from fedhp.config import config_to_dict, resolve_config
+    from fedhp.engine.build import check_components
+    from fedhp.errors import ConfigError
+    from fedhp.flower.shards import node_count
+
+    config_path: Path | None = None
+    overrides: list[str] = []
+    for i, item in enumerate(items):
+        if i == 0 and "=" not in item:
+            config_path = Path(item)
+        else:
+            overrides.append(item)
+    cfg = resolve_config(config_path, overrides)
+    check_components(cfg)
+    if cfg.algorithm.get("name") == "centralized":
+        raise ConfigError(
+            "algorithm.name: centralized is a non-federated reference row and cannot run on a "
+            "Flower deployment; use fedhp run"
+        )
+    if cfg.device != "cpu":
+        raise ConfigError("device: a Flower deployment runs on the CPU; use device=cpu")
+    nodes = node_count(cfg, ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical)
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    return cfg, {"fedhp-config": text, "fedhp-out": str(Path(out).resolve())}, nodes
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    require_flower()
+    from fedhp.flower.certs import write_certificates
+
+    hosts = tuple(args.host) if args.host else ("127.0.0.1", "localhost")
+    paths = write_certificates(Path(args.dir), hosts=hosts, days=args.days)
+    print(f"CA: {paths.ca_cert} (key {paths.ca_key}); SuperLink: {paths.server_cert}, ", end="")
+    print(f"{paths.server_key} for {', '.join(hosts)}")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    require_flower()
+    from fedhp.flower.certs import write_node_keys
+
+    for key in write_node_keys(Path(args.dir), args.nodes, prefix=args.prefix):
+        print(f"{key.private} (SuperNode) / {key.public} (flwr supernode register)")
+    return 0
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    require_flower()
+    from fedhp.flower.deploy import write_app
+
+    _, run_config, nodes = resolve_run_config(args.items, args.out)
+    app = write_app(Path(args.dir), run_config)
+    print(f"Flower app: {app}/pyproject.toml; results will go to {run_config['fedhp-out']}")
+    print(f"it needs {nodes} SuperNodes (flower.nodes)")
+    print(f"run it with: flwr run {app} <connection>")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    require_flower()
+    from fedhp.flower.deploy import LoopbackFederation, write_app
+
+    items = list(args.items)
+    if args.nodes is not None:
+        items.append(f"flower.nodes={args.nodes}")
+    _, run_config, nodes = resolve_run_config(items, args.out)
+    workdir = Path(args.workdir) if args.workdir else Path(args.out) / "flower-deploy"
+    with LoopbackFederation(workdir, nodes=nodes) as fed:
+        print(f"SuperLink on {fed.address} (TLS, node authentication), {nodes} SuperNodes")
+        app = write_app(workdir / "app", run_config)
+        result = fed.run(app, timeout=args.timeout)
+    line = f"run {result.run_id}: {result.status} in {result.seconds:.1f}s"
+    summary = Path(args.out) / "summary.json"
+    if summary.is_file():
+        data = json.loads(summary.read_text())
+        if "seconds_per_round" in data:
+            line += f"; {data['seconds_per_round']:.2f} s/round"
+    print(line)
+    print(f"results: {args.out}/; logs: {workdir}/logs/ (the run's output: {result.log.name})")
+    return 0 if result.ok else 1
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``flower`` and its subcommands to the ``fedhp`` subparsers ``sub``."""
+    flower = sub.add_parser(
+        "flower", help="Flower deployment: dev certificates, node keys, app project, loopback run"
+    )
+    fsub = flower.add_subparsers(dest="flower_command", required=True, parser_class=type(flower))
+    certs = fsub.add_parser("certs", help="write a development CA and a SuperLink certificate")
+    certs.add_argument("dir", help="folder for ca.crt, ca.key, server.pem, server.key")
+    certs.add_argument(
+        "--host",
+        action="append",
+        help="host name or IP the SuperLink is reached at (repeatable; "
+        "default 127.0.0.1 and localhost)",
+    )
+    certs.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    certs.set_defaults(func=cmd_certs)
+    keys = fsub.add_parser("keys", help="write SuperNode authentication key pairs")
+    keys.add_argument("dir", help="folder for <prefix>-<i> and <prefix>-<i>.pub")
+    keys.add_argument("--nodes", type=int, required=True, help="number of key pairs")
+    keys.add_argument("--prefix", default="node", help="file name prefix (default node)")
+    keys.set_defaults(func=cmd_keys)
+    app = fsub.add_parser("app", help="write the Flower app project for `flwr run`")
+    app.add_argument("dir", help="folder for the app's pyproject.toml")
+    app.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
+    app.add_argument(
+        "--out", required=True, help="results folder (a path on the SuperLink's machine)"
+    )
+    app.set_defaults(func=cmd_app)
+    dep = fsub.add_parser(
+        "deploy", help="run on a loopback deployment: SuperLink + SuperNodes as processes"
+    )
+    dep.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
+    dep.add_argument("--out", required=True, help="results folder")
+    dep.add_argument("--nodes", type=int, help="SuperNodes (default flower.nodes or num_edges)")
+    dep.add_argument("--workdir", help="certs, keys, logs (default OUT/flower-deploy)")
+    dep.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds to wait for the run (default 3600)"
+    )
+    dep.set_defaults(func=cmd_deploy)

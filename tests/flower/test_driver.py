@@ -1,0 +1,173 @@
+"""The Flower round driver with in-process nodes: same metrics as the in-process engine for every
+algorithm, and the fault handling (missing, error, malformed replies)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, RecordDict
+
+from fedhp.engine.checkpoint import FINAL_STATE_FILE
+from fedhp.flower.messages import ARRAYS, META
+from tests.flower.helpers import (
+    assert_same_metrics,
+    config_args,
+    read_csv,
+    run_flower_local,
+    run_inprocess,
+)
+
+P_MLR = 7850  # 784 * 10 + 10
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("fedavg", ()),
+        ("fedprox", ()),
+        ("hierfavg", ("flower.nodes=2",)),  # two edges per node
+        (
+            "sfedhp",
+            (
+                "algorithm.gamma1=0.001",
+                "algorithm.gamma2=0.001",
+                "algorithm.sparse_schedule=true",
+                "algorithm.density_target=0.99",
+                "algorithm.gamma2_switch_round=1",
+                "comm.zero_threshold=1e-4",
+            ),
+        ),
+        ("sfedhp", ("federation.edges_per_round=2", "algorithm.all_edges_train=true")),
+        ("pfedme", ("flower.nodes=20",)),  # cross-device: one client per node
+        ("perfedavg", ()),
+        ("heurfedamp", ("federation.client_fraction=0.5",)),
+        ("local", ()),
+    ],
+)
+def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, ...]) -> None:
+    args = config_args(name, "rounds=2", *extra)
+    run_inprocess(tmp_path / "a", args)
+    _, driver = run_flower_local(tmp_path / "b", args)
+    assert_same_metrics(tmp_path / "a", tmp_path / "b")
+    assert not driver.events
+    assert (tmp_path / "b" / "flower_bytes.csv").exists()
+
+
+def _arrays(reply: RecordDict) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in reply.array_records[ARRAYS].items()}
+
+
+def _replace(reply: RecordDict, key: str, value: np.ndarray | None) -> RecordDict:
+    record = reply.array_records[ARRAYS]
+    if value is None:
+        del record[key]
+    else:
+        record[key] = Array.from_numpy_ndarray(value)
+    return reply
+
+
+def _edge_up_bytes(out: Path) -> list[float]:
+    return [float(r["round_bytes_edge_cloud_up"] or 0) for r in read_csv(out / "metrics.csv")]
+
+
+def test_missing_node_is_a_failed_edge_and_comes_back(tmp_path: Path) -> None:
+    def fault(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict | None:
+        return None if (kind, rnd, shard) == ("train", 0, 1) else reply
+
+    args = config_args("hierfavg", "rounds=2")
+    summary, driver = run_flower_local(tmp_path, args, fault)
+    assert [(e["round"], e["shard"], e["event"]) for e in driver.events] == [(1, 1, "missing")]
+    assert _edge_up_bytes(tmp_path) == [3 * 4 * P_MLR, 4 * 4 * P_MLR]  # 3 edges, then all 4
+    assert summary["rounds"] == 2 and summary["final_global_acc"] > 0.5
+    events = read_csv(tmp_path / "flower_events.csv")
+    assert events[0]["event"] == "missing"
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "why"),
+    [
+        ("nan", "NaN or Inf"),
+        ("inf", "NaN or Inf"),
+        ("shape", "shape"),
+        ("dtype", "dtype"),
+        ("missing_key", "missing"),
+        ("extra_key", "unexpected"),
+        ("wrong_edges", "does not list"),
+        ("bad_ledger", "ledger"),
+        ("big_endian", "unsupported dtype"),
+    ],
+)
+def test_malformed_update_is_rejected(tmp_path: Path, corrupt: str, why: str) -> None:
+    def fault(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict | None:
+        if (kind, shard) != ("train", 2):
+            return reply
+        model = _arrays(reply)["e.model"]
+        if corrupt in ("nan", "inf"):
+            bad = model.copy()
+            bad[0, 5] = np.nan if corrupt == "nan" else np.inf
+            return _replace(reply, "e.model", bad)
+        if corrupt == "shape":
+            return _replace(reply, "e.model", model[:, :-1].copy())
+        if corrupt == "dtype":
+            return _replace(reply, "e.model", model.astype(np.float64))
+        if corrupt == "missing_key":
+            return _replace(reply, "losses", None)
+        if corrupt == "extra_key":
+            return _replace(reply, "poison", model)
+        if corrupt == "bad_ledger":
+            reply.config_records[META]["ledger"] = (
+                '{"round": [["moon", "up", {}]], "node_round": []}'
+            )
+            return reply
+        if corrupt == "big_endian":
+            return _replace(reply, "e.model", model.astype(">f4"))
+        return _replace(reply, "edges", np.array([0], dtype=np.int64))
+
+    args = config_args("hierfavg", "rounds=1")
+    _, driver = run_flower_local(tmp_path, args, fault)
+    assert [e["event"] for e in driver.events] == ["rejected"]
+    assert why in driver.events[0]["detail"]
+    assert _edge_up_bytes(tmp_path) == [3 * 4 * P_MLR]
+    final = torch.load(tmp_path / FINAL_STATE_FILE, weights_only=True)["state"]["global"]
+    assert torch.isfinite(final).all()
+
+
+def test_rejected_node_leaves_the_same_model_as_a_missing_one(tmp_path: Path) -> None:
+    """A NaN-poisoned update has no influence: the global model equals the one without the node.
+    (Finite but adversarial values are not malformed; robust aggregation is another matter.)"""
+
+    def drop(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict | None:
+        return None if shard == 0 and kind == "train" else reply
+
+    def poison(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict | None:
+        if shard == 0 and kind == "train":
+            return _replace(reply, "c.params", np.full((5, P_MLR), np.nan, dtype=np.float32))
+        return reply
+
+    args = config_args("fedavg", "rounds=2")
+    run_flower_local(tmp_path / "drop", args, drop)
+    run_flower_local(tmp_path / "poison", args, poison)
+    a = torch.load(tmp_path / "drop" / FINAL_STATE_FILE, weights_only=True)["state"]["global"]
+    b = torch.load(tmp_path / "poison" / FINAL_STATE_FILE, weights_only=True)["state"]["global"]
+    assert torch.equal(a, b)
+
+
+def test_error_reply_and_all_nodes_down(tmp_path: Path) -> None:
+    """Round 1: one node errs, the others are silent, so the round is skipped (model unchanged,
+    nothing accounted); round 2 runs normally."""
+
+    def fault(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict | str | None:
+        if rnd == 0 and kind == "train":
+            return "ClientApp exception: disk on fire" if shard == 0 else None
+        return reply
+
+    args = config_args("sfedhp", "rounds=2")
+    summary, driver = run_flower_local(tmp_path, args, fault)
+    kinds = [(e["round"], e["shard"], e["event"]) for e in driver.events]
+    assert kinds == [(1, 0, "error"), (1, 1, "missing"), (1, 2, "missing"), (1, 3, "missing")]
+    assert "disk on fire" in driver.events[0]["detail"]
+    assert summary["rounds"] == 2
+    assert _edge_up_bytes(tmp_path) == [0.0, 4 * 4 * P_MLR]
