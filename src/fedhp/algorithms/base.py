@@ -113,6 +113,14 @@ class Algorithm(ABC):
     def plan(self, state: State, rnd: int) -> Task:
         """Cloud: sample who takes part in round ``rnd``, record and return what is sent down."""
 
+    def plan_broadcast_global(self, state: State) -> Task:
+        """The flat methods' plan: sample clients and send each the global model."""
+        ctx = self.ctx
+        clients = ctx.sample_clients()
+        sent = state["global"].expand(len(clients), -1)
+        ctx.ledger.record("client_cloud", "down", sent, ctx.zero_threshold, nodes=clients)
+        return Task(clients, broadcast={"global": state["global"]})
+
     @abstractmethod
     def train(self, state: State, task: Task) -> Update:
         """Below the cloud: the round's local work on the rows of ``state`` this process holds."""

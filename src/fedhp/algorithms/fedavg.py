@@ -25,11 +25,7 @@ class FedAvg(Algorithm):
         return None
 
     def plan(self, state: State, rnd: int) -> Task:
-        ctx = self.ctx
-        clients = ctx.sample_clients()
-        start = state["global"].expand(len(clients), -1)
-        ctx.ledger.record("client_cloud", "down", start, ctx.zero_threshold, nodes=clients)
-        return Task(clients, broadcast={"global": state["global"]})
+        return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options

@@ -40,11 +40,7 @@ class PFedMe(Algorithm):
         return {"global": p.clone(), "theta": p.expand(self.ctx.num_clients, -1).clone()}
 
     def plan(self, state: State, rnd: int) -> Task:
-        ctx = self.ctx
-        clients = ctx.sample_clients()
-        sent = state["global"].expand(len(clients), -1)
-        ctx.ledger.record("client_cloud", "down", sent, ctx.zero_threshold, nodes=clients)
-        return Task(clients, broadcast={"global": state["global"]})
+        return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
