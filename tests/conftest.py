@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -12,6 +15,13 @@ from fedhp.engine.build import Experiment, build_experiment
 @pytest.fixture(autouse=True)
 def _torch_threads() -> None:
     torch.set_num_threads(2)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Caches written by the code under test (Flower nodes' data) go to a throwaway folder, not
+    the user's ~/.cache; subprocesses inherit it."""
+    if "FEDHP_CACHE_DIR" not in os.environ:
+        os.environ["FEDHP_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedhp-test-cache-")
 
 
 def small_experiment(*overrides: str) -> Experiment:

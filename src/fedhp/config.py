@@ -71,6 +71,7 @@ class FlowerConfig(pydantic.BaseModel):
     timeout: float = pydantic.Field(600.0, gt=0)
     num_cpus: float = pydantic.Field(1.0, gt=0)
     ray_cpus: int | None = pydantic.Field(None, gt=0)
+    node_cache: bool = True
 
 
 class RunConfig(pydantic.BaseModel):

@@ -31,7 +31,10 @@ pytestmark = pytest.mark.slow
 
 NODES = 4
 CLIENTAPP_STARTED = "Start `flwr-clientapp` process"
-ROUND_TIMEOUT = 150.0  # flower.timeout: how long the cloud waits for a round's replies
+# flower.timeout: how long the cloud waits for a round's replies. Generous: on a starved 2-vCPU
+# machine a round's ClientApp processes (each importing torch) can take minutes, and a node that
+# misses the deadline is (correctly) a failed edge, which the first test does not expect.
+ROUND_TIMEOUT = 600.0
 BASE = [
     "algorithm.name=sfedhp",
     "federation.num_clients=20",
@@ -91,7 +94,9 @@ def test_three_rounds_of_sfedhp_on_four_supernodes(fed: LoopbackFederation) -> N
     assert summary["rounds"] == 3
     assert float(rows[-1]["personal_acc"]) > 0.5  # 5-label clients: chance is 0.2
     for node in fed.supernodes:  # every SuperNode ran the ClientApp in every round
-        assert node.text().count(CLIENTAPP_STARTED) >= 4  # 3 train + 1 evaluate
+        assert node.text().count(CLIENTAPP_STARTED) >= 3
+    carried = csv_rows(out / "flower_bytes.csv")  # the evaluation rode on round 3's train reply
+    assert [(r["kind"], r["messages_up"]) for r in carried] == [("train", str(NODES))] * 3
 
 
 def test_supernode_with_unknown_key_is_refused(fed: LoopbackFederation) -> None:
@@ -135,9 +140,11 @@ def test_killed_supernode_is_a_failed_edge_and_the_run_finishes(fed: LoopbackFed
     assert [int(r["round"]) for r in csv_rows(out / "metrics.csv")] == [2]
     events = csv_rows(out / "flower_events.csv")
     assert events and {int(e["shard"]) for e in events} == {shard}  # only the victim failed
-    assert {e["event"] for e in events} <= {"missing", "error"}
+    # The SuperLink answers for a node whose heartbeats stopped ("node unavailable"): an error
+    # reply, matched to the message it answers.
+    assert {e["event"] for e in events} == {"error"}
     assert int(events[0]["round"]) == 1
     log = (fed.workdir / "logs" / f"run-{run_id}.log").read_text()
-    assert re.search(rf"fedhp: round 1: node {shard}: (no reply|error reply)", log)
+    assert re.search(rf"fedhp: round 1: node {shard}: error reply", log)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 2

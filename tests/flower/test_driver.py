@@ -11,6 +11,8 @@ import torch
 from flwr.app import Array, RecordDict
 
 from fedhp.engine.checkpoint import FINAL_STATE_FILE
+from fedhp.flower.cloud import FlowerDriver
+from fedhp.flower.local import LocalTransport
 from fedhp.flower.messages import ARRAYS, META
 from tests.flower.helpers import (
     assert_same_metrics,
@@ -54,6 +56,58 @@ def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, 
     assert_same_metrics(tmp_path / "a", tmp_path / "b")
     assert not driver.events
     assert (tmp_path / "b" / "flower_bytes.csv").exists()
+
+
+def _messages(driver: FlowerDriver) -> list[tuple[str, int, int]]:
+    assert isinstance(driver.transport, LocalTransport)
+    return driver.transport.sent
+
+
+def test_evaluation_rides_on_the_train_reply(tmp_path: Path) -> None:
+    """sFedHP's personalized models are node state: an evaluated round needs no second message,
+    and the numbers are the in-process ones."""
+    args = config_args("sfedhp", "rounds=3", "eval_every=2")
+    run_inprocess(tmp_path / "a", args)
+    _, driver = run_flower_local(tmp_path / "b", args)
+    assert_same_metrics(tmp_path / "a", tmp_path / "b")
+    assert _messages(driver) == [("train", r, s) for r in range(3) for s in range(4)]
+    carried = read_csv(tmp_path / "b" / "flower_bytes.csv")
+    assert [r["kind"] for r in carried] == ["train"] * 3
+
+
+def test_nodes_without_a_train_part_are_asked_to_evaluate(tmp_path: Path) -> None:
+    """pFedMe samples half the clients (one per node): the others get an evaluate message."""
+    args = config_args("pfedme", "rounds=2", "flower.nodes=20", "federation.client_fraction=0.5")
+    run_inprocess(tmp_path / "a", args)
+    _, driver = run_flower_local(tmp_path / "b", args)
+    assert_same_metrics(tmp_path / "a", tmp_path / "b")
+    for rnd in range(2):
+        train = {s for k, r, s in _messages(driver) if (k, r) == ("train", rnd)}
+        evaluate = {s for k, r, s in _messages(driver) if (k, r) == ("evaluate", rnd)}
+        assert len(train) == 10 and evaluate == set(range(20)) - train
+
+
+def test_personal_models_needing_the_global_model_are_evaluated_after_aggregation(
+    tmp_path: Path,
+) -> None:
+    """Per-FedAvg adapts the new global model: its evaluation is a message of its own."""
+    args = config_args("perfedavg", "rounds=1")
+    _, driver = run_flower_local(tmp_path, args)
+    assert [k for k, _, _ in _messages(driver)] == ["train"] * 4 + ["evaluate"] * 4
+
+
+def test_malformed_evaluation_on_a_train_reply_rejects_the_reply(tmp_path: Path) -> None:
+    def fault(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict | None:
+        if (kind, shard) == ("train", 2):
+            return _replace(reply, "v.nnz", np.zeros(3, dtype=np.int64))
+        return reply
+
+    args = config_args("sfedhp", "rounds=1")
+    summary, driver = run_flower_local(tmp_path, args, fault)
+    assert [(e["shard"], e["event"]) for e in driver.events] == [(2, "rejected")]
+    assert "shape" in driver.events[0]["detail"]
+    assert _edge_up_bytes(tmp_path) == [3 * 4 * P_MLR]  # 3 edges send a model (4 B a value)
+    assert summary["rounds"] == 1
 
 
 def _arrays(reply: RecordDict) -> dict[str, np.ndarray]:

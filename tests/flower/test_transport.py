@@ -1,5 +1,7 @@
-"""GridTransport: replies mapped back to shards; error replies and missing replies (a node that
-died or timed out) reported as such; the wait ends at the timeout or when the runtime stops."""
+"""GridTransport: replies mapped back to shards by the message they answer; error replies
+(including the SuperLink's own answer for a node it knows is gone) and missing replies (a node
+that died or timed out, a message Flower could not push) reported as such; the wait ends at the
+timeout or when the runtime stops."""
 
 from __future__ import annotations
 
@@ -16,17 +18,21 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedhp.errors import FedhpError
 from fedhp.flower.server_app import GridTransport
 
+SUPERLINK_NODE_ID = 1  # Flower's id for replies the SuperLink writes itself
+
 
 class FakeGrid:
-    """Node 11 answers with content, node 12 with an error; node 13 stays silent; an unrelated
-    node 99 answers too (ignored)."""
+    """Node 11 answers with content; the message to node 12 gets the SuperLink's error reply
+    (sender: the SuperLink, not node 12); node 13 stays silent; an unrelated node 99 answers too
+    (ignored). With ``unpushable``, that message index cannot be pushed (id None)."""
 
-    def __init__(self) -> None:
+    def __init__(self, unpushable: int | None = None) -> None:
         self.sent: list[Message] = []
+        self.unpushable = unpushable
 
-    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+    def push_messages(self, messages: Iterable[Message]) -> list[str | None]:
         self.sent = list(messages)
-        return [f"m{i}" for i in range(len(self.sent))]
+        return [None if i == self.unpushable else f"m{i}" for i in range(len(self.sent))]
 
     def pull_messages(self, ids: Iterable[str]) -> list[Any]:
         ok = RecordDict({"r": ConfigRecord({"ok": 1})})
@@ -37,7 +43,8 @@ class FakeGrid:
                 metadata=meta, has_error=lambda: error is not None, error=error, content=ok
             )
 
-        out = [reply(11, "m0"), reply(12, "m1", SimpleNamespace(code=0, reason="boom"))]
+        unavailable = SimpleNamespace(code=0, reason="node unavailable")
+        out = [reply(11, "m0"), reply(SUPERLINK_NODE_ID, "m1", unavailable)]
         return [r for r in out if r.metadata.reply_to_message_id in set(ids)] + [reply(99, "zz")]
 
 
@@ -62,8 +69,14 @@ def test_grid_transport_maps_replies_errors_and_silence() -> None:
     assert all(m.metadata.message_type == "train" for m in grid.sent)
     assert all(m.metadata.group_id == "4" for m in grid.sent)
     assert isinstance(out[0], RecordDict)
-    assert out[1] == "0: boom"
+    assert out[1] == "0: node unavailable"
     assert set(out) == {0, 1}  # node 13 did not answer: missing
+
+
+def test_grid_transport_message_that_could_not_be_pushed_is_missing() -> None:
+    transport = GridTransport(FakeGrid(unpushable=0), {0: 11, 1: 12}, timeout=0.2)  # type: ignore[arg-type]
+    out = transport.exchange("evaluate", 0, {i: r for i, r in _requests().items() if i < 2})
+    assert set(out) == {1} and out[1] == "0: node unavailable"
 
 
 def test_grid_transport_gives_up_when_the_runtime_stops() -> None:

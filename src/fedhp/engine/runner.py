@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from fedhp.algorithms.base import State
-from fedhp.config import config_to_dict
+from fedhp.config import RunConfig, config_to_dict
 from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.checkpoint import (
     CHECKPOINT_FILE,
@@ -57,6 +57,12 @@ class RoundDriver(Protocol):
 
     def close(self) -> None:
         """Called once after the last round."""
+
+
+def is_eval_round(cfg: RunConfig, rnd: int) -> bool:
+    """Whether the 0-based round ``rnd`` ends with an evaluation (every ``eval_every`` rounds and
+    the last)."""
+    return (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds
 
 
 def evaluate_state(
@@ -319,7 +325,7 @@ def run_experiment(
             _charge_stragglers(exp, snap.state)
         round_comm = ledger.end_round()
         problem = divergence_problem(state, stats, cfg.max_loss)
-        if problem is None and (rnd + 1) % cfg.eval_every and rnd + 1 != cfg.rounds:
+        if problem is None and not is_eval_round(cfg, rnd):
             evals: Row | None = None
         else:
             evaluate = evaluate_state if driver is None else lambda _, s: driver.evaluate(s)

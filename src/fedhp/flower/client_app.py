@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from fedhp.algorithms import State
-from fedhp.flower.messages import Content, from_record, to_record
+from fedhp.flower.messages import EVAL_PREFIX, EVALUATE_AFTER, Content, from_record, to_record
 from fedhp.flower.node import NodeRuntime, node_runtime
 
 STATE = "fedhp.state"
@@ -76,11 +76,14 @@ def handle(kind: str, content: RecordDict, context: Context) -> RecordDict:
         _save_state(context, state, rt, config_text)
         ledger = out.pop("ledger")
         arrays = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+        if msg.meta.get(EVALUATE_AFTER):  # this round is evaluated: save a message
+            arrays.update({f"{EVAL_PREFIX}{k}": v for k, v in rt.evaluate(state).items()})
         return to_record(arrays, {"ledger": ledger})
     if kind == "evaluate":
         if not isinstance(context.state.config_records.get(NODE), ConfigRecord):
             _save_state(context, state, rt, config_text)
-        return to_record(rt.evaluate(state, msg), {})
+        broadcast = {k[2:]: v for k, v in msg.arrays.items() if k.startswith("b.")}
+        return to_record(rt.evaluate(state, broadcast), {})
     raise RuntimeError(f"fedhp: unknown message type {kind!r}")
 
 

@@ -27,8 +27,10 @@ from fedhp.config import config_to_dict
 from fedhp.engine.build import Experiment
 from fedhp.engine.evaluate import ClientEval
 from fedhp.engine.faults import RoundSkipped
-from fedhp.engine.runner import Row, evaluate_state
+from fedhp.engine.runner import Row, evaluate_state, is_eval_round
 from fedhp.flower.messages import (
+    EVAL_PREFIX,
+    EVALUATE_AFTER,
     Content,
     MalformedReply,
     expect,
@@ -106,6 +108,8 @@ class FlowerDriver:
             for name in (BYTES_FILE, EVENTS_FILE):
                 (out_dir / name).unlink(missing_ok=True)
         self._round = 0
+        self._early: dict[int, dict[str, torch.Tensor]] = {}  # evaluations sent with train
+        self._early_round = -1
 
     # -- RoundDriver -------------------------------------------------------------------------
 
@@ -118,6 +122,12 @@ class FlowerDriver:
 
     def run_round(self, state: State, rnd: int) -> Row:
         self._round = rnd
+        self._early, self._early_round = {}, rnd
+        evaluate_after = (
+            self.algo.personal_on_node
+            and not self.algo.personal_needs_global
+            and is_eval_round(self.exp.cfg, rnd)
+        )
         task = self.algo.plan(state, rnd)
         gen = self.exp.ctx.sampler.generator
         gen_state = gen.get_state()
@@ -139,6 +149,8 @@ class FlowerDriver:
             meta.update({f"s.{k}": v for k, v in part.scalars.items()})
             if shard.index not in self.configured:
                 meta["config"] = self.config_text
+            if evaluate_after:
+                meta[EVALUATE_AFTER] = 1
             requests[shard.index] = to_record(arrays, meta)
         replies = self.transport.exchange("train", rnd, requests)
         good: dict[int, Content] = {}
@@ -147,12 +159,17 @@ class FlowerDriver:
             if content is None:
                 continue
             try:
-                self._check_train(content, entry, gen_state)
+                self._check_train(content, entry, gen_state, evaluate_after)
+                if evaluate_after:
+                    early = _eval_arrays(content.arrays, EVAL_PREFIX, entry.shard)
             except MalformedReply as why:
                 self._event(index, "rejected", f"malformed update ({why}); not aggregated")
                 continue
             good[index] = content
+            if evaluate_after:
+                self._early[index] = early
         self._agree(good)
+        self._early = {i: v for i, v in self._early.items() if i in good}
         self._record_bytes("train", requests, replies, good)
         if not good:
             self._write_bytes(self._pending)
@@ -203,13 +220,17 @@ class FlowerDriver:
         self.configured.add(index)
         return content
 
-    def _check_train(self, content: Content, part: _Part, gen_state: torch.Tensor) -> None:
+    def _check_train(
+        self, content: Content, part: _Part, gen_state: torch.Tensor, evaluate_after: bool
+    ) -> None:
         algo, task, shard, p = self.algo, part.task, part.shard, self.num_params
         up = task.up_edges
         keys = {"clients", "edges", "gen", "losses"}
         keys |= {f"c.{k}" for k in algo.client_outputs} | {f"e.{k}" for k in algo.edge_outputs}
         keys |= {f"nnz.{k}" for k in algo.node_keys}
         a = content.arrays
+        if evaluate_after:
+            keys |= {EVAL_PREFIX + k for k in _EVAL_NAMES}
         expect_keys(a, keys)
         expect_ids(a, "clients", task.clients)
         expect_ids(a, "edges", up if up is not None else torch.zeros(0, dtype=torch.long))
@@ -272,39 +293,45 @@ class FlowerDriver:
         return merged, update
 
     def _personal(self, state: State) -> PersonalResult:
-        """Ask every node to evaluate its clients' personalized models; assemble all clients."""
+        """Every node's evaluation of its clients' personalized models (those sent with this
+        round's train replies, the others asked for now); assembled for all clients."""
+        early = self._early if self._early_round == self._round else {}
         w = self.algo.global_model(state) if self.algo.personal_needs_global else None
         requests: dict[int, RecordDict] = {}
         for shard in self.shards:
+            if shard.index in early:
+                continue
             meta: dict[str, int | float | str] = {"round": self._round, "shard": shard.index}
             if shard.index not in self.configured:
                 meta["config"] = self.config_text
             requests[shard.index] = to_record({} if w is None else {"b.global": w}, meta)
-        replies = self.transport.exchange("evaluate", self._round, requests)
+        replies = self.transport.exchange("evaluate", self._round, requests) if requests else {}
         c = self.exp.ctx.num_clients
         sums = {k: torch.zeros(c, dtype=torch.float64) for k in _EVAL_KEYS}
         nnz = torch.zeros(c, dtype=torch.int64)
         good: dict[int, Content] = {}
+        evaluated = set(early)
         for shard in self.shards:
-            content = self._usable(shard.index, replies.get(shard.index))
-            if content is None:
+            a = early.get(shard.index)
+            if a is None and shard.index in requests:
+                content = self._usable(shard.index, replies.get(shard.index))
+                if content is None:
+                    continue
+                try:
+                    a = _eval_arrays(content.arrays, "", shard)
+                except MalformedReply as why:
+                    self._event(shard.index, "rejected", f"malformed evaluation ({why})")
+                    continue
+                good[shard.index] = content
+            if a is None:
                 continue
-            try:
-                a = content.arrays
-                expect_keys(a, {"clients", "nnz", *_EVAL_KEYS})
-                expect_ids(a, "clients", shard.clients)
-                for key in _EVAL_KEYS:
-                    expect(a, key, (len(shard.clients),), torch.float64)
-                expect(a, "nnz", (len(shard.clients),), torch.int64)
-            except MalformedReply as why:
-                self._event(shard.index, "rejected", f"malformed evaluation ({why})")
-                continue
-            good[shard.index] = content
+            evaluated.add(shard.index)
             for key in _EVAL_KEYS:
                 sums[key][shard.clients] = a[key]
             nnz[shard.clients] = a["nnz"]
-        self._record_bytes("evaluate", requests, replies, good)
-        missing = c - int(sum(len(s.clients) for s in self.shards if s.index in good))
+        if requests:
+            self._record_bytes("evaluate", requests, replies, good)
+        missing = c - int(sum(len(s.clients) for s in self.shards if s.index in evaluated))
         if missing:
             self.log(f"round {self._round + 1}: personalized accuracy without {missing} clients")
 
@@ -364,6 +391,23 @@ _EVAL_KEYS = (
     "train.loss",
     "train.count",
 )
+_EVAL_NAMES = ("clients", "nnz", *_EVAL_KEYS)
+
+
+def _eval_arrays(
+    arrays: dict[str, torch.Tensor], prefix: str, shard: Shard
+) -> dict[str, torch.Tensor]:
+    """A node's evaluation of its clients (keys ``prefix + name``), checked, without the prefix;
+    :class:`MalformedReply` if keys, ids, shapes or dtypes are off."""
+    found = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+    if prefix:  # the evaluation rides on a train reply (whose keys were checked already)
+        found = {k: v for k, v in found.items() if k in _EVAL_NAMES}
+    expect_keys(found, set(_EVAL_NAMES))
+    expect_ids(found, "clients", shard.clients)
+    for key in _EVAL_KEYS:
+        expect(found, key, (len(shard.clients),), torch.float64)
+    expect(found, "nnz", (len(shard.clients),), torch.int64)
+    return found
 
 
 def _must(value: torch.Tensor | None) -> torch.Tensor:

@@ -179,6 +179,10 @@ def write_connection(flwr_home: Path, address: str, ca_cert: Path, name: str = C
     return path
 
 
+SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+SUPEREXEC_POLL_S = "0.1"
+
+
 def flower_env(flwr_home: Path) -> dict[str, str]:
     """The environment for Flower processes: ``FLWR_HOME`` set, this interpreter's bin first.
 
@@ -186,10 +190,13 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
     ``flwr-clientapp`` by name, so the directory holding them must come first on PATH. Flower's
     telemetry and update check are off unless set otherwise: both call out to flower.ai (a
     command waits for the update check before it exits), pointless on a loopback federation.
+    SuperExec looks for new tasks every 0.1 s instead of Flower's default 1 s (a task is a
+    message to run, so this is latency on every message; the cost is a few idle wake-ups).
     """
     env = dict(os.environ)
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     env.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+    env.setdefault(SUPEREXEC_POLL_ENV, SUPEREXEC_POLL_S)
     env["FLWR_HOME"] = str(flwr_home.resolve())
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"

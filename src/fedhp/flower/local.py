@@ -17,15 +17,18 @@ Fault = Callable[[str, int, int, RecordDict], Reply | None]
 
 class LocalTransport:
     """Every shard's node handled in this process, one :class:`Context` each; ``fault`` may
-    replace, corrupt or drop replies (for tests)."""
+    replace, corrupt or drop replies (for tests). ``sent`` lists every message as ``(kind,
+    round, shard)``."""
 
     def __init__(self, fault: Fault | None = None) -> None:
         self.contexts: dict[int, Context] = {}
         self.fault = fault
+        self.sent: list[tuple[str, int, int]] = []
 
     def exchange(self, kind: str, rnd: int, requests: dict[int, RecordDict]) -> dict[int, Reply]:
         out: dict[int, Reply] = {}
         for shard, content in requests.items():
+            self.sent.append((kind, rnd, shard))
             context = self.contexts.setdefault(
                 shard,
                 Context(run_id=0, node_id=shard, node_config={}, state=RecordDict(), run_config={}),

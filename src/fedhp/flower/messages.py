@@ -14,6 +14,12 @@ count of every row of node-held state); meta: ``ledger`` (JSON of the node's rou
 Cloud → node, ``evaluate``: ``b.global`` where the method has a global model.
 Node → cloud, ``evaluate``: ``clients``, ``test.correct``/``test.loss``/``test.count``, the same
 for ``train.``, and ``nnz`` (non-zeros of each personalized model).
+
+In a round that is evaluated, for methods whose personalized models are node state alone (sFedHP,
+pFedMe, local), the ``train`` message carries meta ``evaluate_after=1`` and the node appends its
+``evaluate`` reply's arrays, prefixed ``v.``, to the ``train`` reply: the cloud's aggregation does
+not touch node state, so these are the numbers a separate ``evaluate`` message would get, one
+message exchange sooner.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from fedhp.comm import DIRECTIONS, LINKS
 
 ARRAYS = "fedhp.arrays"
 META = "fedhp.meta"
+EVALUATE_AFTER = "evaluate_after"
+EVAL_PREFIX = "v."
 
 
 class MalformedReply(Exception):

@@ -5,7 +5,8 @@ keeps only its own clients' tensors, and runs the algorithm's :meth:`~fedhp.algo
 Algorithm.train` — the same code the in-process engine runs — on its part of each task. Its
 per-client / per-edge state (e.g. sFedHP's ``theta`` and edge models) is kept in Flower's
 ``context.state`` between messages (a ClientApp process may be re-created); the loaded data and
-model are cached per process.
+model are cached per process, and the node's part of the data on disk
+(:mod:`fedhp.flower.node_cache`) for the next process.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fedhp.engine.evaluate import evaluate_personal
 from fedhp.engine.federation import Federation
 from fedhp.engine.sampler import BatchSampler
 from fedhp.flower.messages import Content, MalformedReply
+from fedhp.flower.node_cache import NodeData, cached_node_data
 from fedhp.flower.shards import Shard, make_shards, node_count
 from fedhp.models import MODELS
 from fedhp.topology import Topology
@@ -85,12 +87,13 @@ class NodeRuntime:
         out["ledger"] = json.dumps(ctx.ledger.state_dict())
         return out
 
-    def evaluate(self, state: State, content: Content) -> dict[str, torch.Tensor]:
-        """Each hosted client's personalized model on its own test and training data."""
+    def evaluate(
+        self, state: State, broadcast: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Each hosted client's personalized model on its own test and training data;
+        ``broadcast``: what the cloud sent along (the global model, where they need it)."""
         cfg, ctx = self.cfg, self.ctx
-        models = self.algorithm.personal_models(
-            {**state, **{k[2:]: v for k, v in content.arrays.items() if k.startswith("b.")}}
-        )
+        models = self.algorithm.personal_models({**state, **(broadcast or {})})
         if models is None:
             raise MalformedReply("this algorithm has no personalized models to evaluate")
         split = ctx.fed.val if cfg.eval_split == "val" else ctx.fed.test
@@ -134,6 +137,13 @@ def _partition(cfg: RunConfig) -> tuple[list[ClientData], int]:
     return _PARTITIONS[key]
 
 
+def _node_data(cfg: RunConfig, shard: Shard) -> NodeData:
+    clients, num_classes = _partition(cfg)
+    counts = [c.num_train for c in clients]
+    hosted = [clients[i] for i in shard.clients.tolist()]
+    return hosted, num_classes, max(counts), min(counts)
+
+
 def build_node(cfg: RunConfig, shard_index: int) -> NodeRuntime:
     """Load and partition the data as the in-process engine does; keep this node's clients."""
     options = ALGORITHMS.build(cfg.algorithm, "algorithm")
@@ -145,9 +155,17 @@ def build_node(cfg: RunConfig, shard_index: int) -> NodeRuntime:
     if not 0 <= shard_index < len(shards):
         raise ValueError(f"shard {shard_index} out of range (the run has {len(shards)} nodes)")
     shard = shards[shard_index]
-    clients, num_classes = _partition(cfg)
-    counts = torch.tensor([int(c.train_y.shape[0]) for c in clients])
-    fed = Federation.from_clients([clients[i] for i in shard.clients.tolist()], num_classes)
+    spec = {
+        "dataset": cfg.dataset,
+        "partition": cfg.partition,
+        "num_clients": fedcfg.num_clients,
+        "seed": cfg.seed,
+        "clients": shard.clients.tolist(),
+    }
+    hosted, num_classes, max_count, min_count = cached_node_data(
+        spec, lambda: _node_data(cfg, shard), cfg.flower.node_cache
+    )
+    fed = Federation.from_clients(hosted, num_classes)
     model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)
     generator = torch.Generator(device="cpu").manual_seed(cfg.seed + ENGINE_SEED_OFFSET)
     sampler = BatchSampler(
@@ -156,8 +174,8 @@ def build_node(cfg: RunConfig, shard_index: int) -> NodeRuntime:
         fedcfg.sampling == "with_replacement",
         rows=shard.clients,
         total=fedcfg.num_clients,
-        max_count=int(counts.max()),
-        min_count=int(counts.min()),
+        max_count=max_count,
+        min_count=min_count,
     )
     local_edge_of = torch.searchsorted(shard.edges, topology.edge_of_client[shard.clients])
     ctx = RunContext(

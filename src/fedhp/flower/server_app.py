@@ -52,7 +52,6 @@ class GridTransport:
     ) -> None:
         self.grid = grid
         self.node_of_shard = node_of_shard
-        self.shard_of_node = {n: s for s, n in node_of_shard.items()}
         self.timeout = timeout
         self.stop = stop
 
@@ -62,11 +61,16 @@ class GridTransport:
 
     def exchange(self, kind: str, rnd: int, requests: dict[int, RecordDict]) -> dict[int, Reply]:
         self._check_stop()
+        shards = list(requests)
         messages = [
-            Message(content, self.node_of_shard[shard], kind, group_id=str(rnd))
-            for shard, content in requests.items()
+            Message(requests[shard], self.node_of_shard[shard], kind, group_id=str(rnd))
+            for shard in shards
         ]
-        pending = set(self.grid.push_messages(messages))
+        # Replies are matched to the message they answer (the SuperLink itself answers for a
+        # node it knows is gone); a message Flower could not push (id None) gets no reply.
+        pushed = list(self.grid.push_messages(messages))
+        shard_of_message = {mid: s for mid, s in zip(pushed, shards, strict=True) if mid}
+        pending = set(shard_of_message)
         deadline = time.monotonic() + self.timeout
         replies: list[Message] = []
         while pending:
@@ -79,8 +83,8 @@ class GridTransport:
             time.sleep(PULL_INTERVAL_S)
         out: dict[int, Reply] = {}
         for reply in replies:
-            shard = self.shard_of_node.get(reply.metadata.src_node_id)
-            if shard is None or shard not in requests:
+            shard = shard_of_message.get(reply.metadata.reply_to_message_id)
+            if shard is None:
                 continue
             if reply.has_error():
                 out[shard] = f"{reply.error.code}: {reply.error.reason}"
