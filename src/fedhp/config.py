@@ -72,6 +72,7 @@ class FlowerConfig(pydantic.BaseModel):
     num_cpus: float = pydantic.Field(1.0, gt=0)
     ray_cpus: int | None = pydantic.Field(None, gt=0)
     node_cache: bool = True
+    sparse_wire: bool = True
 
 
 class RunConfig(pydantic.BaseModel):

@@ -13,7 +13,7 @@ from flwr.app import Array, RecordDict
 from fedhp.engine.checkpoint import FINAL_STATE_FILE
 from fedhp.flower.cloud import FlowerDriver
 from fedhp.flower.local import LocalTransport
-from fedhp.flower.messages import ARRAYS, META
+from fedhp.flower.messages import ARRAYS, ENC, LEN, META, SHAPE, from_record
 from tests.flower.helpers import (
     assert_same_metrics,
     config_args,
@@ -111,14 +111,17 @@ def test_malformed_evaluation_on_a_train_reply_rejects_the_reply(tmp_path: Path)
 
 
 def _arrays(reply: RecordDict) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in reply.array_records[ARRAYS].items()}
+    return {k: v.numpy() for k, v in from_record(reply).arrays.items()}
 
 
 def _replace(reply: RecordDict, key: str, value: np.ndarray | None) -> RecordDict:
+    """Drop ``key`` (plain or in the wire encoding) and, unless ``value`` is None, put ``value``
+    there as a plain array (receivers accept both forms)."""
     record = reply.array_records[ARRAYS]
-    if value is None:
-        del record[key]
-    else:
+    for name in (key, key + ENC, key + LEN, key + SHAPE):
+        if name in record:
+            del record[name]
+    if value is not None:
         record[key] = Array.from_numpy_ndarray(value)
     return reply
 
@@ -225,3 +228,22 @@ def test_error_reply_and_all_nodes_down(tmp_path: Path) -> None:
     assert "disk on fire" in driver.events[0]["detail"]
     assert summary["rounds"] == 2
     assert _edge_up_bytes(tmp_path) == [0.0, 4 * 4 * P_MLR]
+
+
+def test_sparse_models_travel_sparse(tmp_path: Path) -> None:
+    """Sparse sFedHP: with the wire encoding (default) what Flower carries up follows fedhp's
+    ledger (a constant per-message overhead on top); without it Flower carries dense arrays.
+    Same metrics either way (the encoding is lossless)."""
+    sparse = ("algorithm.gamma1=0.01", "algorithm.gamma2=0.01", "comm.zero_threshold=1e-3")
+    args = config_args("sfedhp", "rounds=3", *sparse)
+    run_flower_local(tmp_path / "sparse", args)
+    run_flower_local(tmp_path / "dense", [*args, "flower.sparse_wire=false"])
+    assert_same_metrics(tmp_path / "sparse", tmp_path / "dense")
+    on = read_csv(tmp_path / "sparse" / "flower_bytes.csv")
+    off = read_csv(tmp_path / "dense" / "flower_bytes.csv")
+    ledger = [int(r["fedhp_bytes_up"]) for r in on]
+    assert ledger[-1] < ledger[0] < int(on[0]["fedhp_dense_bytes_up"])  # sparser every round
+    overhead = [int(r["payload_bytes_up"]) - b for r, b in zip(on, ledger, strict=True)]
+    assert max(overhead) - min(overhead) <= 4 * 4  # a tag byte per edge row, nothing else moves
+    assert all(int(r["payload_bytes_up"]) >= int(r["fedhp_dense_bytes_up"]) for r in off)
+    assert int(on[-1]["payload_bytes_up"]) < int(off[-1]["payload_bytes_up"])

@@ -78,12 +78,12 @@ def handle(kind: str, content: RecordDict, context: Context) -> RecordDict:
         arrays = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
         if msg.meta.get(EVALUATE_AFTER):  # this round is evaluated: save a message
             arrays.update({f"{EVAL_PREFIX}{k}": v for k, v in rt.evaluate(state).items()})
-        return to_record(arrays, {"ledger": ledger})
+        return to_record(arrays, {"ledger": ledger}, rt.cfg.flower.sparse_wire)
     if kind == "evaluate":
         if not isinstance(context.state.config_records.get(NODE), ConfigRecord):
             _save_state(context, state, rt, config_text)
         broadcast = {k[2:]: v for k, v in msg.arrays.items() if k.startswith("b.")}
-        return to_record(rt.evaluate(state, broadcast), {})
+        return to_record(rt.evaluate(state, broadcast), {}, rt.cfg.flower.sparse_wire)
     raise RuntimeError(f"fedhp: unknown message type {kind!r}")
 
 

@@ -151,7 +151,7 @@ class FlowerDriver:
                 meta["config"] = self.config_text
             if evaluate_after:
                 meta[EVALUATE_AFTER] = 1
-            requests[shard.index] = to_record(arrays, meta)
+            requests[shard.index] = to_record(arrays, meta, self.exp.cfg.flower.sparse_wire)
         replies = self.transport.exchange("train", rnd, requests)
         good: dict[int, Content] = {}
         for index, entry in parts.items():
@@ -304,7 +304,8 @@ class FlowerDriver:
             meta: dict[str, int | float | str] = {"round": self._round, "shard": shard.index}
             if shard.index not in self.configured:
                 meta["config"] = self.config_text
-            requests[shard.index] = to_record({} if w is None else {"b.global": w}, meta)
+            broadcast = {} if w is None else {"b.global": w}
+            requests[shard.index] = to_record(broadcast, meta, self.exp.cfg.flower.sparse_wire)
         replies = self.transport.exchange("evaluate", self._round, requests) if requests else {}
         c = self.exp.ctx.num_clients
         sums = {k: torch.zeros(c, dtype=torch.float64) for k in _EVAL_KEYS}

@@ -15,6 +15,14 @@ Cloud → node, ``evaluate``: ``b.global`` where the method has a global model.
 Node → cloud, ``evaluate``: ``clients``, ``test.correct``/``test.loss``/``test.count``, the same
 for ``train.``, and ``nnz`` (non-zeros of each personalized model).
 
+Model rows travel in fedhp's wire encoding (:func:`fedhp.comm.encode_sparse`: each row in the
+smallest of dense / bitmap / index, lossless) unless ``flower.sparse_wire`` is off: a float32
+array of 1 or 2 dimensions whose rows have at least :data:`SPARSE_MIN_WIDTH` values is sent as
+``<key>#enc`` (the rows' encodings, concatenated, uint8), ``<key>#len`` (bytes per row) and
+``<key>#shape``; :func:`from_record` decodes them back to ``<key>``. Plain arrays are accepted
+too, so the encoding is the sender's choice; arrays holding NaN/Inf are always sent plain (the
+receiver must see them to reject them).
+
 In a round that is evaluated, for methods whose personalized models are node state alone (sFedHP,
 pFedMe, local), the ``train`` message carries meta ``evaluate_after=1`` and the node appends its
 ``evaluate`` reply's arrays, prefixed ``v.``, to the ``train`` reply: the cloud's aggregation does
@@ -33,23 +41,77 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from fedhp.comm import DIRECTIONS, LINKS
+from fedhp.comm import DIRECTIONS, LINKS, decode_sparse, encode_sparse
 
 ARRAYS = "fedhp.arrays"
 META = "fedhp.meta"
 EVALUATE_AFTER = "evaluate_after"
 EVAL_PREFIX = "v."
+SPARSE_MIN_WIDTH = 64
+MAX_DECODED_VALUES = 2**30  # a claimed shape beyond this (4 GiB of fp32) is malformed
+ENC, LEN, SHAPE = "#enc", "#len", "#shape"
 
 
 class MalformedReply(Exception):
     """A node's reply that must not be aggregated (wrong keys, shapes, dtypes, NaN/Inf)."""
 
 
-def to_record(arrays: dict[str, torch.Tensor], meta: dict[str, Any]) -> RecordDict:
-    """A message content from tensors and meta values (int, float, str, bool)."""
+def _encodable(tensor: torch.Tensor) -> bool:
+    """Model rows, all finite (NaN/Inf travel plain, so the receiver sees and rejects them: the
+    encoding treats NaN as zero)."""
+    return (
+        tensor.dtype == torch.float32
+        and tensor.dim() in (1, 2)
+        and tensor.shape[-1] >= SPARSE_MIN_WIDTH
+        and bool(torch.isfinite(tensor).all())
+    )
+
+
+def _encode_rows(tensor: torch.Tensor) -> dict[str, np.ndarray]:
+    """Each row of a [P] or [n, P] float32 tensor in its smallest lossless encoding."""
+    rows = [encode_sparse(row) for row in tensor.reshape(-1, tensor.shape[-1])]
+    return {
+        ENC: np.frombuffer(b"".join(rows), dtype=np.uint8),
+        LEN: np.array([len(r) for r in rows], dtype=np.int64),
+        SHAPE: np.array(tuple(tensor.shape), dtype=np.int64),
+    }
+
+
+def _decode_rows(key: str, enc: np.ndarray, lengths: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`_encode_rows`; :class:`MalformedReply` on anything inconsistent."""
+    if enc.dtype != np.uint8 or enc.ndim != 1 or lengths.dtype != np.int64 or lengths.ndim != 1:
+        raise MalformedReply(f"encoded array {key!r} has wrong dtypes")
+    if shape.dtype != np.int64 or shape.ndim != 1 or len(shape) not in (1, 2) or shape.min() < 0:
+        raise MalformedReply(f"encoded array {key!r} has an invalid shape")
+    width, count = int(shape[-1]), int(np.prod(shape[:-1])) if len(shape) == 2 else 1
+    if count * width > MAX_DECODED_VALUES:
+        raise MalformedReply(f"encoded array {key!r} claims {count}x{width} values")
+    if len(lengths) != count or lengths.min(initial=1) < 1 or int(lengths.sum()) != len(enc):
+        raise MalformedReply(f"encoded array {key!r}: row lengths do not add up")
+    out = np.empty((count, width), dtype=np.float32)
+    data, start = enc.tobytes(), 0
+    for i, n in enumerate(lengths.tolist()):
+        try:
+            out[i] = decode_sparse(data[start : start + n], width).numpy()
+        except ValueError as err:
+            raise MalformedReply(f"encoded array {key!r}, row {i}: {err}") from None
+        start += n
+    return out.reshape(tuple(int(d) for d in shape))
+
+
+def to_record(
+    arrays: dict[str, torch.Tensor], meta: dict[str, Any], sparse: bool = True
+) -> RecordDict:
+    """A message content from tensors and meta values (int, float, str, bool); with ``sparse``,
+    model rows in fedhp's wire encoding (see the module docstring)."""
     record = ArrayRecord()
     for key, tensor in arrays.items():
-        record[key] = Array.from_numpy_ndarray(tensor.detach().cpu().contiguous().numpy())
+        value = tensor.detach().cpu().contiguous()
+        if sparse and _encodable(value):
+            for suffix, part in _encode_rows(value).items():
+                record[key + suffix] = Array.from_numpy_ndarray(part)
+        else:
+            record[key] = Array.from_numpy_ndarray(value.numpy())
     return RecordDict({ARRAYS: record, META: ConfigRecord(dict(meta))})
 
 
@@ -69,6 +131,7 @@ def from_record(content: RecordDict) -> Content:
     except KeyError as err:
         raise MalformedReply(f"missing record {err}") from None
     out = Content(meta=dict(meta))
+    raw: dict[str, np.ndarray] = {}
     for key, array in arrays.items():
         try:
             value = np.array(array.numpy(), copy=True)
@@ -76,7 +139,16 @@ def from_record(content: RecordDict) -> Content:
             raise MalformedReply(f"array {key!r} cannot be decoded ({err})") from None
         if value.dtype.kind not in "fiub" or not value.dtype.isnative:
             raise MalformedReply(f"array {key!r} has unsupported dtype {value.dtype}")
-        out.arrays[key] = torch.from_numpy(value)
+        raw[key] = value
+    for key in [k[: -len(ENC)] for k in raw if k.endswith(ENC)]:
+        parts = [raw.pop(key + suffix, None) for suffix in (ENC, LEN, SHAPE)]
+        if any(p is None for p in parts) or key in raw:
+            raise MalformedReply(f"encoded array {key!r} is incomplete or also sent plain")
+        enc, lengths, shape = (p for p in parts if p is not None)
+        raw[key] = _decode_rows(key, enc, lengths, shape)
+    if any(k.endswith((LEN, SHAPE)) for k in raw):
+        raise MalformedReply("encoded array parts without their data")
+    out.arrays = {key: torch.from_numpy(value) for key, value in raw.items()}
     return out
 
 
