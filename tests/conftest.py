@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -17,11 +18,20 @@ def _torch_threads() -> None:
     torch.set_num_threads(2)
 
 
+_CACHE: list[str] = []
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Caches written by the code under test (Flower nodes' data) go to a throwaway folder, not
     the user's ~/.cache; subprocesses inherit it."""
     if "FEDHP_CACHE_DIR" not in os.environ:
-        os.environ["FEDHP_CACHE_DIR"] = tempfile.mkdtemp(prefix="fedhp-test-cache-")
+        _CACHE.append(tempfile.mkdtemp(prefix="fedhp-test-cache-"))
+        os.environ["FEDHP_CACHE_DIR"] = _CACHE[0]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _CACHE:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def small_experiment(*overrides: str) -> Experiment:

@@ -1,7 +1,8 @@
 """End to end: a SuperLink and 4 SuperNodes as real processes on 127.0.0.1, TLS and SuperNode
 authentication on, running fedhp's Flower app (sFedHP, 4 edges x 5 clients).
 
-One federation serves the module's tests, in order: a full 3-round run; a fifth SuperNode with
+One federation serves the module's tests, in order: a full 3-round run (the same metrics.csv as
+the in-process engine's); a fifth SuperNode with
 an unregistered key is refused; a SuperNode killed mid-run is a failed edge and the run finishes.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fedhp.cli import main
 from fedhp.flower.certs import write_node_key
 from fedhp.flower.deploy import (
     LoopbackFederation,
@@ -26,6 +28,7 @@ from fedhp.flower.deploy import (
     write_app,
 )
 from fedhp.flower.deploy_cli import resolve_run_config
+from tests.flower.helpers import assert_same_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +96,9 @@ def test_three_rounds_of_sfedhp_on_four_supernodes(fed: LoopbackFederation) -> N
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == 3
     assert float(rows[-1]["personal_acc"]) > 0.5  # 5-label clients: chance is 0.2
+    # The same numbers as the in-process engine: same code, same minibatches.
+    assert main(["run", *BASE, "rounds=3", "eval_every=3", "--out", str(out.with_name("ref"))]) == 0
+    assert_same_metrics(out.with_name("ref"), out)
     for node in fed.supernodes:  # every SuperNode ran the ClientApp in every round
         assert node.text().count(CLIENTAPP_STARTED) >= 3
     carried = csv_rows(out / "flower_bytes.csv")  # the evaluation rode on round 3's train reply
