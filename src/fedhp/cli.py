@@ -81,8 +81,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.backend != "inprocess":
         from fedhp.flower.shards import check_flower_config
 
-        if args.resume is not None:
-            raise ConfigError(f"--resume: backend={cfg.backend} runs cannot be resumed; rerun")
         hierarchical = ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical
         check_flower_config(cfg, hierarchical)
     exp = build_experiment(cfg)
@@ -97,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if cfg.backend == "flower-sim":
             from fedhp.flower.simulation import run_flower_sim
 
-            summary = run_flower_sim(exp, out)
+            summary = run_flower_sim(exp, out, resume=args.resume is not None)
         else:
             summary = run_experiment(exp, out, resume=args.resume is not None)
     except KeyboardInterrupt:

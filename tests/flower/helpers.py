@@ -44,13 +44,15 @@ def run_inprocess(out: Path, args: list[str]) -> Row:
 
 
 def run_flower_local(
-    out: Path, args: list[str], fault: Fault | None = None
+    out: Path, args: list[str], fault: Fault | None = None, resume: bool = False
 ) -> tuple[Row, FlowerDriver]:
+    """The run through the Flower driver with fresh in-process nodes (no state of earlier
+    runs: a resumed run's nodes start from scratch, as restarted SuperNodes would)."""
     exp = build_experiment(resolve_config(None, args))
     hier = exp.options.hierarchical
     shards = make_shards(exp.ctx.topology, node_count(exp.cfg, hier), hier)
     driver = FlowerDriver(exp, LocalTransport(fault), shards, out, log=lambda _: None)
-    return run_experiment(exp, out, driver=driver), driver
+    return run_experiment(exp, out, resume=resume, driver=driver), driver
 
 
 def assert_same_metrics(a: Path, b: Path, tol: float = 1e-5) -> None:

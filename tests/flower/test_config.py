@@ -1,13 +1,19 @@
-"""Configuration of the Flower backend: strict one-line errors, node counts, shards."""
+"""Configuration of the Flower backend: strict one-line errors, node counts, shards, the
+ServerApp's run config."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 from fedhp.cli import main
-from fedhp.config import resolve_config
+from fedhp.config import default_config_dict, resolve_config
 from fedhp.engine.sampler import BatchSampler
+from fedhp.errors import FedhpError
+from fedhp.flower.server_app import config_from_run_config
 from fedhp.flower.shards import make_shards, node_count
 from fedhp.topology import Topology
 
@@ -80,3 +86,17 @@ def test_checkpoints_from_before_the_backend_keys_still_resume() -> None:
     assert config_difference(saved, flower) == "backend"
     nodes = config_to_dict(resolve_config(None, ["flower.nodes=2"]))
     assert config_difference(saved, nodes) == "flower.nodes"
+
+
+def test_server_app_run_config() -> None:
+    """The deployment's ServerApp reads its configuration, folder and resume flag from Flower's
+    run config, with one-line errors."""
+    text = yaml.safe_dump(default_config_dict())
+    cfg, out, resume = config_from_run_config({"fedhp-config": text, "fedhp-out": "runs/x"})
+    assert cfg.algorithm["name"] == "sfedhp" and out == Path("runs/x") and resume is False
+    run_config = {"fedhp-config": text, "fedhp-out": "runs/x", "fedhp-resume": True}
+    assert config_from_run_config(run_config)[2] is True
+    with pytest.raises(FedhpError, match="fedhp-resume.*true or false"):
+        config_from_run_config({**run_config, "fedhp-resume": "yes"})
+    with pytest.raises(FedhpError, match="required"):
+        config_from_run_config({"fedhp-config": text})

@@ -15,6 +15,7 @@ import tomli
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_ssh_private_key
+from flwr.common.config import fuse_dicts, parse_config_args
 
 from fedhp.cli import main
 from fedhp.errors import ConfigError
@@ -187,6 +188,9 @@ def test_cli_certs_keys_and_app(tmp_path: Path) -> None:
     cfg = doc["tool"]["flwr"]["app"]["config"]
     assert cfg["fedhp-out"] == str(out.resolve())
     assert "rounds: 3" in cfg["fedhp-config"]
+    # Declared, so Flower's own override (flwr run --run-config 'fedhp-resume=true') applies.
+    assert cfg["fedhp-resume"] is False
+    assert fuse_dicts(cfg, parse_config_args(["fedhp-resume=true"]))["fedhp-resume"] is True
     assert main(["flower", "app", str(tmp_path / "app"), "rounds=zero", "--out", "x"]) == 2
 
 

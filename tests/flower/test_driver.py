@@ -14,6 +14,7 @@ from fedhp.engine.checkpoint import FINAL_STATE_FILE
 from fedhp.flower.cloud import FlowerDriver
 from fedhp.flower.local import LocalTransport
 from fedhp.flower.messages import ARRAYS, ENC, LEN, META, SHAPE, from_record
+from tests.conftest import small_experiment
 from tests.flower.helpers import (
     assert_same_metrics,
     config_args,
@@ -56,6 +57,17 @@ def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, 
     assert_same_metrics(tmp_path / "a", tmp_path / "b")
     assert not driver.events
     assert (tmp_path / "b" / "flower_bytes.csv").exists()
+    # final_state.pt holds the whole state, the nodes' part included, as in-process.
+    a, b = (
+        torch.load(p / FINAL_STATE_FILE, weights_only=True)["state"] for p in tmp_path.iterdir()
+    )
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def build_experiment_state_keys(args: list[str]) -> list[str]:
+    """The in-process state's keys for these arguments."""
+    exp = small_experiment(*args)
+    return list(exp.algorithm.init_state(exp.model.init_params(0)))
 
 
 def _messages(driver: FlowerDriver) -> list[tuple[str, int, int]]:
@@ -70,9 +82,10 @@ def test_evaluation_rides_on_the_train_reply(tmp_path: Path) -> None:
     run_inprocess(tmp_path / "a", args)
     _, driver = run_flower_local(tmp_path / "b", args)
     assert_same_metrics(tmp_path / "a", tmp_path / "b")
-    assert _messages(driver) == [("train", r, s) for r in range(3) for s in range(4)]
+    trains = [("train", r, s) for r in range(3) for s in range(4)]
+    assert _messages(driver) == trains + [("query", 2, s) for s in range(4)]  # final state
     carried = read_csv(tmp_path / "b" / "flower_bytes.csv")
-    assert [r["kind"] for r in carried] == ["train"] * 3
+    assert [r["kind"] for r in carried] == ["train"] * 3 + ["query"]
 
 
 def test_nodes_without_a_train_part_are_asked_to_evaluate(tmp_path: Path) -> None:
@@ -94,6 +107,7 @@ def test_personal_models_needing_the_global_model_are_evaluated_after_aggregatio
     args = config_args("perfedavg", "rounds=1")
     _, driver = run_flower_local(tmp_path, args)
     assert [k for k, _, _ in _messages(driver)] == ["train"] * 4 + ["evaluate"] * 4
+    # No node-held state: nothing to ask for the final state or a checkpoint.
 
 
 def test_malformed_evaluation_on_a_train_reply_rejects_the_reply(tmp_path: Path) -> None:
@@ -239,11 +253,48 @@ def test_sparse_models_travel_sparse(tmp_path: Path) -> None:
     run_flower_local(tmp_path / "sparse", args)
     run_flower_local(tmp_path / "dense", [*args, "flower.sparse_wire=false"])
     assert_same_metrics(tmp_path / "sparse", tmp_path / "dense")
-    on = read_csv(tmp_path / "sparse" / "flower_bytes.csv")
-    off = read_csv(tmp_path / "dense" / "flower_bytes.csv")
+    on, off = (
+        [r for r in read_csv(tmp_path / d / "flower_bytes.csv") if r["kind"] == "train"]
+        for d in ("sparse", "dense")
+    )
     ledger = [int(r["fedhp_bytes_up"]) for r in on]
     assert ledger[-1] < ledger[0] < int(on[0]["fedhp_dense_bytes_up"])  # sparser every round
     overhead = [int(r["payload_bytes_up"]) - b for r, b in zip(on, ledger, strict=True)]
     assert max(overhead) - min(overhead) <= 4 * 4  # a tag byte per edge row, nothing else moves
     assert all(int(r["payload_bytes_up"]) >= int(r["fedhp_dense_bytes_up"]) for r in off)
     assert int(on[-1]["payload_bytes_up"]) < int(off[-1]["payload_bytes_up"])
+
+
+@pytest.mark.parametrize("name", ["sfedhp", "pfedme", "hierfavg"])
+def test_resume_matches_an_uninterrupted_run(tmp_path: Path, name: str) -> None:
+    """Stopped after round 2 and resumed with fresh nodes (as after a crash of the whole
+    simulation): the checkpoint carries the nodes' state, they get it back with their first
+    message, and rounds 3-4 are those of an uninterrupted run."""
+    args = config_args(name, "rounds=4", "checkpoint_every=2")
+    run_flower_local(tmp_path / "whole", args)
+    run_flower_local(tmp_path / "cut", [*args, "rounds=2"])
+    checkpoint = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
+    inprocess_keys = set(build_experiment_state_keys(args))
+    assert set(checkpoint["state"]) == inprocess_keys  # node-held entries included
+    _, driver = run_flower_local(tmp_path / "cut", args, resume=True)
+    assert_same_metrics(tmp_path / "whole", tmp_path / "cut")
+    a = torch.load(tmp_path / "whole" / FINAL_STATE_FILE, weights_only=True)["state"]
+    b = torch.load(tmp_path / "cut" / FINAL_STATE_FILE, weights_only=True)["state"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sent = _messages(driver)
+    assert sent[0][:2] == ("train", 2)  # resumed at round 3
+    if name != "hierfavg":  # node-held state: the checkpoint at round 4 asked every node
+        assert [m for m in sent if m[0] == "query"] == [("query", 3, s) for s in range(4)]
+
+
+def test_checkpoint_is_skipped_when_a_node_cannot_give_its_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fault(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict | None:
+        return None if (kind, rnd, shard) == ("query", 1, 3) else reply
+
+    args = config_args("sfedhp", "rounds=3", "checkpoint_every=1")
+    run_flower_local(tmp_path, args, fault)
+    assert "round 2: no checkpoint" in capsys.readouterr().err
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert saved["round"] == 3  # rounds 1 and 3 were checkpointed, 2 was not

@@ -46,8 +46,13 @@ class RoundDriver(Protocol):
     """Runs rounds somewhere other than this process (the Flower backend); the runner keeps the
     loop, evaluation rows, accounting, checkpoints and reports."""
 
-    def cloud_state(self, state: State) -> State:
-        """The part of the initial ``state`` the cloud keeps (the rest lives below it)."""
+    def cloud_state(self, state: State, restored: bool) -> State:
+        """The part of ``state`` the cloud keeps (the rest lives below it). ``restored``: the
+        state comes from a checkpoint, so the nodes must be given their part of it."""
+
+    def full_state(self, state: State) -> State | None:
+        """The whole algorithm state (the cloud's ``state`` plus what the nodes hold), for a
+        checkpoint; None if some node could not provide its part."""
 
     def run_round(self, state: State, rnd: int) -> Row:
         """Run round ``rnd`` on ``state`` (the cloud's), like ``Algorithm.run_round``."""
@@ -262,6 +267,26 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
     )
 
 
+def _save_checkpoint(
+    out_dir: Path, snap: Snapshot, config: dict[str, Any], driver: RoundDriver | None
+) -> State | None:
+    """Write ``snap``; under a driver with the nodes' part of the state fetched from them (no
+    checkpoint this time if a node cannot give it: the previous one stays). Returns the whole
+    state written (None if none)."""
+    if driver is not None:
+        full = driver.full_state(snap.state)
+        if full is None:
+            print(
+                f"fedhp: round {snap.round}: no checkpoint (a node did not return its state); "
+                "the previous checkpoint stays",
+                file=sys.stderr,
+            )
+            return None
+        snap = Snapshot(snap.round, full, snap.rng, snap.ledger, snap.rows, snap.seconds)
+    save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)
+    return snap.state
+
+
 def run_experiment(
     exp: Experiment,
     out_dir: Path | None,
@@ -280,8 +305,6 @@ def run_experiment(
     show = cfg.progress if progress is None else progress
     config = config_to_dict(cfg)
     state = algo.init_state(exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET))
-    if driver is not None:
-        state = driver.cloud_state(state)
     restored: Snapshot | None = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -291,6 +314,10 @@ def run_experiment(
             for name in RESULT_FILES:
                 (out_dir / name).unlink(missing_ok=True)
         write_yaml_atomic(out_dir / "config.yaml", config)
+    if driver is not None:
+        state = driver.cloud_state(state, restored is not None)
+        if restored is not None:
+            restored.state = {k: v.clone() for k, v in state.items()}
     start_round = restored.round if restored is not None else 0
     rows: list[Row] = restored.rows if restored is not None else []
     prior_seconds = restored.seconds if restored is not None else 0.0
@@ -308,6 +335,7 @@ def run_experiment(
     start = time.perf_counter()
     rounds_done = start_round
     error: DivergenceError | None = None
+    saved: State | None = None  # the whole state of the last checkpoint, if this round's
     for rnd in range(start_round, cfg.rounds):
         ctx.begin_round(rnd)
         try:
@@ -365,20 +393,27 @@ def run_experiment(
         due = cfg.checkpoint_every and (
             rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
         )
+        saved = None
         if out_dir is not None and due:
-            save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)
+            saved = _save_checkpoint(out_dir, snap, config, driver)
     bar.close()
+    final = state
     if driver is not None:
+        # The final state with the nodes' part (the last checkpoint's, when it is this round's).
+        if error is None and out_dir is not None:
+            final = saved if saved is not None else driver.full_state(state) or state
         driver.close()
     seconds = prior_seconds + time.perf_counter() - start
     summary = summarize(exp, rows, seconds, rounds_done)
     if error is not None:
         summary["stopped"] = str(error)
     if out_dir is not None:
-        if error is not None and cfg.checkpoint_every:
-            save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)  # the last good state
+        if error is not None and cfg.checkpoint_every and driver is None:
+            # The last good state (under a driver the nodes are past it: keep the checkpoint
+            # of the last round they were asked for).
+            save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)
         if error is None:
-            save_final_state(out_dir / FINAL_STATE_FILE, state, rounds_done)
+            save_final_state(out_dir / FINAL_STATE_FILE, final, rounds_done)
         write_json_atomic(out_dir / "summary.json", summary)
         if rows:
             plot_run(rows, out_dir / "plot.png", f"{summary['algorithm']} on {summary['dataset']}")

@@ -13,7 +13,15 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from fedhp.algorithms import State
-from fedhp.flower.messages import EVAL_PREFIX, EVALUATE_AFTER, Content, from_record, to_record
+from fedhp.flower.messages import (
+    EVAL_PREFIX,
+    EVALUATE_AFTER,
+    RESTORE_PREFIX,
+    STATE_PREFIX,
+    Content,
+    from_record,
+    to_record,
+)
 from fedhp.flower.node import NodeRuntime, node_runtime
 
 STATE = "fedhp.state"
@@ -54,6 +62,23 @@ def _load_state(context: Context, rt: NodeRuntime, config_text: str) -> State:
     return {k: torch.from_numpy(arrays[k].numpy().copy()) for k in arrays}
 
 
+def _restored_state(msg: Content, rt: NodeRuntime) -> State | None:
+    """The node's rows of a checkpoint, when the cloud sends them (the first message after a
+    resume); checked against the node's own initial state."""
+    sent = {
+        k[len(RESTORE_PREFIX) :]: v for k, v in msg.arrays.items() if k.startswith(RESTORE_PREFIX)
+    }
+    if not sent:
+        return None
+    initial = rt.initial_state()
+    if set(sent) != set(initial):
+        raise RuntimeError(f"fedhp: restore rows {sorted(sent)}, expected {sorted(initial)}")
+    for key, value in sent.items():
+        if value.shape != initial[key].shape or value.dtype != initial[key].dtype:
+            raise RuntimeError(f"fedhp: restore rows {key!r} have the wrong shape or dtype")
+    return sent
+
+
 def _save_state(context: Context, state: State, rt: NodeRuntime, config_text: str) -> None:
     record = ArrayRecord()
     for key, value in state.items():
@@ -70,7 +95,11 @@ def handle(kind: str, content: RecordDict, context: Context) -> RecordDict:
     if not isinstance(shard, int):
         raise RuntimeError("fedhp: message without a shard index")
     rt = node_runtime(config_text, shard)
-    state = _load_state(context, rt, config_text)
+    state = _restored_state(msg, rt) or _load_state(context, rt, config_text)
+    if kind == "query":
+        _save_state(context, state, rt, config_text)
+        rows = {f"{STATE_PREFIX}{k}": state[k] for k in rt.algorithm.node_keys}
+        return to_record(rows, {}, rt.cfg.flower.sparse_wire)
     if kind == "train":
         out = rt.train(state, msg)
         _save_state(context, state, rt, config_text)
@@ -100,3 +129,9 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate this node's clients' personalized models on their own data."""
     return Message(handle("evaluate", msg.content, context), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Return this node's part of the algorithm state (for the cloud's checkpoint)."""
+    return Message(handle("query", msg.content, context), reply_to=msg)

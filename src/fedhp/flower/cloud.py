@@ -31,6 +31,8 @@ from fedhp.engine.runner import Row, evaluate_state, is_eval_round
 from fedhp.flower.messages import (
     EVAL_PREFIX,
     EVALUATE_AFTER,
+    RESTORE_PREFIX,
+    STATE_PREFIX,
     Content,
     MalformedReply,
     expect,
@@ -110,15 +112,59 @@ class FlowerDriver:
         self._round = 0
         self._early: dict[int, dict[str, torch.Tensor]] = {}  # evaluations sent with train
         self._early_round = -1
+        self._restore: State = {}  # a resumed run's node-held rows, for nodes not yet given them
+        self._to_restore: set[int] = set()
 
     # -- RoundDriver -------------------------------------------------------------------------
 
-    def cloud_state(self, state: State) -> State:
-        """Drop the node-held entries; keep their per-row non-zero counts."""
+    def cloud_state(self, state: State, restored: bool) -> State:
+        """Drop the node-held entries; keep their per-row non-zero counts. ``restored`` (a
+        resumed run): every node gets its rows of the checkpoint with its next message."""
         out = {k: v for k, v in state.items() if k not in self.algo.node_keys}
         for key in self.algo.node_keys:
             out[NNZ_PREFIX + key] = self.algo.row_nonzeros(state, key)
+        if restored and self.algo.node_keys:
+            self._restore = {k: state[k].detach().cpu().clone() for k in self.algo.node_keys}
+            self._to_restore = {shard.index for shard in self.shards}
         return out
+
+    def full_state(self, state: State) -> State | None:
+        """The cloud's ``state`` with the node-held rows asked from every node (a ``query``
+        message); None, logged, if a node does not return them."""
+        full = {k: v for k, v in state.items() if not k.startswith(NNZ_PREFIX)}
+        if not self.algo.node_keys:
+            return full
+        requests = {
+            shard.index: self._request(shard, {}, {"round": self._round, "shard": shard.index})
+            for shard in self.shards
+        }
+        replies = self.transport.exchange("query", self._round, requests)
+        rows = {k: self._node_rows(k) for k in self.algo.node_keys}
+        complete = True
+        for shard in self.shards:
+            content = self._usable(shard.index, replies.get(shard.index), "no checkpoint")
+            if content is None:
+                complete = False
+                continue
+            try:
+                expect_keys(content.arrays, {STATE_PREFIX + k for k in self.algo.node_keys})
+                for key, kind in self.algo.node_keys.items():
+                    ids = shard.clients if kind == "client" else shard.edges
+                    value = expect(
+                        content.arrays,
+                        STATE_PREFIX + key,
+                        (len(ids), self.num_params),
+                        torch.float32,
+                    )
+                    rows[key][ids] = value
+            except MalformedReply as why:
+                self._event(shard.index, "rejected", f"malformed state ({why}); no checkpoint")
+                complete = False
+        self._record_bytes("query", requests, replies, {})
+        if not complete:
+            return None
+        full.update(rows)
+        return full
 
     def run_round(self, state: State, rnd: int) -> Row:
         self._round = rnd
@@ -147,11 +193,9 @@ class FlowerDriver:
             arrays.update({f"c.{k}": v for k, v in part.per_client.items()})
             meta: dict[str, int | float | str] = {"round": rnd, "shard": shard.index}
             meta.update({f"s.{k}": v for k, v in part.scalars.items()})
-            if shard.index not in self.configured:
-                meta["config"] = self.config_text
             if evaluate_after:
                 meta[EVALUATE_AFTER] = 1
-            requests[shard.index] = to_record(arrays, meta, self.exp.cfg.flower.sparse_wire)
+            requests[shard.index] = self._request(shard, arrays, meta)
         replies = self.transport.exchange("train", rnd, requests)
         good: dict[int, Content] = {}
         for index, entry in parts.items():
@@ -195,6 +239,25 @@ class FlowerDriver:
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def _node_rows(self, key: str) -> torch.Tensor:
+        """An empty [rows, P] table for node-held entry ``key`` (all clients or all edges)."""
+        ctx = self.exp.ctx
+        rows = ctx.num_clients if self.algo.node_keys[key] == "client" else ctx.topology.num_edges
+        return torch.zeros(rows, self.num_params, dtype=torch.float32)
+
+    def _request(
+        self, shard: Shard, arrays: dict[str, torch.Tensor], meta: dict[str, int | float | str]
+    ) -> RecordDict:
+        """A message for ``shard``; the first one after a node failed (or the first ever) carries
+        the configuration, the first one after resuming the node's rows of the checkpoint."""
+        if shard.index not in self.configured:
+            meta["config"] = self.config_text
+        if shard.index in self._to_restore:
+            for key, kind in self.algo.node_keys.items():
+                ids = shard.clients if kind == "client" else shard.edges
+                arrays[RESTORE_PREFIX + key] = self._restore[key][ids]
+        return to_record(arrays, meta, self.exp.cfg.flower.sparse_wire)
+
     def _event(self, shard: int, event: str, detail: str) -> None:
         row: Row = {"round": self._round + 1, "shard": shard, "event": event, "detail": detail}
         self.events.append(row)
@@ -202,15 +265,17 @@ class FlowerDriver:
             self._events.append(row)
         self.log(f"round {self._round + 1}: node {shard}: {detail}")
 
-    def _usable(self, index: int, reply: Reply | None) -> Content | None:
-        """Decoded reply, or None (logged) when the node failed."""
+    def _usable(
+        self, index: int, reply: Reply | None, consequence: str = "its edges sit out"
+    ) -> Content | None:
+        """Decoded reply, or None (logged, with ``consequence``) when the node failed."""
         if reply is None:
             self.configured.discard(index)
-            self._event(index, "missing", "no reply (node down or timed out); its edges sit out")
+            self._event(index, "missing", f"no reply (node down or timed out); {consequence}")
             return None
         if isinstance(reply, str):
             self.configured.discard(index)
-            self._event(index, "error", f"error reply ({reply}); its edges sit out")
+            self._event(index, "error", f"error reply ({reply}); {consequence}")
             return None
         try:
             content = from_record(reply)
@@ -218,6 +283,7 @@ class FlowerDriver:
             self._event(index, "rejected", f"malformed reply ({why}); not aggregated")
             return None
         self.configured.add(index)
+        self._to_restore.discard(index)
         return content
 
     def _check_train(
@@ -302,10 +368,8 @@ class FlowerDriver:
             if shard.index in early:
                 continue
             meta: dict[str, int | float | str] = {"round": self._round, "shard": shard.index}
-            if shard.index not in self.configured:
-                meta["config"] = self.config_text
             broadcast = {} if w is None else {"b.global": w}
-            requests[shard.index] = to_record(broadcast, meta, self.exp.cfg.flower.sparse_wire)
+            requests[shard.index] = self._request(shard, broadcast, meta)
         replies = self.transport.exchange("evaluate", self._round, requests) if requests else {}
         c = self.exp.ctx.num_clients
         sums = {k: torch.zeros(c, dtype=torch.float64) for k in _EVAL_KEYS}
@@ -365,7 +429,7 @@ class FlowerDriver:
             "replies_used": len(good),
         }
         self._pending = row
-        if kind == "evaluate":
+        if kind != "train":  # the train row is written once the ledger's bytes are added
             self._write_bytes(row)
 
     def _bytes_accounting_note(self) -> None:

@@ -28,8 +28,9 @@ def require_flower() -> None:
 def resolve_run_config(
     items: list[str], out: str
 ) -> tuple[RunConfig, dict[str, str | int | float | bool], int]:
-    """The validated fedhp config, the Flower run config (``fedhp-config``, ``fedhp-out``) and
-    the number of SuperNodes the run needs, checked here before any process starts."""
+    """The validated fedhp config, the Flower run config (``fedhp-config``, ``fedhp-out``,
+    ``fedhp-resume`` false: declared so that ``flwr run --run-config 'fedhp-resume=true'`` can
+    override it) and the number of SuperNodes the run needs, checked before any process starts."""
     import yaml
 
     from fedhp.algorithms import ALGORITHMS
@@ -56,7 +57,12 @@ def resolve_run_config(
         raise ConfigError("device: a Flower deployment runs on the CPU; use device=cpu")
     nodes = node_count(cfg, ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical)
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-    return cfg, {"fedhp-config": text, "fedhp-out": str(Path(out).resolve())}, nodes
+    run_config: dict[str, str | int | float | bool] = {
+        "fedhp-config": text,
+        "fedhp-out": str(Path(out).resolve()),
+        "fedhp-resume": False,
+    }
+    return cfg, run_config, nodes
 
 
 def cmd_certs(args: argparse.Namespace) -> int:

@@ -15,6 +15,10 @@ Cloud → node, ``evaluate``: ``b.global`` where the method has a global model.
 Node → cloud, ``evaluate``: ``clients``, ``test.correct``/``test.loss``/``test.count``, the same
 for ``train.``, and ``nnz`` (non-zeros of each personalized model).
 
+Cloud → node, ``query``: nothing; node → cloud: ``n.<key>``, the node's rows of every node-held
+state entry (for a checkpoint). After a resume, the first message to each node also carries
+``r.<key>``: its rows of the checkpoint, which replace whatever state it holds.
+
 Model rows travel in fedhp's wire encoding (:func:`fedhp.comm.encode_sparse`: each row in the
 smallest of dense / bitmap / index, lossless) unless ``flower.sparse_wire`` is off: a float32
 array of 1 or 2 dimensions whose rows have at least :data:`SPARSE_MIN_WIDTH` values is sent as
@@ -47,6 +51,8 @@ ARRAYS = "fedhp.arrays"
 META = "fedhp.meta"
 EVALUATE_AFTER = "evaluate_after"
 EVAL_PREFIX = "v."
+RESTORE_PREFIX = "r."
+STATE_PREFIX = "n."
 SPARSE_MIN_WIDTH = 64
 MAX_DECODED_VALUES = 2**30  # a claimed shape beyond this (4 GiB of fp32) is malformed
 ENC, LEN, SHAPE = "#enc", "#len", "#shape"

@@ -4,6 +4,7 @@ Run config keys (Flower's ``[tool.flwr.app.config]`` / ``flwr run --run-config``
 
 ``fedhp-config``  the full resolved fedhp configuration as a YAML string (required)
 ``fedhp-out``     the run folder; results are written there (required)
+``fedhp-resume``  true: continue the run in ``fedhp-out`` from its checkpoint (optional)
 
 Nothing else is needed. The ServerApp waits for ``flower.nodes`` SuperNodes, assigns shard ``i``
 to the ``i``-th node id in sorted order, and runs the usual fedhp round loop
@@ -33,6 +34,7 @@ from fedhp.flower.shards import check_flower_config, make_shards, node_count
 
 CONFIG_KEY = "fedhp-config"
 OUT_KEY = "fedhp-out"
+RESUME_KEY = "fedhp-resume"
 NODE_WAIT_POLL_S = 0.5
 PULL_INTERVAL_S = 0.05
 
@@ -116,9 +118,11 @@ def serve(
     out_dir: Path | None,
     progress: bool | None = None,
     stop: threading.Event | None = None,
+    resume: bool = False,
 ) -> tuple[Row, FlowerDriver]:
     """Run ``exp`` with its rounds executed on the grid's nodes; returns the summary and the
-    driver. ``stop``: set when the runtime is gone (the simulation launcher's), ends the run."""
+    driver. ``stop``: set when the runtime is gone (the simulation launcher's), ends the run.
+    ``resume``: continue from ``out_dir``'s checkpoint (the nodes get their rows of it)."""
     cfg = exp.cfg
     hierarchical = exp.options.hierarchical
     check_flower_config(cfg, hierarchical)
@@ -128,18 +132,22 @@ def serve(
     transport = GridTransport(grid, dict(enumerate(node_ids)), cfg.flower.timeout, stop)
     log_line(f"flower: {nodes} nodes, shards of {[len(s.clients) for s in shards]} clients")
     driver = FlowerDriver(exp, transport, shards, out_dir)
-    return run_experiment(exp, out_dir, progress=progress, driver=driver), driver
+    summary = run_experiment(exp, out_dir, progress=progress, resume=resume, driver=driver)
+    return summary, driver
 
 
-def config_from_run_config(run_config: dict[str, Any]) -> tuple[RunConfig, Path]:
-    """The fedhp configuration and run folder from Flower's run config."""
+def config_from_run_config(run_config: dict[str, Any]) -> tuple[RunConfig, Path, bool]:
+    """The fedhp configuration, run folder and whether to resume, from Flower's run config."""
     text, out = run_config.get(CONFIG_KEY), run_config.get(OUT_KEY)
     if not isinstance(text, str) or not isinstance(out, str):
         raise FedhpError(
             f"run config: {CONFIG_KEY!r} (fedhp YAML) and {OUT_KEY!r} (results folder) are "
             'required; e.g. flwr run . --run-config \'fedhp-config="..." fedhp-out="runs/x"\''
         )
-    return validate_config(yaml.safe_load(text)), Path(out)
+    resume = run_config.get(RESUME_KEY, False)
+    if not isinstance(resume, bool):
+        raise FedhpError(f"run config: {RESUME_KEY!r} must be true or false, not {resume!r}")
+    return validate_config(yaml.safe_load(text)), Path(out), resume
 
 
 app = ServerApp()
@@ -148,8 +156,8 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """``flwr run`` entry: build the experiment from the run config and serve it."""
-    cfg, out = config_from_run_config(dict(context.run_config))
-    serve(grid, build_experiment(cfg), out)
+    cfg, out, resume = config_from_run_config(dict(context.run_config))
+    serve(grid, build_experiment(cfg), out, resume=resume)
 
 
 def make_server_app(
@@ -158,6 +166,7 @@ def make_server_app(
     result: dict[str, Any],
     progress: bool | None = None,
     stop: threading.Event | None = None,
+    resume: bool = False,
 ) -> ServerApp:
     """A ServerApp serving an already built experiment (the simulation launcher's); the summary
     and driver land in ``result``."""
@@ -165,7 +174,7 @@ def make_server_app(
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
-        result["summary"], result["driver"] = serve(grid, exp, out_dir, progress, stop)
+        result["summary"], result["driver"] = serve(grid, exp, out_dir, progress, stop, resume)
 
     return server
 

@@ -38,8 +38,11 @@ def backend_config(exp: Experiment) -> dict[str, Any]:
     }
 
 
-def run_flower_sim(exp: Experiment, out_dir: Path | None, progress: bool | None = None) -> Row:
-    """Run ``exp`` on Flower's simulation engine; results in ``out_dir`` as in-process runs."""
+def run_flower_sim(
+    exp: Experiment, out_dir: Path | None, progress: bool | None = None, resume: bool = False
+) -> Row:
+    """Run ``exp`` on Flower's simulation engine; results in ``out_dir`` as in-process runs.
+    ``resume``: continue from ``out_dir``'s checkpoint (which holds the nodes' state too)."""
     import warnings
 
     from flwr.simulation import run_simulation
@@ -50,7 +53,7 @@ def run_flower_sim(exp: Experiment, out_dir: Path | None, progress: bool | None 
     check_flower_config(exp.cfg, exp.options.hierarchical)
     result: dict[str, Any] = {}
     stop = threading.Event()
-    server = make_server_app(exp, out_dir, result, progress, stop)
+    server = make_server_app(exp, out_dir, result, progress, stop, resume)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
