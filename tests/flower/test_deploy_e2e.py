@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedhp.cli import main
 from fedhp.flower.certs import write_node_key
@@ -101,8 +102,12 @@ def test_three_rounds_of_sfedhp_on_four_supernodes(fed: LoopbackFederation) -> N
     assert_same_metrics(out.with_name("ref"), out)
     for node in fed.supernodes:  # every SuperNode ran the ClientApp in every round
         assert node.text().count(CLIENTAPP_STARTED) >= 3
-    carried = csv_rows(out / "flower_bytes.csv")  # the evaluation rode on round 3's train reply
-    assert [(r["kind"], r["messages_up"]) for r in carried] == [("train", str(NODES))] * 3
+    # The evaluation rode on round 3's train reply; the final state's node part came by query.
+    carried = [(r["kind"], r["messages_up"]) for r in csv_rows(out / "flower_bytes.csv")]
+    assert carried == [("train", str(NODES))] * 3 + [("query", str(NODES))]
+    final = torch.load(out / "final_state.pt", weights_only=True)["state"]
+    reference = torch.load(out.with_name("ref") / "final_state.pt", weights_only=True)["state"]
+    assert set(final) == set(reference) and all(torch.equal(final[k], reference[k]) for k in final)
 
 
 def test_supernode_with_unknown_key_is_refused(fed: LoopbackFederation) -> None:

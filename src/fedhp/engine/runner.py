@@ -402,6 +402,12 @@ def run_experiment(
         # The final state with the nodes' part (the last checkpoint's, when it is this round's).
         if error is None and out_dir is not None:
             final = saved if saved is not None else driver.full_state(state) or state
+            if final is state:
+                print(
+                    "fedhp: final_state.pt holds the cloud's part of the state only (a node did "
+                    "not return its part)",
+                    file=sys.stderr,
+                )
         driver.close()
     seconds = prior_seconds + time.perf_counter() - start
     summary = summarize(exp, rows, seconds, rounds_done)
