@@ -3,6 +3,7 @@ algorithm, and the fault handling (missing, error, malformed replies)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,14 @@ import pytest
 import torch
 from flwr.app import Array, RecordDict
 
+from fedhp.config import resolve_config
+from fedhp.engine.build import build_experiment
 from fedhp.engine.checkpoint import FINAL_STATE_FILE
+from fedhp.engine.runner import run_experiment
 from fedhp.flower.cloud import FlowerDriver
 from fedhp.flower.local import LocalTransport
 from fedhp.flower.messages import ARRAYS, ENC, LEN, META, SHAPE, from_record
+from fedhp.flower.shards import make_shards, node_count
 from tests.conftest import small_experiment
 from tests.flower.helpers import (
     assert_same_metrics,
@@ -265,12 +270,23 @@ def test_sparse_models_travel_sparse(tmp_path: Path) -> None:
     assert int(on[-1]["payload_bytes_up"]) < int(off[-1]["payload_bytes_up"])
 
 
-@pytest.mark.parametrize("name", ["sfedhp", "pfedme", "hierfavg"])
-def test_resume_matches_an_uninterrupted_run(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("sfedhp", ()),
+        ("hierfavg", ()),
+        # Half the clients per round, one per node: some nodes' first message after the resume
+        # is an evaluate message, which must install the checkpoint's rows too.
+        ("pfedme", ("flower.nodes=20", "federation.client_fraction=0.5")),
+    ],
+)
+def test_resume_matches_an_uninterrupted_run(
+    tmp_path: Path, name: str, extra: tuple[str, ...]
+) -> None:
     """Stopped after round 2 and resumed with fresh nodes (as after a crash of the whole
     simulation): the checkpoint carries the nodes' state, they get it back with their first
     message, and rounds 3-4 are those of an uninterrupted run."""
-    args = config_args(name, "rounds=4", "checkpoint_every=2")
+    args = config_args(name, "rounds=4", "checkpoint_every=2", *extra)
     run_flower_local(tmp_path / "whole", args)
     run_flower_local(tmp_path / "cut", [*args, "rounds=2"])
     checkpoint = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
@@ -284,7 +300,8 @@ def test_resume_matches_an_uninterrupted_run(tmp_path: Path, name: str) -> None:
     sent = _messages(driver)
     assert sent[0][:2] == ("train", 2)  # resumed at round 3
     if name != "hierfavg":  # node-held state: the checkpoint at round 4 asked every node
-        assert [m for m in sent if m[0] == "query"] == [("query", 3, s) for s in range(4)]
+        nodes = range(len(driver.shards))
+        assert [m for m in sent if m[0] == "query"] == [("query", 3, s) for s in nodes]
 
 
 def test_checkpoint_is_skipped_when_a_node_cannot_give_its_state(
@@ -298,3 +315,43 @@ def test_checkpoint_is_skipped_when_a_node_cannot_give_its_state(
     assert "round 2: no checkpoint" in capsys.readouterr().err
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
     assert saved["round"] == 3  # rounds 1 and 3 were checkpointed, 2 was not
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("sfedhp", ()),
+        # some nodes' first message after the restart is an evaluate message
+        ("pfedme", ("flower.nodes=20", "federation.client_fraction=0.5")),
+    ],
+)
+def test_resume_with_surviving_nodes_that_are_ahead(
+    tmp_path: Path, name: str, extra: tuple[str, ...]
+) -> None:
+    """The cloud restarts from the round-2 checkpoint while its nodes survived and already ran
+    rounds 3-4 (a deployment whose ServerApp crashed before its checkpoint reached the disk): the
+    checkpoint's rows replace the nodes' own state with the first message of any kind, so rounds
+    3-4 are the uninterrupted ones."""
+    args = config_args(name, *extra, "checkpoint_every=2")
+    run_flower_local(tmp_path / "whole", [*args, "rounds=4"])
+    out = tmp_path / "cut"
+    backup = tmp_path / "round2.pt"
+
+    def keep_round_two(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict:
+        if rnd == 2 and not backup.exists():  # round 3 is running: round 2's checkpoint is on disk
+            shutil.copy(out / "checkpoint.pt", backup)
+        return reply
+
+    transport = LocalTransport(keep_round_two)
+    _run_with(transport, out, [*args, "rounds=4"])
+    shutil.copy(backup, out / "checkpoint.pt")  # the crash: rounds 3-4 never saved
+    _run_with(transport, out, [*args, "rounds=4"], resume=True)
+    assert_same_metrics(tmp_path / "whole", out)
+
+
+def _run_with(transport: LocalTransport, out: Path, args: list[str], resume: bool = False) -> None:
+    exp = build_experiment(resolve_config(None, args))
+    hier = exp.options.hierarchical
+    shards = make_shards(exp.ctx.topology, node_count(exp.cfg, hier), hier)
+    driver = FlowerDriver(exp, transport, shards, out, log=lambda _: None)
+    run_experiment(exp, out, resume=resume, driver=driver)

@@ -88,14 +88,15 @@ def _save_state(context: Context, state: State, rt: NodeRuntime, config_text: st
 
 
 def handle(kind: str, content: RecordDict, context: Context) -> RecordDict:
-    """A node's reply content to a ``train`` or ``evaluate`` message."""
+    """A node's reply content to a ``train``, ``evaluate`` or ``query`` message."""
     msg = from_record(content)
     config_text = _config_text(msg, context)
     shard = msg.meta.get("shard")
     if not isinstance(shard, int):
         raise RuntimeError("fedhp: message without a shard index")
     rt = node_runtime(config_text, shard)
-    state = _restored_state(msg, rt) or _load_state(context, rt, config_text)
+    restored = _restored_state(msg, rt)
+    state = restored if restored is not None else _load_state(context, rt, config_text)
     if kind == "query":
         _save_state(context, state, rt, config_text)
         rows = {f"{STATE_PREFIX}{k}": state[k] for k in rt.algorithm.node_keys}
@@ -109,7 +110,9 @@ def handle(kind: str, content: RecordDict, context: Context) -> RecordDict:
             arrays.update({f"{EVAL_PREFIX}{k}": v for k, v in rt.evaluate(state).items()})
         return to_record(arrays, {"ledger": ledger}, rt.cfg.flower.sparse_wire)
     if kind == "evaluate":
-        if not isinstance(context.state.config_records.get(NODE), ConfigRecord):
+        if restored is not None or not isinstance(
+            context.state.config_records.get(NODE), ConfigRecord
+        ):
             _save_state(context, state, rt, config_text)
         broadcast = {k[2:]: v for k, v in msg.arrays.items() if k.startswith("b.")}
         return to_record(rt.evaluate(state, broadcast), {}, rt.cfg.flower.sparse_wire)
