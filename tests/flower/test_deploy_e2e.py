@@ -2,7 +2,8 @@
 authentication on, running fedhp's Flower app (sFedHP, 4 edges x 5 clients).
 
 One federation serves the module's tests, in order: a full 3-round run (the same metrics.csv as
-the in-process engine's); a fifth SuperNode with
+the in-process engine's); the same run resubmitted to continue from its checkpoint; a fifth
+SuperNode with
 an unregistered key is refused; a SuperNode killed mid-run is a failed edge and the run finishes.
 """
 
@@ -88,7 +89,7 @@ def test_three_rounds_of_sfedhp_on_four_supernodes(fed: LoopbackFederation) -> N
     assert activated == {str(node_id(p)) for p in fed.supernodes} and len(activated) == NODES
     assert "Uvicorn running on https://" in link_log  # TLS on the SuperLink's only port
     out = fed.workdir / "run-3"
-    app = fedhp_app(fed.workdir / "app-3", out, "rounds=3", "eval_every=3")
+    app = fedhp_app(fed.workdir / "app-3", out, "rounds=3", "eval_every=3", "checkpoint_every=3")
     result = fed.run(app, timeout=600)
     assert result.ok, f"run ended {result.status}; see {result.log}"
     assert csv_rows(out / "flower_events.csv") == []  # no node missed a round
@@ -108,6 +109,21 @@ def test_three_rounds_of_sfedhp_on_four_supernodes(fed: LoopbackFederation) -> N
     final = torch.load(out / "final_state.pt", weights_only=True)["state"]
     reference = torch.load(out.with_name("ref") / "final_state.pt", weights_only=True)["state"]
     assert set(final) == set(reference) and all(torch.equal(final[k], reference[k]) for k in final)
+
+
+def test_resubmitted_run_resumes_from_its_checkpoint(fed: LoopbackFederation) -> None:
+    """The 3-round run, resubmitted with rounds=4 and Flower's run-config override
+    ``fedhp-resume=true``, continues from its checkpoint (which holds the nodes' state; the new
+    Flower run gives the nodes fresh contexts) and ends where a 4-round in-process run ends."""
+    out = fed.workdir / "run-3"
+    assert (out / "checkpoint.pt").exists()
+    app = fedhp_app(fed.workdir / "app-4", out, "rounds=4", "eval_every=3", "checkpoint_every=3")
+    result = fed.run(app, ["fedhp-resume=true"], timeout=600)
+    assert result.ok, f"run ended {result.status}; see {result.log}"
+    assert [int(r["round"]) for r in csv_rows(out / "metrics.csv")] == [3, 4]
+    ref = fed.workdir / "ref-4"
+    assert main(["run", *BASE, "rounds=4", "eval_every=3", "--out", str(ref)]) == 0
+    assert_same_metrics(ref, out)
 
 
 def test_supernode_with_unknown_key_is_refused(fed: LoopbackFederation) -> None:
