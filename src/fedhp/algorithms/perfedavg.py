@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import batched_loss_grad, weighted_mean
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
 from fedhp.models.base import BatchedModel
 
 EVAL_SEED = 7_777_777
@@ -91,10 +91,7 @@ class PerFedAvg(Algorithm):
         assert update.losses is not None
         ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
         state["global"] = weighted_mean(params, ctx.client_weights(clients))
-        loss_total = torch.zeros((), device=params.device)
-        for loss in update.losses:
-            loss_total += loss.mean()
-        return {"local_loss": float(loss_total) / opt.local_steps}
+        return {"local_loss": mean_group_loss(update.losses, opt.local_steps)}
 
     def adapt(self, w: torch.Tensor, clients: torch.Tensor) -> torch.Tensor:
         """Each client's copy of ``w`` after one ``alpha`` step on a training minibatch."""

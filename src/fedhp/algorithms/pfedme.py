@@ -24,7 +24,7 @@ from fedhp.algorithms.base import (
     Update,
 )
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import batched_loss_grad, weighted_mean
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
 
 
 class PFedMe(Algorithm):
@@ -69,10 +69,7 @@ class PFedMe(Algorithm):
         ctx.ledger.record("client_cloud", "up", local, ctx.zero_threshold, nodes=clients)
         mean = weighted_mean(local, ctx.client_weights(clients))
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
-        loss_total = torch.zeros((), device=update.losses.device)
-        for loss in update.losses:
-            loss_total += loss.mean()
-        return {"local_loss": float(loss_total) / opt.R}
+        return {"local_loss": mean_group_loss(update.losses, opt.R)}
 
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["theta"]

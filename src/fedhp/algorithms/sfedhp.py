@@ -32,7 +32,7 @@ from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
-from fedhp.engine.ops import batched_loss_grad, segment_mean, weighted_mean
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss, segment_mean, weighted_mean
 
 
 class SFedHP(Algorithm):
@@ -161,10 +161,7 @@ class SFedHP(Algorithm):
         ctx.ledger.record("edge_cloud", "up", sent_up, ctx.zero_threshold, nodes=agg)
         mean = weighted_mean(sent_up, ctx.edge_weights(agg))
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
-        loss_total = torch.zeros((), device=update.losses.device)
-        for loss in update.losses:
-            loss_total += loss.mean()
-        return {"local_loss": float(loss_total) / opt.R}
+        return {"local_loss": mean_group_loss(update.losses, opt.R)}
 
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["theta"]

@@ -94,6 +94,15 @@ def normalized(weights: torch.Tensor) -> torch.Tensor:
     return weights / weights.sum()
 
 
+def mean_group_loss(losses: torch.Tensor, groups: int) -> float:
+    """The round's mean training loss from per-step losses ``[S, clients]``: the clients' mean of
+    each step, summed in step order, over ``groups``."""
+    total = torch.zeros((), device=losses.device)
+    for loss in losses:
+        total += loss.mean()
+    return float(total) / groups
+
+
 def weighted_mean(params: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``sum_c w_c params_c / sum_c w_c`` → ``[P]``."""
     return normalized(weights.to(params.dtype)) @ params
