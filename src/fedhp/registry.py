@@ -55,14 +55,25 @@ class Registry(Generic[T]):
 
         def deco(cls: type[T]) -> type[T]:
             if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+                taken = self._items[name]
+                raise ConfigError(
+                    f"{self.kind} {name!r} is already registered (by {taken.__module__}."
+                    f"{taken.__qualname__}); register yours under another name"
+                )
             self._items[name] = cls
             return cls
 
         return deco
 
     def names(self) -> list[str]:
+        """The registered names, sorted."""
         return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
     def get(self, name: object, field: str | None = None) -> type[T]:
         """The component registered as ``name``, or a one-line :class:`ConfigError`."""
