@@ -30,7 +30,7 @@ from fedhp.errors import FedhpError
 
 ENTRY_POINT_GROUP = "fedhp.plugins"
 
-_LOADED: dict[str, ModuleType] = {}
+_LOADED: dict[str, tuple[ModuleType, float]] = {}  # plugin -> (module, file mtime)
 _ENTRY_POINTS_LOADED: list[bool] = []
 
 
@@ -103,12 +103,32 @@ def _import_module(name: str) -> ModuleType:
         raise PluginError(f"plugin {name}: {type(err).__name__}: {err}") from None
 
 
+def _mtime(path: str) -> float:
+    try:
+        return Path(path).stat().st_mtime
+    except OSError:
+        return -1.0
+
+
 def load_plugin(spec: str) -> ModuleType:
-    """Import one plugin (a file path or module name) once per process."""
+    """Import one plugin (a file path or module name) once per process; a file changed since
+    (edited in a notebook session, say) is imported again, replacing its registrations."""
     key = resolve_plugin(spec)
-    if key not in _LOADED:
-        _LOADED[key] = _import_file(key) if is_file_plugin(key) else _import_module(key)
-    return _LOADED[key]
+    if not is_file_plugin(key):
+        if key not in _LOADED:
+            _LOADED[key] = (_import_module(key), 0.0)
+        return _LOADED[key][0]
+    mtime = _mtime(key)
+    if key in _LOADED:
+        module, loaded = _LOADED[key]
+        if loaded == mtime:
+            return module
+        from fedhp.registry import Registry
+
+        for registry in Registry.every:
+            registry.forget_module(module.__name__)
+    _LOADED[key] = (_import_file(key), mtime)
+    return _LOADED[key][0]
 
 
 def load_entry_points() -> None:

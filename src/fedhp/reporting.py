@@ -371,15 +371,8 @@ def _comm_lines(rows: list[dict[str, Any]]) -> list[Line]:
     return lines
 
 
-def plot_run(
-    metrics_rows: list[dict[str, Any]], out_png: Path, title: str, per_edge: bool = True
-) -> None:
-    """Three-panel PNG over rounds: accuracy (global and personalized bold, per-edge lines thin
-    unless ``per_edge`` is False), accumulated communication per link on a log axis (so the small
-    edge↔cloud traffic shows beside the client↔edge traffic), and the losses.
-
-    Missing, empty or NaN cells are skipped; a panel without data says so.
-    """
+def run_figure(metrics_rows: list[dict[str, Any]], title: str, per_edge: bool = True) -> Figure:
+    """The figure of :func:`plot_run` (axes: accuracy, communication, loss)."""
     fig = Figure(figsize=(15, 4.4))
     ax_acc, ax_comm, ax_loss = fig.subplots(1, 3)
     acc = _accuracy_lines(metrics_rows, per_edge)
@@ -393,4 +386,16 @@ def plot_run(
     draw_lines(ax_loss, [ln for ln in losses if ln.x], "round", "loss")
     fig.suptitle(title)
     fig.tight_layout()
-    _save(fig, out_png)
+    return fig
+
+
+def plot_run(
+    metrics_rows: list[dict[str, Any]], out_png: Path, title: str, per_edge: bool = True
+) -> None:
+    """Three-panel PNG over rounds: accuracy (global and personalized bold, per-edge lines thin
+    unless ``per_edge`` is False), accumulated communication per link on a log axis (so the small
+    edge↔cloud traffic shows beside the client↔edge traffic), and the losses.
+
+    Missing, empty or NaN cells are skipped; a panel without data says so.
+    """
+    _save(run_figure(metrics_rows, title, per_edge), out_png)
