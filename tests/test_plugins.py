@@ -248,3 +248,16 @@ def test_plugin_on_flower_simulation_matches_inprocess(
         code = main(["run", "--out", str(tmp_path / "flower"), *flower])  # see test_simulation
     assert code == 0
     assert_same_metrics(tmp_path / "inprocess", tmp_path / "flower", tol=0.0)  # identical
+
+
+def test_flower_deployment_config_carries_the_plugin(plugin: Path) -> None:
+    """`fedhp flower deploy/app --plugin`: the ServerApp's and ClientApps' configuration
+    (``fedhp-config``) names the plugin by its absolute path."""
+    import yaml
+
+    from fedhp.flower.deploy_cli import resolve_run_config
+
+    items = ["algorithm.name=fedavgm", "model.name=mlr"]
+    cfg, run_config, _ = resolve_run_config(items, "out", plugins=[str(plugin)])
+    assert cfg.algorithm == {"name": "fedavgm"}
+    assert yaml.safe_load(str(run_config["fedhp-config"]))["plugins"] == [str(plugin)]

@@ -175,18 +175,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--plugin",
-        action="append",
-        default=[],
-        metavar="FILE|MODULE",
-        help="import this .py file or module first, so the algorithms, datasets, models and "
-        "partitions it registers can be named (repeatable; docs/extending.md)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from fedhp.plugins import add_plugin_option
+
     parser = _Parser(prog="fedhp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment")
@@ -203,10 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the configuration and load the data, then exit without training",
     )
-    _add_plugin_option(run)
+    add_plugin_option(run)
     run.set_defaults(func=cmd_run)
     lst = sub.add_parser("list", help="list algorithms, datasets, models and partitions")
-    _add_plugin_option(lst)
+    add_plugin_option(lst)
     lst.set_defaults(func=cmd_list)
     cmp = sub.add_parser(
         "compare",
@@ -245,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--tuned", help="JSON written by sfedhp-tune (hyperparameters to use)")
     rep.add_argument("--methods", help="comma-separated subset of the reproduction's methods")
     rep.add_argument("--data-dir", help="dataset.data_dir for every run (e.g. CIFAR-10 batches)")
-    _add_plugin_option(rep)
+    add_plugin_option(rep)
     rep.set_defaults(func=cmd_reproduce)
     from fedhp.flower.deploy_cli import add_parser as add_flower_parser
 

@@ -16,6 +16,7 @@ per process. A broken plugin is a one-line :class:`PluginError`, never a traceba
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
 import importlib.util
@@ -36,6 +37,18 @@ _ENTRY_POINTS_LOADED: list[bool] = []
 
 class PluginError(FedhpError):
     """A plugin file or module is missing, does not import, or registers a name already taken."""
+
+
+def add_plugin_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--plugin FILE|MODULE`` option (repeatable) of the commands that build runs."""
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="FILE|MODULE",
+        help="import this .py file or module first, so the algorithms, datasets, models and "
+        "partitions it registers can be named (repeatable; docs/extending.md)",
+    )
 
 
 def is_file_plugin(spec: str) -> bool:

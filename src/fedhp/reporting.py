@@ -380,7 +380,8 @@ def run_figure(metrics_rows: list[dict[str, Any]], title: str, per_edge: bool = 
     losses = [Line(k, *_series(metrics_rows, k)) for k in LOSS_KEYS]
     for group in (acc, comm, losses):
         for line in group:
-            line.marker = line.marker or _marker(line.x)
+            thin = line.width is not None and line.width < 1
+            line.marker = "" if thin else _marker(line.x)
     draw_lines(ax_acc, acc, "round", "test accuracy")
     draw_lines(ax_comm, comm, "round", "accumulated MB per link (log)", log_y=bool(comm))
     draw_lines(ax_loss, [ln for ln in losses if ln.x], "round", "loss")
