@@ -1,7 +1,7 @@
 """The ``fedhp`` command line: ``fedhp run [CONFIG] [--out DIR] [key=value ...]``,
 ``fedhp run --resume DIR``, ``fedhp list``, ``fedhp compare RUN_DIR... --out fig.png``,
 ``fedhp reproduce NAME [--dataset ..] [--setting ..] [--rounds T] [--seeds N] [key=value ...]``;
-``--plugin FILE`` (run, list, reproduce) imports your own components first.
+``--plugin FILE`` (run, list, reproduce, flower app/deploy) imports your own components first.
 """
 
 from __future__ import annotations

@@ -108,7 +108,14 @@ class FlowerDriver:
         self.transport = transport
         self.shards = shards
         self.log = log
-        self.config_text = yaml.safe_dump(node_config(exp.cfg), sort_keys=False)
+        sent = node_config(exp.cfg)
+        self.config_text = yaml.safe_dump(sent, sort_keys=False)
+        if exp.cfg.threads is None:
+            log(
+                f"flower: threads unset: each node uses {sent['threads']} torch threads, as the "
+                "in-process engine would (same numbers); with several nodes per machine, "
+                "threads=1 is faster"
+            )
         self.configured: set[int] = set()
         self.num_params = exp.model.num_params
         self.events: list[Row] = []
