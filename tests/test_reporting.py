@@ -5,16 +5,22 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fedhp.reporting import (
+    Line,
     MetricsWriter,
     plot_curves,
+    plot_lines,
     plot_run,
+    read_rows,
+    run_figure,
     write_json_atomic,
+    write_text_atomic,
     write_yaml_atomic,
 )
 
@@ -122,3 +128,66 @@ def test_plot_curves(tmp_path: Path) -> None:
     )
     assert out.read_bytes()[:8] == PNG_MAGIC
     assert _no_tmp_files(tmp_path)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_result_files_respect_the_umask(tmp_path: Path, umask: int) -> None:
+    """Files are created like any other file of the user: 0666 minus the umask (not 0600)."""
+    old = os.umask(umask)
+    try:
+        write_json_atomic(tmp_path / "a.json", {"x": 1})
+        MetricsWriter(tmp_path).append({"round": 1, "acc": 0.5})
+        plot_curves({"a": ([0, 1], [0.1, 0.2])}, tmp_path / "p.png", "x", "y", "t")
+    finally:
+        os.umask(old)
+    for name in ("a.json", "metrics.csv", "p.png"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+    assert _no_tmp_files(tmp_path)
+
+
+def _run_rows(edges: int = 4) -> list[dict[str, float | int]]:
+    rows = []
+    for r in range(1, 6):
+        row: dict[str, float | int] = {
+            "round": r,
+            "global_acc": 0.5 + r / 20,
+            "personal_acc": 0.6 + r / 20,
+            "train_loss": 1 / r,
+            "local_loss": 1.2 / r,
+            "cum_bytes_client_edge": 3e7 * r,
+            "cum_bytes_edge_cloud": 6e5 * r,  # 50x smaller: invisible on a linear axis
+            "cum_bytes_total": 3.06e7 * r,
+        }
+        for e in range(edges):
+            row[f"edge{e}_global_acc"] = 0.5 + r / 20 + e / 100
+            row[f"edge{e}_personal_acc"] = 0.6 + r / 20 - e / 100
+        rows.append(row)
+    return rows
+
+
+def test_run_figure_panels() -> None:
+    """Accuracy: global/personalized bold, per-edge thin (optional); communication: one line per
+    link on a log axis; losses in their own panel."""
+    fig = run_figure(_run_rows(), "t")
+    acc, comm, loss = fig.axes
+    widths = {line.get_label(): line.get_linewidth() for line in acc.get_lines()}
+    bold = [w for label, w in widths.items() if "_acc)" in label]
+    assert len(acc.get_lines()) == 2 + 2 * 4 and len(bold) == 2
+    thin = [line.get_linewidth() for line in acc.get_lines() if line.get_linewidth() < 1]
+    assert len(thin) == 8 and min(bold) > 2 * max(thin)
+    assert comm.get_yscale() == "log"
+    assert sorted(line.get_label() for line in comm.get_lines()) == ["client↔edge", "edge↔cloud"]
+    assert sorted(line.get_label() for line in loss.get_lines()) == ["local_loss", "train_loss"]
+    without_edges = run_figure(_run_rows(), "t", per_edge=False).axes[0]
+    assert len(without_edges.get_lines()) == 2
+
+
+def test_plot_lines_band_and_read_rows(tmp_path: Path) -> None:
+    lines = [Line("a", [1, 2, 3], [0.1, 0.2, 0.3], std=[0.01, 0.02, 0.0]), Line("b", [1], [0.5])]
+    plot_lines(lines, tmp_path / "l.png", "round", "acc", "title")
+    assert (tmp_path / "l.png").read_bytes()[:8] == PNG_MAGIC
+    write_text_atomic(tmp_path / "m.csv", "round,acc,name\n1,0.5,x\n2,,y\n")
+    assert read_rows(tmp_path / "m.csv") == [
+        {"round": 1, "acc": 0.5, "name": "x"},
+        {"round": 2, "name": "y"},
+    ]

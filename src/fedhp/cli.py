@@ -1,13 +1,14 @@
 """The ``fedhp`` command line: ``fedhp run [CONFIG] [--out DIR] [key=value ...]``,
-``fedhp run --resume DIR``, ``fedhp list``,
-``fedhp reproduce NAME [--dataset ..] [--setting ..] [--rounds T] [--seeds N] [key=value ...]``
+``fedhp run --resume DIR``, ``fedhp list``, ``fedhp compare RUN_DIR... --out fig.png``,
+``fedhp reproduce NAME [--dataset ..] [--setting ..] [--rounds T] [--seeds N] [key=value ...]``;
+``--plugin FILE`` (run, list, reproduce, flower app/deploy) imports your own components first.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,12 +32,6 @@ def _split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
         else:
             overrides.append(item)
     return config, overrides
-
-
-def default_out_dir(cfg: Any) -> Path:
-    """``runs/<algorithm>-<dataset>-<timestamp>``."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.algorithm.get('name')}-{cfg.dataset.get('name')}-{stamp}"
 
 
 RESULTS = (
@@ -63,27 +58,23 @@ def _resume_config(folder: Path, overrides: list[str]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedhp.algorithms import ALGORITHMS
+    from fedhp.api import default_out_dir, prepare, run_built
     from fedhp.config import resolve_config
-    from fedhp.engine.build import build_experiment
-    from fedhp.engine.runner import run_experiment
     from fedhp.errors import ConfigError
 
     config_path, overrides = _split_positionals(args.items)
     if args.resume is not None:
-        if args.out or config_path is not None:
-            raise ConfigError("--resume DIR: give no CONFIG or --out (the run's folder is DIR)")
+        if args.out or config_path is not None or args.plugin:
+            raise ConfigError(
+                "--resume DIR: give no CONFIG, --out or --plugin (the run's folder is DIR; its "
+                "config.yaml names the plugins)"
+            )
         out = Path(args.resume)
         cfg = _resume_config(out, overrides)
     else:
-        cfg = resolve_config(config_path, overrides)
+        cfg = resolve_config(config_path, overrides, plugins=args.plugin)
         out = Path(args.out) if args.out else default_out_dir(cfg)
-    if cfg.backend != "inprocess":
-        from fedhp.flower.shards import check_flower_config
-
-        hierarchical = ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical
-        check_flower_config(cfg, hierarchical)
-    exp = build_experiment(cfg)
+    exp = prepare(cfg)
     if args.check:
         fed = exp.ctx.fed
         print(
@@ -92,12 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return 0
     try:
-        if cfg.backend == "flower-sim":
-            from fedhp.flower.simulation import run_flower_sim
-
-            summary = run_flower_sim(exp, out, resume=args.resume is not None)
-        else:
-            summary = run_experiment(exp, out, resume=args.resume is not None)
+        summary = run_built(exp, out, resume=args.resume is not None)
     except KeyboardInterrupt:
         print(f"fedhp: interrupted; continue with: fedhp run --resume {out}", file=sys.stderr)
         return 130
@@ -124,6 +110,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     from fedhp.algorithms import ALGORITHMS
     from fedhp.data import DATASETS, PARTITIONERS
     from fedhp.models import MODELS
+    from fedhp.plugins import load_plugins
+
+    load_plugins(args.plugin)
 
     for title, registry in (
         ("algorithms", ALGORITHMS),
@@ -137,6 +126,24 @@ def cmd_list(args: argparse.Namespace) -> int:
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"  {name:14s} {doc}")
             print(f"  {'':14s} options: {_options_line(cls)}")
+    return 0
+
+
+def _plugin_overrides(plugins: Sequence[str]) -> list[str]:
+    """``plugins=[...]`` (absolute paths) for runs configured by overrides only."""
+    from fedhp.plugins import load_plugins, resolve_plugin
+
+    if not plugins:
+        return []
+    specs = [resolve_plugin(p) for p in plugins]
+    load_plugins(specs)  # a broken plugin fails now, before any run starts
+    return ["plugins=[" + ", ".join(json.dumps(p) for p in specs) + "]"]
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from fedhp.compare import compare
+
+    compare([Path(d) for d in args.runs], Path(args.out), args.metric, args.x, not args.no_band)
     return 0
 
 
@@ -161,7 +168,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         tuned=Path(args.tuned) if args.tuned else None,
         methods=args.methods.split(",") if args.methods else None,
         data_dir=args.data_dir,
-        extra=list(args.overrides),
+        extra=[*args.overrides, *_plugin_overrides(args.plugin)],
         jobs=args.jobs,
     )
     REPRODUCTIONS[args.name](opts)
@@ -169,6 +176,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fedhp.plugins import add_plugin_option
+
     parser = _Parser(prog="fedhp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment")
@@ -185,9 +194,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the configuration and load the data, then exit without training",
     )
+    add_plugin_option(run)
     run.set_defaults(func=cmd_run)
     lst = sub.add_parser("list", help="list algorithms, datasets, models and partitions")
+    add_plugin_option(lst)
     lst.set_defaults(func=cmd_list)
+    cmp = sub.add_parser(
+        "compare",
+        help="plot several runs on one figure and tabulate their final/best values",
+        description="One line per run (mean ± std band over runs that differ only by seed) and "
+        "a Markdown table of final and best values (printed, and written beside --out as .md).",
+    )
+    cmp.add_argument("runs", nargs="+", metavar="RUN_DIR", help="results folders of fedhp run")
+    cmp.add_argument("--metric", default="global_acc", help="metrics.csv column (global_acc)")
+    cmp.add_argument(
+        "--x", choices=("round", "bytes", "sim_time"), default="round", help="x axis (round)"
+    )
+    cmp.add_argument("--out", required=True, help="PNG to write, e.g. fig.png")
+    cmp.add_argument("--no-band", action="store_true", help="no mean ± std band per seed group")
+    cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="reproduce the sFedHP paper's tables and figures")
     rep.add_argument("name", help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune")
     rep.add_argument(
@@ -211,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--tuned", help="JSON written by sfedhp-tune (hyperparameters to use)")
     rep.add_argument("--methods", help="comma-separated subset of the reproduction's methods")
     rep.add_argument("--data-dir", help="dataset.data_dir for every run (e.g. CIFAR-10 batches)")
+    add_plugin_option(rep)
     rep.set_defaults(func=cmd_reproduce)
     from fedhp.flower.deploy_cli import add_parser as add_flower_parser
 
@@ -221,7 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedhp`` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    # key=value overrides may also come after options (fedhp run --out DIR rounds=5)
+    takes = "items" if hasattr(args, "items") else "overrides"
+    if (
+        unknown
+        and all("=" in u and not u.startswith("-") for u in unknown)
+        and hasattr(args, takes)
+    ):
+        setattr(args, takes, [*getattr(args, takes), *unknown])
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         code: int = args.func(args)
         return code

@@ -99,6 +99,15 @@ class RunConfig(pydantic.BaseModel):
     faults: FaultsConfig = FaultsConfig()
     backend: Literal["inprocess", "flower-sim"] = "inprocess"
     flower: FlowerConfig = FlowerConfig()
+    plugins: list[str] = []
+    tensorboard: bool = False
+
+    @pydantic.field_validator("plugins")
+    @classmethod
+    def _absolute_plugin_paths(cls, value: list[str]) -> list[str]:
+        from fedhp.plugins import resolve_plugin
+
+        return [resolve_plugin(spec) for spec in value]
 
 
 def default_config_dict() -> dict[str, Any]:
@@ -174,26 +183,44 @@ def resolve_config(
     config_path: Path | None = None,
     overrides: Sequence[str] = (),
     base: Mapping[str, Any] | None = None,
+    plugins: Sequence[str] = (),
 ) -> RunConfig:
     """Defaults ← YAML file ← overrides, validated; raises :class:`ConfigError` on bad input.
 
     The user's YAML and overrides are merged first (order among them does not matter for
     different keys), then laid over the defaults: naming another component there (e.g.
     ``algorithm.name=fedavg``) drops the default component's options instead of mixing them.
+    ``plugins`` (``--plugin``) are appended to the YAML's ``plugins``; relative file paths in the
+    YAML are taken from the YAML file's folder, others from the working directory.
     """
+    from fedhp.plugins import resolve_plugin
+
     user: dict[str, Any] = load_yaml(config_path) if config_path is not None else {}
+    listed = user.get("plugins")
+    if config_path is not None and isinstance(listed, list):
+        folder = config_path.resolve().parent
+        user["plugins"] = [resolve_plugin(p, folder) if isinstance(p, str) else p for p in listed]
     for text in overrides:
         user = deep_merge(user, parse_override(text), replace_renamed=False)
+    if plugins:
+        listed = user.get("plugins") or []
+        user["plugins"] = [*listed, *plugins] if isinstance(listed, list) else listed
     data = dict(base) if base is not None else default_config_dict()
     return validate_config(deep_merge(data, user))
 
 
 def validate_config(data: Mapping[str, Any]) -> RunConfig:
-    """A :class:`RunConfig` from a mapping, or a one-line :class:`ConfigError`."""
+    """A :class:`RunConfig` from a mapping, or a one-line :class:`ConfigError`; imports the
+    installed and listed plugins (:func:`fedhp.plugins.load_plugins`) so the components they
+    register can be named."""
+    from fedhp.plugins import load_plugins
+
     try:
-        return RunConfig.model_validate(dict(data))
+        cfg = RunConfig.model_validate(dict(data))
     except pydantic.ValidationError as err:
         raise ConfigError(format_validation_error(err, "")) from None
+    load_plugins(cfg.plugins)
+    return cfg
 
 
 def config_to_dict(cfg: RunConfig) -> dict[str, Any]:

@@ -8,6 +8,7 @@ fields are its options; it is registered under a name and built from a mapping s
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -46,23 +47,45 @@ def validate(cls: type[T], data: Mapping[str, Any], prefix: str) -> T:
 class Registry(Generic[T]):
     """A registry of components of one kind (e.g. ``"algorithm"``)."""
 
+    every: list[Registry[Any]] = []
+    """All registries (plugins that are re-imported drop their earlier registrations)."""
+
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._items: dict[str, type[T]] = {}
+        Registry.every.append(self)
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         """Class decorator registering a component under ``name``."""
 
         def deco(cls: type[T]) -> type[T]:
             if name in self._items:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+                taken = self._items[name]
+                module = sys.modules.get(taken.__module__)
+                where = getattr(module, "__file__", None) or taken.__module__
+                raise ConfigError(
+                    f"{self.kind} {name!r} is already registered (by {taken.__qualname__} in "
+                    f"{where}); register yours under another name"
+                )
             self._items[name] = cls
             return cls
 
         return deco
 
+    def forget_module(self, module: str) -> None:
+        """Drop the components registered by classes of ``module``."""
+        for name in [n for n, cls in self._items.items() if cls.__module__ == module]:
+            del self._items[name]
+
     def names(self) -> list[str]:
+        """The registered names, sorted."""
         return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
     def get(self, name: object, field: str | None = None) -> type[T]:
         """The component registered as ``name``, or a one-line :class:`ConfigError`."""

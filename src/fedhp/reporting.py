@@ -13,8 +13,9 @@ import io
 import json
 import math
 import os
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
+import secrets
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -25,11 +26,23 @@ from matplotlib.figure import Figure
 Value = float | int | str
 
 
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary file beside ``path``, created like any file the user creates
+    (mode 0666 minus the umask; ``tempfile.mkstemp`` would make it 0600)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` atomically: ``write`` fills a temporary file that then replaces ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
@@ -56,9 +69,10 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
     data = text.encode("utf-8")
-    _atomic_write(path, lambda fh: fh.write(data))
+    _atomic_write(Path(path), lambda fh: fh.write(data))
 
 
 def _json_default(obj: Any) -> Any:
@@ -74,12 +88,12 @@ def _json_default(obj: Any) -> Any:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically."""
-    _atomic_write_text(Path(path), json.dumps(obj, indent=2, default=_json_default) + "\n")
+    write_text_atomic(Path(path), json.dumps(obj, indent=2, default=_json_default) + "\n")
 
 
 def write_yaml_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as YAML (keys in insertion order) to ``path`` atomically."""
-    _atomic_write_text(Path(path), yaml.safe_dump(obj, sort_keys=False, allow_unicode=True))
+    write_text_atomic(Path(path), yaml.safe_dump(obj, sort_keys=False, allow_unicode=True))
 
 
 def _parse_cell(text: str) -> Value:
@@ -97,6 +111,22 @@ def _format_cell(value: Value) -> str:
     if isinstance(value, float):
         return repr(value)  # shortest round-trip form; nan/inf read back with float()
     return str(value)
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, Value]]]:
+    with Path(path).open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        rows = [
+            {k: _parse_cell(v) for k, v in raw.items() if k is not None and v != ""}
+            for raw in reader
+        ]
+        return list(reader.fieldnames or []), rows
+
+
+def read_rows(path: Path) -> list[dict[str, Value]]:
+    """The rows of a CSV file written by :class:`MetricsWriter` (numbers parsed, empty cells
+    left out)."""
+    return _read_csv(path)[1]
 
 
 class MetricsWriter:
@@ -123,17 +153,13 @@ class MetricsWriter:
         """
         writer = cls(path)
         if writer.path.exists():
-            with writer.path.open(newline="", encoding="utf-8") as fh:
-                reader = csv.DictReader(fh)
-                for name in reader.fieldnames or []:
-                    if name not in writer._columns:
-                        writer._columns.append(name)
-                for raw in reader:
-                    row = {k: _parse_cell(v) for k, v in raw.items() if k is not None and v != ""}
-                    r = row.get("round")
-                    if isinstance(r, int | float) and r > round:
-                        continue
-                    writer._rows.append(row)
+            columns, rows = _read_csv(writer.path)
+            writer._columns += [c for c in columns if c not in writer._columns]
+            for row in rows:
+                r = row.get("round")
+                if isinstance(r, int | float) and r > round:
+                    continue
+                writer._rows.append(row)
             writer._flush()
         return writer
 
@@ -166,7 +192,7 @@ class MetricsWriter:
         out.writerow(self._columns)
         for row in self._rows:
             out.writerow([_format_cell(row[c]) if c in row else "" for c in self._columns])
-        _atomic_write_text(self.path, buf.getvalue())
+        write_text_atomic(self.path, buf.getvalue())
 
 
 def _to_float(value: object) -> float:
@@ -207,33 +233,82 @@ def _save(fig: Figure, out_png: Path) -> None:
     _atomic_write(Path(out_png), lambda fh: fig.savefig(fh, format="png", dpi=110))
 
 
-def plot_run(metrics_rows: list[dict[str, Any]], out_png: Path, title: str) -> None:
-    """Two-panel PNG: ``*_acc`` columns and accumulated ``cum_bytes_*`` (in MB) over rounds.
+@dataclass
+class Line:
+    """One curve: ``y`` over ``x``; ``std``: a shaded ``y ± std`` band; ``width`` / ``color`` /
+    ``alpha``: matplotlib's defaults when None."""
 
-    Missing, empty or NaN cells are skipped; a panel without data says so.
-    """
-    cols = _columns(metrics_rows)
-    fig = Figure(figsize=(11, 4.2))
-    ax_acc, ax_comm = fig.subplots(1, 2)
-    panels = (
-        (ax_acc, [c for c in cols if c.endswith("_acc")], 1.0, "accuracy"),
-        (ax_comm, [c for c in cols if c.startswith("cum_bytes_")], 1e6, "accumulated MB (10^6 B)"),
-    )
-    for ax, names, scale, ylabel in panels:
-        plotted = False
-        for name in names:
-            xs, ys = _series(metrics_rows, name)
-            if xs:
-                ax.plot(xs, [y / scale for y in ys], label=name, marker="." if len(xs) < 30 else "")
-                plotted = True
-        if plotted:
+    label: str | None
+    x: Sequence[float]
+    y: Sequence[float]
+    std: Sequence[float] | None = None
+    width: float | None = None
+    color: str | None = None
+    alpha: float | None = None
+    marker: str = ""
+
+
+def draw_lines(
+    ax: Any,
+    lines: Sequence[Line],
+    xlabel: str,
+    ylabel: str,
+    title: str | None = None,
+    log_y: bool = False,
+    no_data: str | None = "no data",
+) -> None:
+    """Draw ``lines`` on ``ax`` with a legend and grid (``no_data`` written when none has any
+    point).
+
+    The one line-drawing routine of fedhp: run plots, ``fedhp compare`` and the reproductions'
+    figures all go through it. On a log axis, non-positive values are left out."""
+    drawn = False
+    for line in lines:
+        pts = [
+            (x, y, line.std[i] if line.std is not None else 0.0)
+            for i, (x, y) in enumerate(zip(line.x, line.y, strict=True))
+            if not log_y or y > 0
+        ]
+        if not pts:
+            continue
+        xs, ys, sds = (list(v) for v in zip(*pts, strict=True))
+        style: dict[str, Any] = {"label": line.label}
+        for key, value in (("linewidth", line.width), ("color", line.color), ("alpha", line.alpha)):
+            if value is not None:
+                style[key] = value
+        if line.marker:
+            style["marker"] = line.marker
+        (artist,) = ax.plot(xs, ys, **style)
+        if line.std is not None and any(sd > 0 for sd in sds):
+            low = [y - sd for y, sd in zip(ys, sds, strict=True)]
+            high = [y + sd for y, sd in zip(ys, sds, strict=True)]
+            ax.fill_between(xs, low, high, color=artist.get_color(), alpha=0.2, linewidth=0)
+        drawn = True
+    if log_y:
+        ax.set_yscale("log")
+    if drawn:
+        if any(line.label for line in lines):
             ax.legend(fontsize="small")
-        else:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel("round")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, alpha=0.3)
-    fig.suptitle(title)
+    elif no_data:
+        ax.text(0.5, 0.5, no_data, ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title is not None:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+
+
+def plot_lines(
+    lines: Sequence[Line],
+    out_png: Path,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    log_y: bool = False,
+) -> None:
+    """One panel of ``lines`` written as a PNG (see :func:`draw_lines`)."""
+    fig = Figure(figsize=(6.4, 4.4))
+    draw_lines(fig.subplots(), lines, xlabel, ylabel, title, log_y, no_data=None)
     fig.tight_layout()
     _save(fig, out_png)
 
@@ -246,15 +321,82 @@ def plot_curves(
     title: str,
 ) -> None:
     """One line per entry of ``series`` (label -> (x, y)), written as a PNG."""
-    fig = Figure(figsize=(6.4, 4.4))
-    ax = fig.subplots()
-    for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), label=label)
-    if series:
-        ax.legend(fontsize="small")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
+    lines = [Line(label, list(xs), list(ys)) for label, (xs, ys) in series.items()]
+    plot_lines(lines, out_png, xlabel, ylabel, title)
+
+
+ACC_STYLE = {"global": ("tab:blue", "global model"), "personal": ("tab:orange", "personalized")}
+LINK_COLORS = {"client_edge": "tab:green", "edge_cloud": "tab:red", "client_cloud": "tab:purple"}
+LOSS_KEYS = ("train_loss", "global_loss", "local_loss", "personal_train_loss", "personal_loss")
+
+
+def _marker(xs: Sequence[float]) -> str:
+    return "." if len(xs) < 30 else ""
+
+
+def _accuracy_lines(rows: list[dict[str, Any]], per_edge: bool) -> list[Line]:
+    """``global_acc`` / ``personal_acc`` bold; ``edge<i>_*_acc`` thin and faint (when
+    ``per_edge``), one legend entry per kind."""
+    cols = _columns(rows)
+    lines: list[Line] = []
+    for kind, (color, text) in ACC_STYLE.items():
+        xs, ys = _series(rows, f"{kind}_acc")
+        if xs:
+            lines.append(Line(f"{text} ({kind}_acc)", xs, ys, width=2.6, color=color))
+        if not per_edge:
+            continue
+        edges = [c for c in cols if c.startswith("edge") and c.endswith(f"_{kind}_acc")]
+        for i, col in enumerate(edges):
+            xs, ys = _series(rows, col)
+            label = f"{text}, per edge ({len(edges)})" if i == 0 else None
+            lines.append(Line(label, xs, ys, width=0.8, color=color, alpha=0.45))
+    return lines
+
+
+def _comm_lines(rows: list[dict[str, Any]]) -> list[Line]:
+    """Accumulated bytes of each link (both directions), in MB."""
+    from fedhp.comm import LINKS
+
+    lines = []
+    for link in LINKS:
+        xs, ys = _series(rows, f"cum_bytes_{link}")
+        if xs and any(y > 0 for y in ys):
+            mb = [y / 1e6 for y in ys]
+            lines.append(Line(link.replace("_", "↔"), xs, mb, color=LINK_COLORS.get(link)))
+    if not lines:  # rows from elsewhere: whatever accumulated byte counts there are
+        for col in _columns(rows):
+            xs, ys = _series(rows, col)
+            if col.startswith("cum_bytes_") and xs:
+                lines.append(Line(col, xs, [y / 1e6 for y in ys]))
+    return lines
+
+
+def run_figure(metrics_rows: list[dict[str, Any]], title: str, per_edge: bool = True) -> Figure:
+    """The figure of :func:`plot_run` (axes: accuracy, communication, loss)."""
+    fig = Figure(figsize=(15, 4.4))
+    ax_acc, ax_comm, ax_loss = fig.subplots(1, 3)
+    acc = _accuracy_lines(metrics_rows, per_edge)
+    comm = _comm_lines(metrics_rows)
+    losses = [Line(k, *_series(metrics_rows, k)) for k in LOSS_KEYS]
+    for group in (acc, comm, losses):
+        for line in group:
+            thin = line.width is not None and line.width < 1
+            line.marker = "" if thin else _marker(line.x)
+    draw_lines(ax_acc, acc, "round", "test accuracy")
+    draw_lines(ax_comm, comm, "round", "accumulated MB per link (log)", log_y=bool(comm))
+    draw_lines(ax_loss, [ln for ln in losses if ln.x], "round", "loss")
+    fig.suptitle(title)
     fig.tight_layout()
-    _save(fig, out_png)
+    return fig
+
+
+def plot_run(
+    metrics_rows: list[dict[str, Any]], out_png: Path, title: str, per_edge: bool = True
+) -> None:
+    """Three-panel PNG over rounds: accuracy (global and personalized bold, per-edge lines thin
+    unless ``per_edge`` is False), accumulated communication per link on a log axis (so the small
+    edge↔cloud traffic shows beside the client↔edge traffic), and the losses.
+
+    Missing, empty or NaN cells are skipped; a panel without data says so.
+    """
+    _save(run_figure(metrics_rows, title, per_edge), out_png)

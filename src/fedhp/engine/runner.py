@@ -328,6 +328,11 @@ def run_experiment(
             writers[name] = (
                 MetricsWriter.resume(path, start_round) if resume else MetricsWriter(path)
             )
+    board = None
+    if out_dir is not None and cfg.tensorboard:
+        from fedhp.tensorboard import TensorBoardWriter
+
+        board = TensorBoardWriter(out_dir, start_round)
     snap = restored or capture(exp, state, 0, rows, 0.0)
     bar = tqdm(
         total=cfg.rounds, initial=start_round, desc=str(cfg.algorithm.get("name")), disable=not show
@@ -385,6 +390,8 @@ def run_experiment(
                 writers["metrics"].append(row)
                 writers["per_client"].extend({"round": rounds_done, **c} for c in clients)
                 writers["timings"].append({"round": rounds_done, "seconds": seconds})
+            if board is not None:
+                board.append(row)
             bar.set_postfix(
                 {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
             )
@@ -397,6 +404,8 @@ def run_experiment(
         if out_dir is not None and due:
             saved = _save_checkpoint(out_dir, snap, config, driver)
     bar.close()
+    if board is not None:
+        board.close()
     final = state
     if driver is not None:
         # The final state with the nodes' part (the last checkpoint's, when it is this round's).

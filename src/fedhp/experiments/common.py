@@ -230,11 +230,10 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
 
     Besides the runner's files, writes ``nodes.json``: the accumulated traffic per node of every
     link (:meth:`fedhp.comm.CommLedger.node_totals`)."""
+    from fedhp.api import prepare, run_built
     from fedhp.comm import LINKS
     from fedhp.config import config_to_dict, resolve_config
-    from fedhp.engine.build import build_experiment
     from fedhp.engine.checkpoint import with_added_defaults
-    from fedhp.engine.runner import run_experiment
     from fedhp.errors import DivergenceError
     from fedhp.reporting import write_json_atomic
 
@@ -247,17 +246,12 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
             summary: dict[str, Any] = json.loads(summary_path.read_text())
             summary["reused"] = True
             return summary
-    exp = build_experiment(cfg)
+    exp = prepare(cfg)
     resume = config_path.is_file() and (folder / "checkpoint.pt").is_file()
     if resume and with_added_defaults(yaml.safe_load(config_path.read_text())) != config:
         resume = False
     try:
-        if cfg.backend == "flower-sim":
-            from fedhp.flower.simulation import run_flower_sim
-
-            summary = run_flower_sim(exp, folder, progress=False)
-        else:
-            summary = run_experiment(exp, folder, progress=False, resume=resume)
+        summary = run_built(exp, folder, resume=resume, progress=False)
     except DivergenceError as err:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         summary["stopped"] = str(err)

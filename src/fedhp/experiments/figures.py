@@ -18,14 +18,13 @@ takes part in every round in these runs); ``figures.json`` also gives node 0's e
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from typing import Any
 
 from fedhp.experiments import paper
 from fedhp.experiments.common import Job, ReproOptions, method_job, run_jobs
-from fedhp.reporting import plot_curves, write_json_atomic
+from fedhp.reporting import plot_curves, read_rows, write_json_atomic
 
 NAME = "sfedhp-figures"
 EPS = 1e-4
@@ -77,21 +76,14 @@ def jobs(opts: ReproOptions) -> dict[str, list[Job]]:
 
 
 def read_metrics(folder: Path) -> list[dict[str, float]]:
-    """metrics.csv of one run as floats (empty cells dropped)."""
+    """metrics.csv of one run as floats (empty and non-numeric cells dropped)."""
     path = folder / "metrics.csv"
     if not path.is_file():
         return []
-    with path.open(newline="") as fh:
-        rows = []
-        for raw in csv.DictReader(fh):
-            row = {}
-            for k, v in raw.items():
-                try:
-                    row[k] = float(v)
-                except (TypeError, ValueError):
-                    continue
-            rows.append(row)
-    return rows
+    return [
+        {k: float(v) for k, v in row.items() if isinstance(v, int | float)}
+        for row in read_rows(path)
+    ]
 
 
 def _series(rows: list[dict[str, float]], col: str, scale: float = 1.0) -> tuple[list[float], ...]:

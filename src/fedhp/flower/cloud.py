@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import yaml
@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from fedhp.algorithms import State, Task, Update
 from fedhp.algorithms.base import NNZ_PREFIX
-from fedhp.config import config_to_dict
+from fedhp.config import RunConfig, config_to_dict
 from fedhp.engine.build import Experiment
 from fedhp.engine.evaluate import ClientEval
 from fedhp.engine.faults import RoundSkipped
@@ -82,6 +82,16 @@ def log_line(line: str) -> None:
     tqdm.write(f"fedhp: {line}", file=sys.stderr)
 
 
+def node_config(cfg: RunConfig) -> dict[str, Any]:
+    """The configuration sent to the nodes: the run's, with ``threads`` filled in where the run
+    leaves it unset (the cloud's torch thread count, i.e. what the in-process engine would use),
+    so a node's arithmetic, and the numbers, are the in-process run's."""
+    data = config_to_dict(cfg)
+    if data.get("threads") is None:
+        data["threads"] = torch.get_num_threads()
+    return data
+
+
 class FlowerDriver:
     """A :class:`~fedhp.engine.runner.RoundDriver` running rounds over Flower nodes."""
 
@@ -98,7 +108,14 @@ class FlowerDriver:
         self.transport = transport
         self.shards = shards
         self.log = log
-        self.config_text = yaml.safe_dump(config_to_dict(exp.cfg), sort_keys=False)
+        sent = node_config(exp.cfg)
+        self.config_text = yaml.safe_dump(sent, sort_keys=False)
+        if exp.cfg.threads is None:
+            log(
+                f"flower: threads unset: each node uses {sent['threads']} torch threads, as the "
+                "in-process engine would (same numbers); with several nodes per machine, "
+                "threads=1 is faster"
+            )
         self.configured: set[int] = set()
         self.num_params = exp.model.num_params
         self.events: list[Row] = []

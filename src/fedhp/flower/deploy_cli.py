@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +27,13 @@ def require_flower() -> None:
 
 
 def resolve_run_config(
-    items: list[str], out: str
+    items: list[str], out: str, plugins: Sequence[str] = ()
 ) -> tuple[RunConfig, dict[str, str | int | float | bool], int]:
     """The validated fedhp config, the Flower run config (``fedhp-config``, ``fedhp-out``,
     ``fedhp-resume`` false: declared so that ``flwr run --run-config 'fedhp-resume=true'`` can
-    override it) and the number of SuperNodes the run needs, checked before any process starts."""
+    override it) and the number of SuperNodes the run needs, checked before any process starts.
+    ``plugins`` (``--plugin``) travel in ``fedhp-config`` as absolute paths: the ServerApp and
+    every ClientApp import them (the files must exist at those paths where they run)."""
     import yaml
 
     from fedhp.algorithms import ALGORITHMS
@@ -46,7 +49,7 @@ def resolve_run_config(
             config_path = Path(item)
         else:
             overrides.append(item)
-    cfg = resolve_config(config_path, overrides)
+    cfg = resolve_config(config_path, overrides, plugins=plugins)
     check_components(cfg)
     if cfg.algorithm.get("name") == "centralized":
         raise ConfigError(
@@ -89,7 +92,7 @@ def cmd_app(args: argparse.Namespace) -> int:
     require_flower()
     from fedhp.flower.deploy import write_app
 
-    _, run_config, nodes = resolve_run_config(args.items, args.out)
+    _, run_config, nodes = resolve_run_config(args.items, args.out, args.plugin)
     app = write_app(Path(args.dir), run_config)
     print(f"Flower app: {app}/pyproject.toml; results will go to {run_config['fedhp-out']}")
     print(f"it needs {nodes} SuperNodes (flower.nodes)")
@@ -104,7 +107,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     items = list(args.items)
     if args.nodes is not None:
         items.append(f"flower.nodes={args.nodes}")
-    _, run_config, nodes = resolve_run_config(items, args.out)
+    _, run_config, nodes = resolve_run_config(items, args.out, args.plugin)
     workdir = Path(args.workdir) if args.workdir else Path(args.out) / "flower-deploy"
     with LoopbackFederation(workdir, nodes=nodes) as fed:
         print(f"SuperLink on {fed.address} (TLS, node authentication), {nodes} SuperNodes")
@@ -123,6 +126,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Add ``flower`` and its subcommands to the ``fedhp`` subparsers ``sub``."""
+    from fedhp.plugins import add_plugin_option
+
     flower = sub.add_parser(
         "flower", help="Flower deployment: dev certificates, node keys, app project, loopback run"
     )
@@ -148,6 +153,7 @@ def add_parser(sub: Any) -> None:
     app.add_argument(
         "--out", required=True, help="results folder (a path on the SuperLink's machine)"
     )
+    add_plugin_option(app)
     app.set_defaults(func=cmd_app)
     dep = fsub.add_parser(
         "deploy", help="run on a loopback deployment: SuperLink + SuperNodes as processes"
@@ -159,4 +165,5 @@ def add_parser(sub: Any) -> None:
     dep.add_argument(
         "--timeout", type=float, default=3600.0, help="seconds to wait for the run (default 3600)"
     )
+    add_plugin_option(dep)
     dep.set_defaults(func=cmd_deploy)

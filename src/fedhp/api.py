@@ -1,0 +1,216 @@
+"""The Python API: :func:`run` an experiment, :func:`load_run` a results folder.
+
+Both go through the command line's code path: :func:`run` resolves the configuration with
+:func:`fedhp.config.resolve_config`, runs it with :func:`run_built` (what ``fedhp run`` calls) and
+reads the results back with :func:`load_run`, so a run from Python and ``fedhp run`` with the same
+configuration give the same numbers and the same folder::
+
+    import fedhp
+
+    result = fedhp.run(rounds=3, threads=1, algorithm={"name": "fedavg"}, model__name="mlr")
+    result.summary["final_global_acc"]       # summary.json
+    result.metrics[-1]["global_acc"]         # metrics.csv, one dict per evaluated round
+    result.column("global_acc")              # the column as a list
+    result.state["global"]                   # final_state.pt: the algorithm's tensors
+    fedhp.load_run(result.out_dir)           # the same Result, read back later
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from fedhp.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedhp.config import RunConfig
+    from fedhp.engine.build import Experiment
+
+Row = dict[str, Any]
+
+
+def _read_csv(path: Path) -> list[Row]:
+    from fedhp.reporting import read_rows
+
+    return read_rows(path) if path.is_file() else []
+
+
+@dataclass
+class Result:
+    """One run's results: what its folder holds, as Python data.
+
+    ``metrics``: metrics.csv, one dict per evaluated round (``round``, accuracies, losses, bytes);
+    ``per_client``: per_client.csv rows; ``summary``: summary.json; ``config``: the resolved
+    configuration (config.yaml); ``out_dir``: the run folder (None for ``fedhp.run(save=False)``).
+    ``state`` (final_state.pt: the algorithm's final tensors, e.g. ``state["global"]``) is read
+    on first use."""
+
+    metrics: list[Row]
+    summary: Row
+    config: dict[str, Any]
+    per_client: list[Row] = field(default_factory=list)
+    out_dir: Path | None = None
+    _state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        """The final algorithm state (empty if the run stopped before writing it)."""
+        if self._state is None:
+            path = None if self.out_dir is None else self.out_dir / "final_state.pt"
+            self._state = _load_final_state(path) if path is not None else {}
+        return self._state
+
+    def column(self, name: str) -> list[Any]:
+        """``metrics[i][name]`` for every evaluated round that has it."""
+        return [row[name] for row in self.metrics if name in row]
+
+
+def _load_final_state(path: Path) -> dict[str, torch.Tensor]:
+    import torch
+
+    if not path.is_file():
+        return {}
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    state: dict[str, torch.Tensor] = data["state"]
+    return state
+
+
+def load_run(out_dir: str | Path) -> Result:
+    """The results in ``out_dir`` (a folder written by ``fedhp run`` or :func:`run`)."""
+    folder = Path(out_dir)
+    summary_path = folder / "summary.json"
+    if not (folder / "config.yaml").is_file() or not summary_path.is_file():
+        raise ConfigError(
+            f"{folder}: not a finished fedhp run (needs config.yaml and summary.json; "
+            f"an interrupted run continues with `fedhp run --resume {folder}`)"
+        )
+    return Result(
+        metrics=_read_csv(folder / "metrics.csv"),
+        summary=json.loads(summary_path.read_text()),
+        config=yaml.safe_load((folder / "config.yaml").read_text()),
+        per_client=_read_csv(folder / "per_client.csv"),
+        out_dir=folder,
+    )
+
+
+def prepare(cfg: RunConfig) -> Experiment:
+    """Check the backend's constraints, then load the data and build the run."""
+    from fedhp.engine.build import build_experiment
+
+    if cfg.tensorboard:
+        from fedhp.tensorboard import require
+
+        require()
+    if cfg.backend != "inprocess":
+        from fedhp.algorithms import ALGORITHMS
+        from fedhp.flower.shards import check_flower_config
+
+        hierarchical = ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical
+        check_flower_config(cfg, hierarchical)
+    return build_experiment(cfg)
+
+
+def run_built(
+    exp: Experiment, out_dir: Path | None, resume: bool = False, progress: bool | None = None
+) -> Row:
+    """Run a built experiment on its configured backend; returns the summary (``fedhp run``)."""
+    if exp.cfg.backend == "flower-sim":
+        from fedhp.flower.simulation import run_flower_sim
+
+        return run_flower_sim(exp, out_dir, progress=progress, resume=resume)
+    from fedhp.engine.runner import run_experiment
+
+    return run_experiment(exp, out_dir, progress=progress, resume=resume)
+
+
+def default_out_dir(cfg: RunConfig) -> Path:
+    """``runs/<algorithm>-<dataset>-<timestamp>`` (the folder ``fedhp run`` picks)."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.algorithm.get('name')}-{cfg.dataset.get('name')}-{stamp}"
+
+
+def _flatten(prefix: str, value: Any) -> list[str]:
+    """``key=value`` overrides (values as YAML) from a possibly nested mapping."""
+    if isinstance(value, Mapping):
+        out: list[str] = []
+        for key, sub in value.items():
+            out += _flatten(f"{prefix}.{key}", sub)
+        return out
+    text = yaml.safe_dump(value, default_flow_style=True)
+    text = text.removesuffix("...\n").strip()  # a scalar's document-end marker
+    return [f"{prefix}={text}"]
+
+
+def overrides_from_kwargs(kwargs: Mapping[str, Any]) -> list[str]:
+    """``rounds=3, algorithm__lr=0.1, model={"name": "mlr"}`` → ``key=value`` overrides
+    (``__`` or ``.`` separate nested keys; a mapping sets each of its keys)."""
+    out: list[str] = []
+    for key, value in kwargs.items():
+        out += _flatten(key.replace("__", "."), value)
+    return out
+
+
+def resolve(
+    config: RunConfig | str | Path | Mapping[str, Any] | None = None,
+    plugins: Sequence[str] = (),
+    **overrides: Any,
+) -> RunConfig:
+    """The validated configuration :func:`run` would use (nothing is loaded or run)."""
+    from fedhp.config import RunConfig, config_to_dict, resolve_config
+
+    items = overrides_from_kwargs(overrides)
+    if isinstance(config, RunConfig):
+        return resolve_config(None, items, base=config_to_dict(config), plugins=plugins)
+    if isinstance(config, Mapping):
+        mapping = {k: v for k, v in config.items() if k != "plugins"}
+        listed = config.get("plugins") or []
+        items = [*overrides_from_kwargs(mapping), *items]
+        return resolve_config(None, items, plugins=[*listed, *plugins])
+    path = Path(config) if config is not None else None
+    return resolve_config(path, items, plugins=plugins)
+
+
+def run(
+    config: RunConfig | str | Path | Mapping[str, Any] | None = None,
+    *,
+    out: str | Path | None = None,
+    save: bool = True,
+    plugins: Sequence[str] = (),
+    **overrides: Any,
+) -> Result:
+    """Run one experiment, as ``fedhp run`` does, and return its :class:`Result`.
+
+    ``config``: a YAML file, a mapping (laid over the defaults like a YAML file), a
+    :class:`~fedhp.config.RunConfig`, or None for the defaults. ``overrides``: options as keyword
+    arguments (``rounds=3``, ``algorithm__lr=0.1`` or ``**{"algorithm.lr": 0.1}``,
+    ``algorithm={"name": "fedavg", "lr": 0.1}``). ``plugins``: files or modules registering your
+    own components (docs/extending.md). ``out``: the run folder (default
+    ``runs/<algorithm>-<dataset>-<time>``); ``save=False`` keeps nothing on disk (the results
+    are read from a temporary folder, then deleted). Errors are :class:`fedhp.errors.FedhpError`
+    with one-line messages."""
+    cfg = resolve(config, plugins, **overrides)
+    exp = prepare(cfg)
+    if not save:
+        tmp = Path(tempfile.mkdtemp(prefix="fedhp-run-"))
+        try:
+            run_built(exp, tmp)
+            result = load_run(tmp)
+            _ = result.state  # read before the folder goes
+            result.out_dir = None
+            return result
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    folder = Path(out) if out is not None else default_out_dir(cfg)
+    run_built(exp, folder)
+    return load_run(folder)

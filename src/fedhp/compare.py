@@ -1,0 +1,249 @@
+"""``fedhp compare RUN_DIR... --out fig.png``: several runs on one plot, and a table.
+
+Runs whose configurations differ only by ``seed`` (and bookkeeping: ``progress``,
+``checkpoint_every``, ``tensorboard``) form a group, drawn as one line, the mean over seeds with
+a ± one-standard-deviation band (sample std, n − 1). Each line is labelled by what sets its group
+apart from the others (e.g. ``algorithm=fedavg`` or ``algorithm.lr=0.1``). The Markdown table
+gives each group's final and best value of the metric (mean ± std over seeds); it is printed and
+written beside the PNG (``fig.md``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedhp.errors import ConfigError
+from fedhp.experiments.common import markdown_table, mean_std
+from fedhp.reporting import Line, plot_lines, read_rows, write_text_atomic
+
+NOT_GROUPED = ("seed", "progress", "checkpoint_every", "tensorboard")
+NOT_LABELLED = (*NOT_GROUPED, "plugins")
+SECTIONS = ("dataset", "partition", "model", "algorithm")
+X_AXES = {
+    "round": ("round", "global round"),
+    "bytes": ("cum_bytes_total", "accumulated communication, MB (all links)"),
+    "sim_time": ("sim_time", "simulated time (s)"),
+}
+X_SCALE = {"bytes": 1e-6}
+
+
+@dataclass
+class Run:
+    """One results folder: its configuration and metrics.csv rows."""
+
+    folder: Path
+    config: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+
+@dataclass
+class Group:
+    """Runs that differ only by seed, with their label."""
+
+    runs: list[Run]
+    label: str = ""
+
+
+def read_run(folder: Path) -> Run:
+    """A run folder's config.yaml and metrics.csv, or a one-line error."""
+    config_path, metrics_path = folder / "config.yaml", folder / "metrics.csv"
+    if not config_path.is_file() or not metrics_path.is_file():
+        raise ConfigError(f"{folder}: not a fedhp run folder (no config.yaml or metrics.csv)")
+    config = yaml.safe_load(config_path.read_text())
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_path}: not a fedhp configuration")
+    return Run(folder, config, read_rows(metrics_path))
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted keys → values (lists kept whole)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def group_key(config: dict[str, Any]) -> str:
+    """The configuration minus seed and bookkeeping, as a canonical string."""
+    rest = {k: v for k, v in config.items() if k not in NOT_GROUPED}
+    return json.dumps(rest, sort_keys=True, default=str)
+
+
+def _short(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
+
+
+def _differs(flat: list[dict[str, Any]], key: str) -> bool:
+    """Whether ``key`` differs among the groups; for an option of a component (``algorithm.lr``),
+    among groups naming the same component."""
+    section = key.split(".")[0]
+    if section not in SECTIONS or key.endswith(".name"):
+        return len({_short(f.get(key)) for f in flat}) > 1
+    by_name: dict[str, set[str]] = {}
+    for f in flat:
+        by_name.setdefault(_short(f.get(f"{section}.name")), set()).add(_short(f.get(key)))
+    return any(len(values) > 1 for values in by_name.values())
+
+
+def _same(a: dict[str, Any], b: dict[str, Any], section: str) -> bool:
+    return a.get(f"{section}.name") == b.get(f"{section}.name")
+
+
+def label_groups(groups: list[Group]) -> None:
+    """Label each group by the settings in which the groups differ (a component by its name,
+    plus the options that differ between groups naming the same component); a single group by
+    its algorithm and dataset."""
+    flat = [
+        flatten({k: v for k, v in g.runs[0].config.items() if k not in NOT_LABELLED})
+        for g in groups
+    ]
+    keys = sorted(
+        {k for f in flat for k in f}, key=lambda k: (k.split(".")[0], k[-5:] != ".name", k)
+    )
+    shown = [k for k in keys if _differs(flat, k)]
+    for group, f in zip(groups, flat, strict=True):
+        parts = []
+        for key in shown:
+            section = key.split(".")[0]
+            if key in f or section not in SECTIONS:
+                parts.append(f"{key.removesuffix('.name')}={_short(f.get(key))}")
+            elif _differs([g for g in flat if _same(g, f, section)], key):
+                parts.append(f"{key}=default")  # config.yaml lists only the options given
+        if not parts:
+            parts = [f"{f.get('algorithm.name')} on {f.get('dataset.name')}"]
+        group.label = ", ".join(parts)
+    labels = [g.label for g in groups]
+    for group in groups:  # still ambiguous (they differ only in plugins): add the folder
+        if labels.count(group.label) > 1:
+            group.label += f" [{group.runs[0].folder.name}]"
+        if len(group.runs) > 1:
+            group.label += f" ({len(group.runs)} seeds, mean ± std)"
+
+
+def make_groups(runs: Sequence[Run]) -> list[Group]:
+    """Runs grouped by configuration minus seed, in the order first seen, labelled."""
+    by_key: dict[str, Group] = {}
+    for run in runs:
+        by_key.setdefault(group_key(run.config), Group([])).runs.append(run)
+    groups = list(by_key.values())
+    label_groups(groups)
+    return groups
+
+
+def group_curve(group: Group, metric: str, x: str) -> Line:
+    """The group's mean curve of ``metric`` over ``x`` with its std band, at the rounds every run
+    of the group evaluated (x: averaged too, for bytes or simulated time)."""
+    column = X_AXES[x][0]
+    scale = X_SCALE.get(x, 1.0)
+    per_run = []
+    for run in group.runs:
+        points = {}
+        for row in run.rows:
+            xv, yv = row.get(column), row.get(metric)
+            if isinstance(xv, int | float) and isinstance(yv, int | float) and "round" in row:
+                points[row["round"]] = (float(xv) * scale, float(yv))
+        per_run.append(points)
+    rounds = sorted(set.intersection(*(set(p) for p in per_run))) if per_run else []
+    xs, ys, sds = [], [], []
+    for r in rounds:
+        xs.append(mean_std([p[r][0] for p in per_run])[0])
+        mean, sd = mean_std([p[r][1] for p in per_run])
+        ys.append(mean)
+        sds.append(sd)
+    return Line(group.label, xs, ys, std=sds if len(group.runs) > 1 else None)
+
+
+def _stat(values: list[float], digits: int = 4) -> str:
+    """``mean ± std`` (just the value for one run; ``—`` for none)."""
+    if not values:
+        return "—"
+    mean, sd = mean_std(values)
+    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+
+def table(groups: Sequence[Group], metric: str) -> str:
+    """Markdown: per group, the final and best ``metric`` (lowest for losses), rounds, MB."""
+    lower = "loss" in metric
+    rows = []
+    for group in groups:
+        finals, bests, rounds, mbs = [], [], [], []
+        for run in group.runs:
+            values = [r[metric] for r in run.rows if isinstance(r.get(metric), int | float)]
+            if values:
+                finals.append(float(values[-1]))
+                bests.append(float(min(values) if lower else max(values)))
+            if run.rows:
+                rounds.append(run.rows[-1].get("round", 0))
+                total = run.rows[-1].get("cum_bytes_total")
+                if isinstance(total, int | float):
+                    mbs.append(total / 1e6)
+        mb = _stat(mbs, 2)
+        rows.append(
+            [
+                group.label,
+                str(len(group.runs)),
+                _stat(finals),
+                _stat(bests),
+                str(max(rounds, default=0)),
+                mb,
+            ]
+        )
+    header = ["run", "runs", f"final {metric}", f"best {metric}", "rounds", "MB (all links)"]
+    return markdown_table(header, rows)
+
+
+def compare(
+    folders: Sequence[Path],
+    out_png: Path,
+    metric: str = "global_acc",
+    x: str = "round",
+    band: bool = True,
+) -> str:
+    """Plot ``metric`` over ``x`` for the runs in ``folders`` to ``out_png``; write and return the
+    Markdown table (``out_png`` with suffix ``.md``)."""
+    if x not in X_AXES:
+        raise ConfigError(f"--x {x}: choose one of {', '.join(X_AXES)}")
+    runs = [read_run(Path(f)) for f in folders]
+    if not any(metric in row for run in runs for row in run.rows):
+        columns = sorted({k for run in runs for row in run.rows for k in row})
+        hint = ", ".join(
+            c for c in columns if c.endswith(("_acc", "_loss")) and not c.startswith("edge")
+        )
+        raise ConfigError(
+            f"--metric {metric}: no run has this metrics.csv column; try one of: {hint}"
+        )
+    column = X_AXES[x][0]
+    if not any(column in row for run in runs for row in run.rows):
+        if x == "sim_time":
+            raise ConfigError(
+                "--x sim_time: none of these runs records simulated time (no sim_time column in "
+                "metrics.csv); use --x round or --x bytes"
+            )
+        raise ConfigError(f"--x {x}: none of these runs has a {column} column in metrics.csv")
+    groups = make_groups(runs)
+    lines = [group_curve(g, metric, x) for g in groups]
+    if not band:
+        for line in lines:
+            line.std = None
+    marker = "." if max((len(line.x) for line in lines), default=0) < 30 else ""
+    for line in lines:
+        line.marker = marker
+    title = f"{metric} of {len(runs)} runs" + (
+        f" in {len(groups)} groups" if len(groups) < len(runs) else ""
+    )
+    plot_lines(lines, out_png, X_AXES[x][1], metric, title)
+    text = table(groups, metric)
+    md = Path(out_png).with_suffix(".md")
+    write_text_atomic(md, text)
+    print(text, end="")
+    print(f"figure: {out_png}; table: {md}")
+    return text
