@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from fedhp.cli import main
+from tests.conftest import require_module
 from tests.flower.helpers import assert_same_metrics
 
-ray = pytest.importorskip("ray")
+ray = require_module("ray")
 
 NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 96 * 2**20}
 ARGS = [

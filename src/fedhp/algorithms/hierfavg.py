@@ -24,9 +24,8 @@ class HierFAVG(Algorithm):
         ctx = self.ctx
         edges = ctx.sample_edges()
         clients, _ = ctx.clients_of_edges(edges)
-        edge_models = state["global"].expand(len(edges), -1)
-        ctx.ledger.record("edge_cloud", "down", edge_models, ctx.zero_threshold, nodes=edges)
-        return Task(clients, edges, broadcast={"global": state["global"]})
+        sent = ctx.send("edge_cloud", "down", state["global"].expand(len(edges), -1), edges)
+        return Task(clients, edges, broadcast={"global": sent[0]})
 
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
@@ -38,19 +37,18 @@ class HierFAVG(Algorithm):
         weights = ctx.client_weights(clients)
         losses = []
         for _ in range(opt.kappa2):
-            start = edge_models[seg]
-            ctx.ledger.record("client_edge", "down", start, ctx.zero_threshold, nodes=ids)
+            start = ctx.send("client_edge", "down", edge_models[seg], ids)
             params, loss_sum = ctx.local_sgd(start, clients, opt.kappa1, opt.batch_size, opt.lr)
-            ctx.ledger.record("client_edge", "up", params, ctx.zero_threshold, nodes=ids)
+            params = ctx.send("client_edge", "up", params, ids)
             edge_models = segment_mean(params, seg, weights, len(edges))
             losses.append(loss_sum)
         return Update(per_edge={"model": edge_models}, losses=torch.stack(losses))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
-        edges, edge_models = task.edges, update.per_edge["model"]
+        edges = task.edges
         assert edges is not None and update.losses is not None
-        ctx.ledger.record("edge_cloud", "up", edge_models, ctx.zero_threshold, nodes=edges)
+        edge_models = ctx.send("edge_cloud", "up", update.per_edge["model"], edges)
         state["global"] = weighted_mean(edge_models, ctx.edge_weights(edges))
         loss_total = 0.0
         for loss_sum in update.losses:
