@@ -41,7 +41,7 @@ def default_out_dir(cfg: Any) -> Path:
 
 RESULTS = (
     "config.yaml, metrics.csv, per_client.csv, timings.csv, summary.json, plot.png, "
-    "checkpoint.pt, final_state.pt"
+    "checkpoint.pt, checkpoint_time.json, final_state.pt"
 )
 
 

@@ -16,10 +16,12 @@ from fedhp.config import RunConfig, config_to_dict
 from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.checkpoint import (
     CHECKPOINT_FILE,
+    CHECKPOINT_TIME_FILE,
     FINAL_STATE_FILE,
     CheckpointError,
     Snapshot,
     capture,
+    checkpoint_seconds,
     config_difference,
     load_checkpoint,
     restore_rng,
@@ -210,6 +212,7 @@ RESULT_FILES = (
     "summary.json",
     "plot.png",
     CHECKPOINT_FILE,
+    CHECKPOINT_TIME_FILE,
     FINAL_STATE_FILE,
 )
 
@@ -278,7 +281,7 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
         rng=data["rng"],
         ledger=data["ledger"],
         rows=list(data["rows"]),
-        seconds=float(data["seconds"]),
+        seconds=checkpoint_seconds(path),
     )
 
 
