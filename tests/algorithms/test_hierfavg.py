@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedhp.algorithms.hierfavg import HierFAVGOptions
+from fedhp.engine.faults import RoundFaults
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context, tr, wire_bytes
 
 COUNTS = (3, 6, 2, 6, 3)  # every count divides the batch of 6: each batch is the full data
@@ -57,3 +58,27 @@ def test_one_round_matches_hand(weighting: str, eps: float) -> None:
     assert cur["bytes_edge_cloud_up"] == sum(wire_bytes(m, eps) for m in edge_up)
     if eps > 0:  # the threshold really cut something, so truncation is being tested
         assert cur["bytes_edge_cloud_down"] < 2 * 4 * w.numel()
+
+
+def test_straggler_is_billed_every_edge_model_it_received() -> None:
+    """A straggler receives its edge's model in each of the kappa2 edge rounds and sends
+    nothing; a dropped client receives nothing."""
+    eps = 0.3
+    ctx = tiny_context(EDGES, zero_threshold=eps)
+    opt = HierFAVGOptions(kappa1=1, kappa2=3, lr=0.2, batch_size=6)
+    algo = opt.build(ctx)
+    state = algo.init_state(init_params())
+    ctx.round_faults = RoundFaults(
+        dropped=torch.tensor([False, False, False, True, False]),
+        straggler=torch.tensor([False, True, False, False, False]),
+        edge_failed=torch.tensor([False, False]),
+    )
+    algo.run_round(state, 0)
+    ctx.ledger.end_round()
+    nodes = ctx.ledger.node_totals("client_edge")
+    assert sorted(nodes) == [0, 1, 2, 4]  # client 3 dropped out
+    assert nodes[1]["messages_down"] == opt.kappa2 and nodes[1]["messages_up"] == 0
+    for mate in (0, 2):  # same edge: the same edge models, so the same bytes
+        assert nodes[mate]["messages_up"] == opt.kappa2
+        assert nodes[1]["bytes_down"] == nodes[mate]["bytes_down"]
+        assert nodes[1]["nnz_down"] == nodes[mate]["nnz_down"]

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from fedhp.cli import main
-from tests.conftest import require_module
+from tests.conftest import in_ci, require_module
 from tests.flower.helpers import assert_same_metrics
 
 ray = require_module("ray")
@@ -81,6 +81,8 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
     if not Path("/proc/self/stat").exists():
+        if in_ci():  # CI runs on Linux: a missing /proc there is a failure, not a skip
+            pytest.fail("CI is set but /proc is missing; this test needs it")
         pytest.skip("needs /proc to check that the cluster's processes end")
     tmp = tempfile.mkdtemp(prefix="fedhp-ray-")  # short: Ray's socket paths live under it
     # Ray's temp dir and its "current cluster" address file go there, not to the shared /tmp/ray.

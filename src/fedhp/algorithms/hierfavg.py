@@ -16,6 +16,7 @@ class HierFAVG(Algorithm):
 
     options: HierFAVGOptions
     edge_outputs = ("model",)
+    bills_stragglers = True  # a straggler receives its edge's model in each of the kappa2 rounds
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.clone()}
@@ -25,7 +26,8 @@ class HierFAVG(Algorithm):
         edges = ctx.sample_edges()
         clients, _ = ctx.clients_of_edges(edges)
         sent = ctx.send("edge_cloud", "down", state["global"].expand(len(edges), -1), edges)
-        return Task(clients, edges, broadcast={"global": sent[0]})
+        stragglers = ctx.round_stragglers_under(edges)
+        return Task(clients, edges, broadcast={"global": sent[0]}, stragglers=stragglers)
 
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
@@ -35,9 +37,13 @@ class HierFAVG(Algorithm):
         ids = ctx.global_clients(clients)
         edge_models = task.broadcast["global"].expand(len(edges), -1)
         weights = ctx.client_weights(clients)
+        late = task.stragglers if task.stragglers is not None else clients[:0]
+        late_seg, late_ids = ctx.edge_positions(late, edges), ctx.global_clients(late)
         losses = []
         for _ in range(opt.kappa2):
             start = ctx.send("client_edge", "down", edge_models[seg], ids)
+            if len(late):  # stragglers receive the edge model too; their replies never arrive
+                ctx.send("client_edge", "down", edge_models[late_seg], late_ids)
             params, loss_sum = ctx.local_sgd(start, clients, opt.kappa1, opt.batch_size, opt.lr)
             params = ctx.send("client_edge", "up", params, ids)
             edge_models = segment_mean(params, seg, weights, len(edges))
