@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
+from types import ModuleType
 
 import pytest
 import torch
@@ -32,6 +34,28 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     for path in _CACHE:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def in_ci() -> bool:
+    """CI runs with ``CI`` set (``CI=true``): there a missing dependency or dataset is a
+    failure, never a silent skip."""
+    return bool(os.environ.get("CI"))
+
+
+def require_module(name: str) -> ModuleType:
+    """Import ``name`` for a test module: skip the module with a reason where it is missing,
+    except under CI, where that fails loudly."""
+    if not in_ci():
+        return pytest.importorskip(name, reason=f"{name} is not installed (make test installs it)")
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        pytest.fail(f"CI is set but {name} cannot be imported ({err}); CI must run these tests")
+
+
+def skip_unless_ci(condition: bool, reason: str) -> pytest.MarkDecorator:
+    """``skipif(condition)`` locally; under CI the test runs (and fails if it cannot)."""
+    return pytest.mark.skipif(condition and not in_ci(), reason=reason)
 
 
 def small_experiment(*overrides: str) -> Experiment:

@@ -36,7 +36,7 @@ def _split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
 
 RESULTS = (
     "config.yaml, metrics.csv, per_client.csv, timings.csv, summary.json, plot.png, "
-    "checkpoint.pt, final_state.pt"
+    "checkpoint.pt, checkpoint_time.json, final_state.pt"
 )
 
 

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-LINKS: tuple[str, ...] = ("client_edge", "edge_cloud", "client_cloud")
+LINKS: tuple[str, ...] = ("client_edge", "edge_cloud", "client_cloud", "client_cloud_eval")
+"""``client_cloud_eval``: evaluation-only traffic a deployment would send (the global model each
+client adapts for Per-FedAvg's personalized evaluation), on a line of its own."""
 DIRECTIONS: tuple[str, ...] = ("up", "down")
 ENCODINGS: tuple[str, ...] = ("dense", "bitmap", "index")
 
@@ -123,6 +125,16 @@ def count_nonzero(messages: torch.Tensor, zero_threshold: float = 0.0) -> torch.
     if zero_threshold <= 0:
         return torch.count_nonzero(batch, dim=1)
     return torch.count_nonzero(batch.abs() > zero_threshold, dim=1)
+
+
+def truncate(x: torch.Tensor, zero_threshold: float) -> torch.Tensor:
+    """What the receiver gets: entries with ``|x| <= zero_threshold`` sent as exact zeros.
+
+    With a zero threshold of 0 only exact zeros are zero, so ``x`` is returned unchanged.
+    """
+    if zero_threshold <= 0:
+        return x
+    return x.masked_fill(x.abs() <= zero_threshold, 0.0)
 
 
 def _per_message(messages: torch.Tensor, zero_threshold: float) -> _PerMessage:

@@ -124,10 +124,11 @@ def test_heurfedamp_attention_rows(alpha: float) -> None:
     assert attention_weights(models[:1], torch.tensor([0]), alpha, 10.0).item() == 1.0
 
 
-def test_heurfedamp_round_starts_from_attention_models() -> None:
+def test_heurfedamp_round_matches_hand_with_the_proximal_term() -> None:
+    """Steps after the first start away from u_i, where lam / alpha_k (w - u_i) counts."""
     ctx = tiny_context(edge_sizes=(3,))
     opt = HeurFedAMPOptions(
-        alpha=0.4, sigma=2.0, lam=1.0, alpha_k=0.5, local_steps=1, lr=0.1, batch_size=6
+        alpha=0.4, sigma=2.0, lam=1.5, alpha_k=0.5, local_steps=3, lr=0.1, batch_size=6
     )
     algo = opt.build(ctx)
     state = algo.init_state(init_params())
@@ -136,10 +137,39 @@ def test_heurfedamp_round_starts_from_attention_models() -> None:
     xi = attention_weights(models, torch.arange(3), 0.4, 2.0)
     u = xi @ models
     algo.run_round(state, 0)
-    for c in range(3):  # one step from u_c: the prox term vanishes at the start point
-        expected = u[c] - 0.1 * mlr_grad(u[c], *client_data(ctx, c))
-        torch.testing.assert_close(state["personal"][c], expected, atol=1e-5, rtol=1e-4)
+    for c in range(3):
+        x, y = client_data(ctx, c)
+        p, plain = u[c].clone(), u[c].clone()
+        for _ in range(opt.local_steps):
+            p = p - opt.lr * (mlr_grad(p, x, y) + opt.lam / opt.alpha_k * (p - u[c]))
+            plain = plain - opt.lr * mlr_grad(plain, x, y)
+        torch.testing.assert_close(state["personal"][c], p, atol=1e-6, rtol=1e-5)
+        assert (p - plain).abs().max() > 1e-2  # the proximal term moved the result
     assert algo.global_model(state) is None
+
+
+def test_perfedavg_hf_round_matches_hand() -> None:
+    """Per-FedAvg HF: w' = w - a g(w); g = g(w') - a H(w) g(w'); w <- w - b g, per client."""
+    ctx = tiny_context(edge_sizes=(3,))
+    opt = PerFedAvgOptions(variant="hf", alpha=0.3, beta=0.5, local_steps=2, batch_size=6)
+    algo = opt.build(ctx)
+    state = algo.init_state(init_params())
+    w = state["global"].clone()
+    finals, first_order = [], []
+    for c in range(3):
+        x, y = client_data(ctx, c)
+        p, q = w.clone(), w.clone()
+        for _ in range(opt.local_steps):
+            g = mlr_grad(p - opt.alpha * mlr_grad(p, x, y), x, y)
+            _, hg = torch.autograd.functional.hvp(lambda v, x=x, y=y: mlr_loss(v, x, y), p, g)
+            p = p - opt.beta * (g - opt.alpha * hg)
+            q = q - opt.beta * mlr_grad(q - opt.alpha * mlr_grad(q, x, y), x, y)
+        finals.append(p)
+        first_order.append(q)
+    algo.run_round(state, 0)
+    torch.testing.assert_close(state["global"], torch.stack(finals).mean(0), atol=1e-6, rtol=1e-5)
+    gap = (torch.stack(finals).mean(0) - torch.stack(first_order).mean(0)).abs().max()
+    assert gap > 1e-4  # the Hessian term changed the result: HF is not FO
 
 
 @pytest.mark.parametrize(

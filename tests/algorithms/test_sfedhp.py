@@ -12,6 +12,7 @@ from fedhp.algorithms.penalties import smooth_l1, smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp import SFedHP, SFedHPOptions
 from fedhp.config import resolve_config
 from fedhp.engine.build import build_experiment
+from fedhp.engine.faults import RoundFaults
 from fedhp.engine.runner import run_experiment
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context
 
@@ -182,3 +183,68 @@ def test_sfedhp_smoke_mnist(tmp_path: Path) -> None:
     assert summary["final_global_acc"] > 0.5 and summary["final_personal_acc"] > 0.3  # chance: 0.1
     assert summary["gradient_evaluations_per_round"] == 15
     assert (tmp_path / "metrics.csv").read_text().count("density_edge") == 1
+
+
+def test_nesterov_inner_solver_matches_hand() -> None:
+    """``inner: nesterov``: PyTorch's Nesterov SGD on the theta-subproblem (momentum reset every
+    local round), for one round against a per-client loop."""
+    ctx = tiny_context(edge_sizes=(3, 2))
+    opt = SFedHPOptions(**OPTS, batch_size=6, gamma1=0.05, gamma2=0.05, inner="nesterov")  # type: ignore[arg-type]
+    lam1, lam2, rho, mom = opt.lam1_value, opt.lam2_value, opt.rho, opt.momentum
+    algo = opt.build(ctx)
+    state = algo.init_state(init_params())
+    state["theta"] += 0.1 * torch.randn(
+        state["theta"].shape, generator=torch.Generator().manual_seed(5)
+    )
+    w, thetas = state["global"].clone(), list(state["theta"].clone())
+    edge_models = []
+    for e in range(2):
+        members = ctx.topology.clients_of(e).tolist()
+        w_i, phi_i = w.clone(), w.clone()
+        for _ in range(opt.R):
+            sent = []
+            for c in members:
+                th, v = thetas[c], torch.zeros_like(w)
+                x, y = client_data(ctx, c)
+                for _ in range(opt.K):
+                    g = mlr_grad(th, x, y) + 0.05 * torch.tanh(th / rho) + lam1 * (th - phi_i)
+                    v = mom * v + g
+                    th = th - opt.lr * (g + mom * v)
+                thetas[c] = th
+                sent.append((lam1 * th + lam2 * w_i) / (lam1 + lam2))
+            phi_i = torch.stack(sent).mean(0)
+            w_i = w_i - opt.global_lr * (lam2 * (w_i - phi_i) + 0.05 * torch.tanh(w_i / rho))
+        edge_models.append(w_i)
+    expected = (1 - opt.beta) * w + opt.beta * torch.stack(edge_models).mean(0)
+    gd_state = {k: v.clone() for k, v in state.items()}  # the same round with plain GD
+    gd = SFedHPOptions(**OPTS, batch_size=6, gamma1=0.05, gamma2=0.05)  # type: ignore[arg-type]
+    gd.build(tiny_context()).run_round(gd_state, 0)
+    algo.run_round(state, 0)
+    torch.testing.assert_close(state["theta"], torch.stack(thetas), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(state["global"], expected, atol=1e-5, rtol=1e-4)
+    assert (gd_state["global"] - expected).abs().max() > 1e-3  # momentum changed the result
+
+
+def test_straggler_is_billed_every_edge_message_it_received() -> None:
+    """A straggler under a training edge receives phi_i and w_i in each of the R local rounds
+    (2R messages, the values its edge mates receive) and sends nothing; a dropped client
+    receives nothing."""
+    eps = 0.05
+    ctx = tiny_context(edge_sizes=(3, 2), zero_threshold=eps)
+    algo = SFedHPOptions(**OPTS, batch_size=6, gamma1=0.05).build(ctx)  # type: ignore[arg-type]
+    state = algo.init_state(init_params())
+    ctx.round_faults = RoundFaults(
+        dropped=torch.tensor([False, False, False, True, False]),
+        straggler=torch.tensor([False, True, False, False, False]),
+        edge_failed=torch.tensor([False, False]),
+    )
+    algo.run_round(state, 0)
+    ctx.ledger.end_round()
+    nodes = ctx.ledger.node_totals("client_edge")
+    r = int(OPTS["R"])
+    assert sorted(nodes) == [0, 1, 2, 4]  # client 3 dropped out
+    assert nodes[1]["messages_down"] == 2 * r and nodes[1]["messages_up"] == 0
+    for mate in (0, 2):  # same edge: the same broadcasts, so the same bytes
+        assert nodes[mate]["messages_up"] == r
+        assert nodes[1]["bytes_down"] == nodes[mate]["bytes_down"]
+        assert nodes[1]["nnz_down"] == nodes[mate]["nnz_down"]

@@ -14,6 +14,7 @@ import torch
 from fedhp.data import DATASETS, load_dataset
 from fedhp.data import sources as src
 from fedhp.errors import ConfigError, DatasetError
+from tests.conftest import skip_unless_ci
 
 FMNIST_DIR = Path(src.FMNIST_DEFAULT_DIR)
 
@@ -41,9 +42,7 @@ def test_mnist_real_load(monkeypatch) -> None:
     assert load_dataset({"name": "mnist"}) is data  # cached in-process
 
 
-@pytest.mark.skipif(
-    not FMNIST_DIR.is_dir(), reason=f"{FMNIST_DIR} absent (apt dataset-fashion-mnist)"
-)
+@skip_unless_ci(not FMNIST_DIR.is_dir(), f"{FMNIST_DIR} absent (apt dataset-fashion-mnist)")
 def test_fmnist_real_load(monkeypatch) -> None:
     monkeypatch.delenv(src.ENV_DATA_DIR, raising=False)
     data = load_dataset({"name": "fmnist"})

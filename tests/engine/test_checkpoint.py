@@ -17,7 +17,7 @@ import fedhp.engine.runner as runner
 from fedhp.cli import main
 from fedhp.config import resolve_config
 from fedhp.engine.build import build_experiment
-from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from fedhp.engine.checkpoint import CHECKPOINT_FILE, CHECKPOINT_TIME_FILE, load_checkpoint
 from fedhp.engine.runner import run_experiment
 
 # Small and fast: MNIST Setting 1, MLR, a few local steps per round.
@@ -48,9 +48,24 @@ def run(out: Path, *overrides: str, resume: bool = False) -> dict[str, object]:
     return run_experiment(build_experiment(cfg), out, resume=resume)
 
 
+def same_checkpoint(a: Path, b: Path) -> None:
+    """Equal checkpoints: everything but torch's process-global RNG state (the ambient state of
+    whichever process wrote it; two runs in one process leave it different)."""
+    ca, cb = (load_checkpoint(d / CHECKPOINT_FILE) for d in (a, b))
+    assert "seconds" not in ca  # nothing wall-clock: that is in checkpoint_time.json
+    ra, rb = ca.pop("rng"), cb.pop("rng")
+    ra.pop("torch")
+    rb.pop("torch")
+    assert ra.keys() == rb.keys() and all(torch.equal(ra[k], rb[k]) for k in ra)
+    sa, sb = ca.pop("state"), cb.pop("state")
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert ca == cb
+
+
 def same_results(a: Path, b: Path) -> None:
     for name in COMPARED:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    same_checkpoint(a, b)
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     for timing in ("seconds", "seconds_per_round", "torch_threads"):
         sa.pop(timing)
@@ -170,3 +185,20 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     )
     assert resumed.returncode == 0, resumed.stderr
     same_results(ref, out)
+
+
+def test_checkpoint_holds_no_wall_clock_and_resume_continues_the_seconds(tmp_path: Path) -> None:
+    """Two runs of one configuration write the same checkpoint (no wall-clock in it); the seconds
+    spent live in checkpoint_time.json and a resumed run's summary continues from them."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    short = ("rounds=2", "checkpoint_every=1", "algorithm.local_steps=1")
+    run(a, *short)
+    time.sleep(0.05)
+    run(b, *short)
+    same_checkpoint(a, b)
+    timing = json.loads((a / CHECKPOINT_TIME_FILE).read_text())
+    assert timing["round"] == 2 and timing["seconds"] > 0
+    timing["seconds"] = 1000.0  # as if the first 2 rounds had taken 1000 s
+    (a / CHECKPOINT_TIME_FILE).write_text(json.dumps(timing))
+    summary = run(a, *short[1:], "rounds=3", resume=True)
+    assert summary["rounds"] == 3 and 1000.0 < float(summary["seconds"]) < 1000.0 + 600  # type: ignore[arg-type]

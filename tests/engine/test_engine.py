@@ -108,3 +108,26 @@ def test_hierfavg_counts_both_links() -> None:
     kappa2 = exp.options.kappa2  # type: ignore[attr-defined]
     assert comm["messages_client_edge_up"] == 20 * kappa2
     assert comm["messages_edge_cloud_up"] == 4
+
+
+def test_perfedavg_evaluation_traffic_is_billed_on_its_own_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Per-FedAvg's personalized evaluation sends the global model to every client: billed on
+    the ``client_cloud_eval`` link at each evaluated round only, and reported."""
+    exp = small_experiment(
+        "algorithm.name=perfedavg",
+        "model.name=mlr",
+        "algorithm.local_steps=1",
+        "rounds=3",
+        "eval_every=2",
+        "partition.train_per_class=20",
+        "partition.test_per_class=20",
+    )
+    summary = run_experiment(exp, tmp_path, progress=False)
+    comm = summary["communication"]
+    p, c = exp.model.num_params, exp.ctx.num_clients
+    assert comm["messages_client_cloud_eval_down"] == 2 * c  # rounds 2 and 3 are evaluated
+    assert comm["dense_bytes_client_cloud_eval_down"] == 2 * c * 4 * p
+    assert comm["messages_client_cloud_eval_up"] == 0
+    assert comm["messages_client_cloud_down"] == 3 * c  # training traffic unchanged
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "round_bytes_client_cloud_eval" in header and "cum_bytes_client_cloud_eval" in header

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from fedhp.algorithms.local import LocalOptions
 from fedhp.engine.runner import evaluate_state
+from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context
 from tests.conftest import small_experiment
 
 TINY = ["partition.train_per_class=20", "partition.test_per_class=20", "model.name=mlr"]
@@ -43,20 +45,30 @@ def test_centralized_learns_the_union() -> None:
     assert row["global_acc"] > 0.6 and "personal_acc" not in row
 
 
-def test_local_only_trains_each_client_alone() -> None:
+def test_local_only_matches_a_per_client_loop() -> None:
+    """Every client continues plain SGD from its OWN model, on its own data, round after round."""
+    ctx = tiny_context(edge_sizes=(3, 2))
+    opt = LocalOptions(local_steps=3, lr=0.2, batch_size=6)
+    algo = opt.build(ctx)
+    state = algo.init_state(init_params())
+    assert algo.global_model(state) is None
+    state["theta"] += torch.randn(state["theta"].shape, generator=torch.Generator().manual_seed(1))
+    thetas = list(state["theta"].clone())
+    for rnd in range(2):
+        algo.run_round(state, rnd)
+        for c in range(5):
+            for _ in range(opt.local_steps):
+                thetas[c] = thetas[c] - opt.lr * mlr_grad(thetas[c], *client_data(ctx, c))
+        torch.testing.assert_close(state["theta"], torch.stack(thetas), atol=1e-6, rtol=1e-5)
+    assert ctx.ledger.end_round()["bytes_total"] == 0.0  # no communication
+
+
+def test_local_only_reports_personal_rows_only() -> None:
     exp = small_experiment("algorithm.name=local", "algorithm.local_steps=4", *TINY)
     state = exp.algorithm.init_state(exp.model.init_params(0))
-    assert exp.algorithm.global_model(state) is None
-    start = state["theta"].clone()
-    gen_state = exp.ctx.generator.get_state()
     exp.algorithm.run_round(state, 0)
-    # Same result as plain local SGD of every client from its own model with the same RNG draws.
-    exp.ctx.generator.set_state(gen_state)
-    expected, _ = exp.ctx.local_sgd(start, exp.ctx.all_clients, 4, 20, 0.05)
-    torch.testing.assert_close(state["theta"], expected)
-    assert exp.ctx.ledger.end_round()["bytes_total"] == 0.0  # no communication
     row, _ = evaluate_state(exp, state)
-    assert "global_acc" not in row and row["personal_acc"] > 0.3
+    assert "global_acc" not in row and row["personal_acc"] > 0.3  # chance: 0.1
 
 
 def test_local_only_client_ignores_other_clients_data() -> None:

@@ -17,7 +17,7 @@ from fedhp.config import resolve_config
 from fedhp.engine.build import build_experiment
 from fedhp.engine.evaluate import evaluate_shared
 from fedhp.engine.runner import evaluate_state
-from fedhp.experiments import common, figures, lambda_sweep, table1, tune
+from fedhp.experiments import common, figures, lambda_sweep, paper, table1, tune
 from fedhp.experiments.common import ReproOptions, aggregate, mean_std
 
 TINY = ["partition.train_per_class=20", "partition.test_per_class=20"]
@@ -51,33 +51,60 @@ def test_aggregate_over_seeds() -> None:
     assert agg["stopped"] == ["x"] and "final_personal_acc" not in agg
 
 
+def test_paper_transcriptions_agree_between_tables() -> None:
+    """Table I and Tables II–VII were transcribed separately: Table I's FedAvg/HierFAVG/FedProx
+    GMs must equal those tables' rows, and its pFedMe/sFedHP GMs must be one λ's entry there."""
+    assert set(paper.TABLE1) == set(paper.TABLES)
+    for key, row in paper.TABLE1.items():
+        for method in ("fedavg", "hierfavg", "fedprox"):
+            assert row[method][0] == paper.TABLES[key][method], (key, method)
+        for method in ("pfedme", "sfedhp"):
+            lam = paper.table1_lambda(key, method)  # raises if no λ matches
+            assert paper.paper_gm(key, method, lam) == row[method][0]
+
+
+def test_paper_numbers_only_at_the_same_hyperparameters() -> None:
+    key = ("mnist", 1)
+    table1_lam = paper.table1_lambda(key, "sfedhp")
+    assert paper.table1_gm_at(key, "sfedhp", {"lam": table1_lam}) == list(
+        paper.TABLE1[key]["sfedhp"]
+    )
+    other = next(lam for lam in paper.LAMBDAS if lam != table1_lam)
+    gm = paper.table1_gm_at(key, "sfedhp", {"lam": other})
+    assert gm == [paper.paper_gm(key, "sfedhp", other)] and gm[0] != paper.TABLE1[key]["sfedhp"][0]
+    assert paper.table1_gm_at(key, "fedprox", {"mu": 0.001}) == list(paper.TABLE1[key]["fedprox"])
+    assert paper.table1_gm_at(key, "fedprox", {"mu": 0.1}) is None  # no paper number at μ = 0.1
+    assert paper.table1_gm_at(key, "centralized", {}) is None
+
+
 def test_table1_tiny_real_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     o = opts(tmp_path, methods=["fedavg", "sfedhp", "centralized", "local"])
     table = table1.reproduce(o)
     md = (tmp_path / "out" / "table.md").read_text()
-    for text in (
-        "FedAvg",
-        "sFedHP",
-        "Centralized",
-        "Local only",
-        "91.63 ± 0.12",
-        "94.93 ± 0.03",
-        "97.83",
-        "lam=20",
-        "| 100 |",
-    ):
+    key = ("mnist", 1)
+    lam = paper.table1_lambda(key, "sfedhp")  # without --tuned: the paper's Table I choice
+    for text in ("FedAvg", "sFedHP", "Centralized", "Local only", f"lam={lam:g}", "| 100 |"):
         assert text in md
     data = json.loads((tmp_path / "out" / "table.json").read_text())
     rows = {r["method"]: r for r in data["rows"]}
     assert set(rows) == {"fedavg", "sfedhp", "centralized", "local"}
-    assert rows["sfedhp"]["paper_gm"] == [94.93, 0.03] and rows["sfedhp"]["paper_pm"] == 97.83
+    # The paper's cells are its numbers at our hyperparameters, Table I's at Table I's λ.
+    assert rows["sfedhp"]["paper_gm"] == list(paper.TABLE1[key]["sfedhp"])
+    assert rows["sfedhp"]["paper_pm"] == paper.paper_pm(key, "sfedhp", lam)
+    sfedhp_line = next(line for line in md.splitlines() if line.startswith("| sFedHP |"))
+    assert common.paper_cell(rows["sfedhp"]["paper_gm"]) in sfedhp_line
     assert rows["local"]["final_global_acc"] is None and rows["local"]["final_personal_acc"]
-    assert rows["centralized"]["final_personal_acc"] is None
-    assert 0 < rows["fedavg"]["final_global_acc"]["mean"] <= 1
+    assert (
+        rows["centralized"]["final_personal_acc"] is None
+        and rows["centralized"]["paper_gm"] is None
+    )
     assert table["rows"] == data["rows"]
-    # A second call reuses the finished runs.
+    # The table reports what the run wrote (not some other run's or a rounded value).
     summary = json.loads((tmp_path / "out/runs/fedavg/seed0/summary.json").read_text())
+    assert rows["fedavg"]["final_global_acc"]["values"] == [summary["final_global_acc"]]
+    assert rows["fedavg"]["best_global_acc"]["values"] == [summary["best_global_acc"]]
     assert summary["rounds"] == 2 and (tmp_path / "out/runs/fedavg/seed0/nodes.json").is_file()
+    # A second call reuses the finished runs.
     log: list[str] = []
     o.quiet = False
     table1.reproduce(o)
@@ -120,6 +147,24 @@ def test_table_mean_std_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     md = table1.build_table(o, results)["markdown"]
     assert "| 92.00 ± 2.00 | 93.00 ± 2.00 | 94.00 ± 2.00 | 95.00 ± 2.00 |" in md
     assert sorted(int(dict(x.split("=", 1) for x in c)["seed"]) for c in calls) == [0, 1, 2]
+
+
+def test_tuned_table_shows_the_papers_numbers_at_our_hyperparameters(tmp_path: Path) -> None:
+    """With tuned λ = 30 / μ = 0.1 the paper's cells are its λ = 30 entries and "—" for FedProx
+    (the paper has no μ = 0.1 number), never Table I's numbers at other hyperparameters."""
+    tuned = tmp_path / "tuned.json"
+    choices = {"sfedhp": {"lam": 30.0}, "fedprox": {"mu": 0.1}}
+    tuned.write_text(json.dumps({"mnist-s1": {"choices": choices}}))
+    o = opts(tmp_path, methods=["sfedhp", "fedprox"], tuned=tuned)
+    run = fake_runner({}, [])
+    table = table1.build_table(o, common.run_jobs(table1.jobs(o), o, tmp_path / "r", run=run))
+    rows = {r["method"]: r for r in table["rows"]}
+    key = ("mnist", 1)
+    assert rows["sfedhp"]["paper_gm"] == [paper.paper_gm(key, "sfedhp", 30.0)]
+    assert rows["sfedhp"]["paper_pm"] == paper.paper_pm(key, "sfedhp", 30.0)
+    assert rows["fedprox"]["paper_gm"] is None
+    line = next(x for x in table["markdown"].splitlines() if x.startswith("| sFedHP |"))
+    assert common.paper_cell(list(paper.TABLE1[key]["sfedhp"])) not in line
 
 
 def test_tune_picks_by_validation_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import pytest
-
 from fedhp.config import resolve_config
 from fedhp.engine.build import build_experiment
 from fedhp.engine.runner import Row, run_experiment
 from fedhp.flower.cloud import FlowerDriver
 from fedhp.flower.local import Fault, LocalTransport
 from fedhp.flower.shards import make_shards, node_count
+from tests.conftest import require_module
 
-pytest.importorskip("flwr")
+require_module("flwr")
 
 BASE = ("progress=false", "eval_every=1", "checkpoint_every=0", "threads=1", "model.name=mlr")
 # Few local steps keep each round cheap; the split and the messages are what is tested.

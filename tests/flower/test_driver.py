@@ -49,8 +49,13 @@ P_MLR = 7850  # 784 * 10 + 10
             ),
         ),
         ("sfedhp", ("federation.edges_per_round=2", "algorithm.all_edges_train=true")),
+        # stragglers receive every edge broadcast: billed on the nodes, as in-process
+        ("sfedhp", ("faults.straggler=0.3", "faults.client_dropout=0.1")),
+        # truncated messages; stragglers billed every edge model on the nodes
+        ("hierfavg", ("flower.nodes=2", "comm.zero_threshold=1e-2", "faults.straggler=0.3")),
         ("pfedme", ("flower.nodes=20",)),  # cross-device: one client per node
         ("perfedavg", ()),
+        ("perfedavg", ("comm.zero_threshold=1e-2",)),  # evaluation adapts the truncated model
         ("heurfedamp", ("federation.client_fraction=0.5",)),
         ("local", ()),
     ],

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from fedhp.cli import main
+from tests.conftest import in_ci, require_module
 from tests.flower.helpers import assert_same_metrics
 
-ray = pytest.importorskip("ray")
+ray = require_module("ray")
 
 NODE_ARGS: dict[str, Any] = {"num_cpus": 1, "object_store_memory": 96 * 2**20}
 ARGS = [
@@ -80,6 +81,8 @@ def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
     if not Path("/proc/self/stat").exists():
+        if in_ci():  # CI runs on Linux: a missing /proc there is a failure, not a skip
+            pytest.fail("CI is set but /proc is missing; this test needs it")
         pytest.skip("needs /proc to check that the cluster's processes end")
     tmp = tempfile.mkdtemp(prefix="fedhp-ray-")  # short: Ray's socket paths live under it
     # Ray's temp dir and its "current cluster" address file go there, not to the shared /tmp/ray.

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from fedhp.cli import main
+from tests.conftest import require_module
 from tests.flower.helpers import assert_same_metrics, read_csv
 
-pytest.importorskip("ray")
+require_module("ray")
 
 COMMON = [
     "rounds=5",

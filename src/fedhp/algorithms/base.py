@@ -68,6 +68,9 @@ class Task:
     broadcast: dict[str, torch.Tensor] = field(default_factory=dict)
     per_client: dict[str, torch.Tensor] = field(default_factory=dict)
     scalars: dict[str, float] = field(default_factory=dict)
+    # Clients that receive the round's messages but do not train (stragglers), for algorithms
+    # that bill them themselves (``Algorithm.bills_stragglers``); sorted, may be empty.
+    stragglers: torch.Tensor | None = None
 
     @property
     def up_edges(self) -> torch.Tensor | None:
@@ -93,6 +96,8 @@ class Algorithm(ABC):
     ``personal_on_node``: the personalized models are computed from node state (evaluated there).
     ``personal_needs_global``: computing them needs the global model too (sent along).
     ``client_outputs`` / ``edge_outputs``: the keys of :class:`Update` rows ``train`` returns.
+    ``bills_stragglers``: ``train`` bills every message this round's stragglers received (from
+    ``Task.stragglers``); otherwise the runner bills each straggler one global model.
     """
 
     node_keys: ClassVar[dict[str, RowKind]] = {}
@@ -100,6 +105,7 @@ class Algorithm(ABC):
     personal_needs_global: ClassVar[bool] = False
     client_outputs: ClassVar[tuple[str, ...]] = ()
     edge_outputs: ClassVar[tuple[str, ...]] = ()
+    bills_stragglers: ClassVar[bool] = False
 
     def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
         self.options = options
@@ -117,9 +123,8 @@ class Algorithm(ABC):
         """The flat methods' plan: sample clients and send each the global model."""
         ctx = self.ctx
         clients = ctx.sample_clients()
-        sent = state["global"].expand(len(clients), -1)
-        ctx.ledger.record("client_cloud", "down", sent, ctx.zero_threshold, nodes=clients)
-        return Task(clients, broadcast={"global": state["global"]})
+        sent = ctx.send("client_cloud", "down", state["global"].expand(len(clients), -1), clients)
+        return Task(clients, broadcast={"global": sent[0]})
 
     @abstractmethod
     def train(self, state: State, task: Task) -> Update:

@@ -38,8 +38,8 @@ class FedAvg(Algorithm):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
-        params, clients = update.per_client["params"], task.clients
-        ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
+        clients = task.clients
+        params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
         state["global"] = weighted_mean(params, ctx.client_weights(clients))
         assert update.losses is not None
         return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}

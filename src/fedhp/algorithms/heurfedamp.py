@@ -53,8 +53,7 @@ class HeurFedAMP(Algorithm):
         ctx, opt = self.ctx, self.options
         clients = ctx.sample_clients()
         xi = attention_weights(state["personal"], clients, opt.alpha, opt.sigma)
-        cloud = xi @ state["personal"]
-        ctx.ledger.record("client_cloud", "down", cloud, ctx.zero_threshold, nodes=clients)
+        cloud = ctx.send("client_cloud", "down", xi @ state["personal"], clients)
         return Task(clients, per_client={"u": cloud})
 
     def train(self, state: State, task: Task) -> Update:
@@ -72,10 +71,11 @@ class HeurFedAMP(Algorithm):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
-        params, clients = update.per_client["params"], task.clients
+        clients = task.clients
         assert update.losses is not None
-        ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
-        state["personal"][clients] = params
+        state["personal"][clients] = ctx.send(
+            "client_cloud", "up", update.per_client["params"], clients
+        )
         return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
 
     def personal_models(self, state: State) -> torch.Tensor | None:

@@ -16,6 +16,7 @@ class HierFAVG(Algorithm):
 
     options: HierFAVGOptions
     edge_outputs = ("model",)
+    bills_stragglers = True  # a straggler receives its edge's model in each of the kappa2 rounds
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.clone()}
@@ -24,9 +25,9 @@ class HierFAVG(Algorithm):
         ctx = self.ctx
         edges = ctx.sample_edges()
         clients, _ = ctx.clients_of_edges(edges)
-        edge_models = state["global"].expand(len(edges), -1)
-        ctx.ledger.record("edge_cloud", "down", edge_models, ctx.zero_threshold, nodes=edges)
-        return Task(clients, edges, broadcast={"global": state["global"]})
+        sent = ctx.send("edge_cloud", "down", state["global"].expand(len(edges), -1), edges)
+        stragglers = ctx.round_stragglers_under(edges)
+        return Task(clients, edges, broadcast={"global": sent[0]}, stragglers=stragglers)
 
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
@@ -36,21 +37,24 @@ class HierFAVG(Algorithm):
         ids = ctx.global_clients(clients)
         edge_models = task.broadcast["global"].expand(len(edges), -1)
         weights = ctx.client_weights(clients)
+        late = task.stragglers if task.stragglers is not None else clients[:0]
+        late_seg, late_ids = ctx.edge_positions(late, edges), ctx.global_clients(late)
         losses = []
         for _ in range(opt.kappa2):
-            start = edge_models[seg]
-            ctx.ledger.record("client_edge", "down", start, ctx.zero_threshold, nodes=ids)
+            start = ctx.send("client_edge", "down", edge_models[seg], ids)
+            if len(late):  # stragglers receive the edge model too; their replies never arrive
+                ctx.send("client_edge", "down", edge_models[late_seg], late_ids)
             params, loss_sum = ctx.local_sgd(start, clients, opt.kappa1, opt.batch_size, opt.lr)
-            ctx.ledger.record("client_edge", "up", params, ctx.zero_threshold, nodes=ids)
+            params = ctx.send("client_edge", "up", params, ids)
             edge_models = segment_mean(params, seg, weights, len(edges))
             losses.append(loss_sum)
         return Update(per_edge={"model": edge_models}, losses=torch.stack(losses))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
-        edges, edge_models = task.edges, update.per_edge["model"]
+        edges = task.edges
         assert edges is not None and update.losses is not None
-        ctx.ledger.record("edge_cloud", "up", edge_models, ctx.zero_threshold, nodes=edges)
+        edge_models = ctx.send("edge_cloud", "up", update.per_edge["model"], edges)
         state["global"] = weighted_mean(edge_models, ctx.edge_weights(edges))
         loss_total = 0.0
         for loss_sum in update.losses:

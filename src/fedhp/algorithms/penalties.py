@@ -10,6 +10,10 @@ import math
 
 import torch
 
+from fedhp.comm import truncate
+
+__all__ = ["smooth_l1", "smooth_l1_grad", "truncate"]
+
 _LOG2 = math.log(2.0)
 
 
@@ -25,13 +29,3 @@ def smooth_l1(x: torch.Tensor, rho: float) -> torch.Tensor:
 def smooth_l1_grad(x: torch.Tensor, rho: float) -> torch.Tensor:
     """Gradient of :func:`smooth_l1`: ``tanh(x/rho)`` elementwise."""
     return torch.tanh(x / rho)
-
-
-def truncate(x: torch.Tensor, zero_threshold: float) -> torch.Tensor:
-    """What the receiver gets: entries with ``|x| <= zero_threshold`` sent as exact zeros.
-
-    With a zero threshold of 0 only exact zeros are zero, so ``x`` is returned unchanged.
-    """
-    if zero_threshold <= 0:
-        return x
-    return x.masked_fill(x.abs() <= zero_threshold, 0.0)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.comm import truncate
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
 from fedhp.models.base import BatchedModel
@@ -87,9 +88,9 @@ class PerFedAvg(Algorithm):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
-        params, clients = update.per_client["params"], task.clients
+        clients = task.clients
         assert update.losses is not None
-        ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
+        params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
         state["global"] = weighted_mean(params, ctx.client_weights(clients))
         return {"local_loss": mean_group_loss(update.losses, opt.local_steps)}
 
@@ -104,7 +105,9 @@ class PerFedAvg(Algorithm):
         return start - self.options.alpha * grad
 
     def personal_models(self, state: State) -> torch.Tensor | None:
-        return self.adapt(state["global"], self.ctx.all_clients)
+        """Every client adapts the global model as it receives it (truncated at the zero
+        threshold; the runner bills that message on the ``client_cloud_eval`` link)."""
+        return self.adapt(truncate(state["global"], self.ctx.zero_threshold), self.ctx.all_clients)
 
 
 @ALGORITHMS.register("perfedavg")

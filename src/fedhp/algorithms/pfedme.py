@@ -64,9 +64,9 @@ class PFedMe(Algorithm):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
-        local, clients = update.per_client["local"], task.clients
+        clients = task.clients
         assert update.losses is not None
-        ctx.ledger.record("client_cloud", "up", local, ctx.zero_threshold, nodes=clients)
+        local = ctx.send("client_cloud", "up", update.per_client["local"], clients)
         mean = weighted_mean(local, ctx.client_weights(clients))
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
         return {"local_loss": mean_group_loss(update.losses, opt.R)}

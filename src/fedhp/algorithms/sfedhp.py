@@ -42,6 +42,7 @@ class SFedHP(Algorithm):
     edge_outputs = ("w",)
     node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client", "edge": "edge"}
     personal_on_node = True
+    bills_stragglers = True  # a straggler receives its edge's phi_i and w_i every local round
 
     def init_state(self, init_params: torch.Tensor) -> State:
         opt = self.options
@@ -110,7 +111,14 @@ class SFedHP(Algorithm):
         w = truncate(state["global"], eps)
         ctx.ledger.record("edge_cloud", "down", w.expand(len(edges), -1), eps, nodes=edges)
         scalars = {"gamma1": float(state["gamma1"]), "gamma2": float(state["gamma2"])}
-        return Task(clients, edges, agg, broadcast={"global": w}, scalars=scalars)
+        return Task(
+            clients,
+            edges,
+            agg,
+            broadcast={"global": w},
+            scalars=scalars,
+            stragglers=ctx.round_stragglers_under(edges),
+        )
 
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
@@ -121,6 +129,10 @@ class SFedHP(Algorithm):
         assert edges is not None and agg is not None
         seg = ctx.edge_positions(clients, edges)
         ids = ctx.global_clients(clients)
+        # Who receives the edge's broadcasts: the clients, and the stragglers (they never reply).
+        stragglers = task.stragglers if task.stragglers is not None else clients[:0]
+        recv_seg = torch.cat((seg, ctx.edge_positions(stragglers, edges)))
+        recv_ids = torch.cat((ids, ctx.global_clients(stragglers)))
         weights = ctx.client_weights(clients)
         n = len(edges)
         sent_w = task.broadcast["global"].expand(n, -1)
@@ -133,8 +145,8 @@ class SFedHP(Algorithm):
             # Edge -> clients: the edge personalized model (prox centre) and the edge global model.
             phi_sent, w_sent = truncate(phi_edge, eps), truncate(w_edge, eps)
             for sent in (phi_sent, w_sent):  # one broadcast per edge: count once, bill per client
-                nnz = count_nonzero(sent, eps)[seg]
-                ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=ids)
+                nnz = count_nonzero(sent, eps)[recv_seg]
+                ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=recv_ids)
             phi_recv, w_recv = phi_sent[seg], w_sent[seg]
             if opt.theta_init == "reset":
                 theta = phi_recv.clone()

@@ -12,7 +12,10 @@
               "algorithm.<attr>" for any torch.Generator an algorithm object holds
     ledger    CommLedger.state_dict()
     rows      the metrics rows written so far (for summary.json's best/final values)
-    seconds   wall-clock seconds spent so far (reported, never compared)
+
+Nothing wall-clock is in it, so the same run (resumed or not) writes the same bytes. The seconds
+spent so far go to ``checkpoint_time.json`` (``{"round": n, "seconds": s}``), written right after
+the checkpoint; a resumed run's reported seconds continue from it (0 if it is missing).
 
 ``final_state.pt`` holds ``{"format": "fedhp-final-state", "round": n, "state": {...}}``.
 
@@ -22,6 +25,7 @@ so a crash leaves the previous complete file or the new one, never a partial one
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +33,10 @@ from typing import Any
 import torch
 
 from fedhp.errors import FedhpError
-from fedhp.reporting import _atomic_write
+from fedhp.reporting import _atomic_write, write_json_atomic
 
 CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_TIME_FILE = "checkpoint_time.json"
 FINAL_STATE_FILE = "final_state.pt"
 FORMAT = "fedhp-checkpoint"
 VERSION = 1
@@ -134,10 +139,22 @@ def save_checkpoint(path: Path, snap: Snapshot, config: dict[str, Any]) -> None:
             "rng": {k: v.to("cpu") for k, v in snap.rng.items()},
             "ledger": snap.ledger,
             "rows": snap.rows,
-            "seconds": snap.seconds,
         },
         path,
     )
+    write_json_atomic(
+        Path(path).with_name(CHECKPOINT_TIME_FILE), {"round": snap.round, "seconds": snap.seconds}
+    )
+
+
+def checkpoint_seconds(path: Path) -> float:
+    """Wall-clock seconds spent up to the checkpoint at ``path`` (its ``checkpoint_time.json``;
+    0 where that is missing or unreadable: timings are reported, never compared)."""
+    try:
+        data = json.loads(Path(path).with_name(CHECKPOINT_TIME_FILE).read_text())
+        return float(data["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def save_final_state(path: Path, state: dict[str, torch.Tensor], rounds: int) -> None:
@@ -164,7 +181,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: checkpoint version {data.get('version')!r}; this fedhp reads {VERSION}"
         )
-    keys = ("round", "config", "state", "rng", "ledger", "rows", "seconds")
+    keys = ("round", "config", "state", "rng", "ledger", "rows")
     missing = [k for k in keys if k not in data]
     if missing:
         raise CheckpointError(f"{path}: incomplete checkpoint (missing {', '.join(missing)})")

@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from fedhp.comm import CommLedger
+from fedhp.comm import CommLedger, truncate
 from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
 from fedhp.engine.ops import ExtraGrad, sgd_steps
@@ -162,6 +162,28 @@ class RunContext:
             under &= ~self.round_faults.edge_failed.to(self.device)[edge_of]
         clients = self._survivors(self.all_clients[under])
         return clients, torch.searchsorted(edges, edge_of[clients])
+
+    def send(
+        self,
+        link: str,
+        direction: str,
+        messages: torch.Tensor,
+        nodes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Bill ``messages`` on ``link`` and return what the receiver gets: the values truncated
+        at the zero threshold (``|x| <= eps`` sent as 0), i.e. exactly what was billed."""
+        sent = truncate(messages, self.zero_threshold)
+        self.ledger.record(link, direction, sent, self.zero_threshold, nodes=nodes)
+        return sent
+
+    def round_stragglers_under(self, edges: torch.Tensor) -> torch.Tensor:
+        """This round's stragglers whose edge is one of ``edges`` (sorted; empty: none)."""
+        stragglers = self.round_stragglers
+        if stragglers is None:
+            return torch.zeros(0, dtype=torch.long, device=self.device)
+        stragglers = stragglers.to(self.device)
+        edge_of = self.topology.edge_of_client.to(self.device)
+        return stragglers[torch.isin(edge_of[stragglers], edges)]
 
     def batches(
         self, clients: torch.Tensor, batch_size: int

@@ -16,10 +16,12 @@ from fedhp.config import RunConfig, config_to_dict
 from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.checkpoint import (
     CHECKPOINT_FILE,
+    CHECKPOINT_TIME_FILE,
     FINAL_STATE_FILE,
     CheckpointError,
     Snapshot,
     capture,
+    checkpoint_seconds,
     config_difference,
     load_checkpoint,
     restore_rng,
@@ -210,6 +212,7 @@ RESULT_FILES = (
     "summary.json",
     "plot.png",
     CHECKPOINT_FILE,
+    CHECKPOINT_TIME_FILE,
     FINAL_STATE_FILE,
 )
 
@@ -223,11 +226,26 @@ def _charge_stragglers(exp: Experiment, start_state: State) -> None:
     ctx = exp.ctx
     stragglers = ctx.round_stragglers
     w = exp.algorithm.global_model(start_state)
+    if exp.algorithm.bills_stragglers:  # the algorithm billed what they received itself
+        return
     if stragglers is None or len(stragglers) == 0 or w is None:
         return
     link = "client_edge" if exp.options.hierarchical else "client_cloud"
     messages = w.expand(len(stragglers), -1)
     ctx.ledger.record(link, "down", messages, ctx.zero_threshold, nodes=stragglers)
+
+
+def _charge_evaluation(exp: Experiment, state: State, rnd: int) -> None:
+    """An evaluated round of a method whose personalized models adapt the global model
+    (Per-FedAvg) sends that model to every client: bill it on the ``client_cloud_eval`` link."""
+    ctx, algo = exp.ctx, exp.algorithm
+    w = algo.global_model(state)
+    if not (algo.personal_needs_global and is_eval_round(exp.cfg, rnd)) or w is None:
+        return
+    clients = ctx.all_clients
+    ctx.ledger.record(
+        "client_cloud_eval", "down", w.expand(len(clients), -1), ctx.zero_threshold, clients
+    )
 
 
 def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
@@ -263,7 +281,7 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
         rng=data["rng"],
         ledger=data["ledger"],
         rows=list(data["rows"]),
-        seconds=float(data["seconds"]),
+        seconds=checkpoint_seconds(path),
     )
 
 
@@ -356,6 +374,7 @@ def run_experiment(
             _round_skipped(exp, rnd, str(why))
         else:
             _charge_stragglers(exp, snap.state)
+        _charge_evaluation(exp, state, rnd)
         round_comm = ledger.end_round()
         problem = divergence_problem(state, stats, cfg.max_loss)
         if problem is None and not is_eval_round(cfg, rnd):

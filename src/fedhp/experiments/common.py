@@ -325,6 +325,8 @@ def paper_cell(value: float | tuple[float, float] | list[float] | None) -> str:
     if value is None:
         return "—"
     if isinstance(value, tuple | list):
+        if len(value) == 1:  # a Table II–VII value: no spread published
+            return f"{value[0]:.2f}"
         return f"{value[0]:.2f} ± {value[1]:.2f}"
     return f"{value:.2f}"
 

@@ -1,8 +1,9 @@
 """``sfedhp-figures``: the paper's Figures 2–5 as PNG files.
 
 * Fig. 2 — MLR (strongly convex): sFedHP (γ = 0) vs HierFAVG vs pFedMe, λ = 25: accuracy.
-* Fig. 3 — DNN (non-convex): sFedHP sparse (γ1 = γ2 = 0.001 with the paper's schedule) and
-  non-sparse (γ = 0) vs HierFAVG vs pFedMe, λ = 25: accuracy, density (fraction of entries with
+* Fig. 3 — DNN (non-convex): sFedHP sparse (γ1 = γ2 = 0.001 with the paper's schedule, whose
+  switches need a θ density below 0.2 and round 100: in runs of ≤ 100 rounds the γ2 switch never
+  fires) and non-sparse (γ = 0) vs HierFAVG vs pFedMe, λ = 25: accuracy, density (entries with
   |x| > ε) and the accumulated communication of ONE cloud-facing node — an edge server for
   sFedHP/HierFAVG, a client for pFedMe — in real wire bytes and in Remark 1 bits.
 * Fig. 4 — effect of λ ∈ {5, 15, 20, 25, 30} on sparse sFedHP (γ1 = γ2 = 0.008, constant).

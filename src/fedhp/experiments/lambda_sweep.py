@@ -1,7 +1,7 @@
 """``sfedhp-lambda``: the paper's Tables II–VII — PM and GM of pFedMe and sFedHP over
 λ ∈ {5, 15, 20, 25, 30}, HeurFedAMP PM for α ∈ {0.1, 0.5}, Per-FedAvg PM, and the GM-only rows
 (FedAvg, HierFAVG, FedProx μ = 0.001), next to the paper's values, with the centralized (GM
-ceiling) and local-only (PM floor) reference rows. pFedGP is not run (the paper's number is shown
+reference) and local-only (PM floor) reference rows. pFedGP is not run (the paper's number is shown
 for reference)."""
 
 from __future__ import annotations

@@ -173,3 +173,26 @@ def paper_gm(key: Key, method: str, lam: float | None = None) -> float | None:
     if method in ("fedavg", "hierfavg", "fedprox") and isinstance(value, float):
         return value
     return None
+
+
+FEDPROX_TABLE_MU = 0.001
+"""The μ of FedProx's rows in Tables I–VII."""
+
+
+def table1_gm_at(key: Key, method: str, params: dict[str, float]) -> list[float] | None:
+    """The paper's GM for ``method`` run with ``params``, only at the SAME hyperparameters:
+    Table I's ``[mean, std]`` where ``params`` are Table I's (its λ for pFedMe / sFedHP, μ = 0.001
+    for FedProx); for another λ the Table II–VII GM at that λ (``[value]``, no std); None where
+    the paper has no number at these hyperparameters (FedProx at another μ)."""
+    published = TABLE1.get(key, {}).get(method)
+    if published is None:
+        return None
+    lam, mu = params.get("lam"), params.get("mu")
+    if method == "fedprox" and mu is not None and abs(mu - FEDPROX_TABLE_MU) > 1e-12:
+        return None
+    if method in ("pfedme", "sfedhp") and lam is not None:
+        if abs(lam - table1_lambda(key, method)) < 1e-12:
+            return list(published)
+        gm = paper_gm(key, method, lam)
+        return None if gm is None else [gm]
+    return list(published)

@@ -206,6 +206,8 @@ class FlowerDriver:
                 arrays["edges"] = part.edges
             if part.agg_edges is not None:
                 arrays["agg"] = part.agg_edges
+            if part.stragglers is not None:
+                arrays["stragglers"] = part.stragglers
             arrays.update({f"b.{k}": v for k, v in part.broadcast.items()})
             arrays.update({f"c.{k}": v for k, v in part.per_client.items()})
             meta: dict[str, int | float | str] = {"round": rnd, "shard": shard.index}
@@ -507,6 +509,10 @@ def _split(task: Task, shard: Shard) -> Task | None:
         agg = task.agg_edges[torch.isin(task.agg_edges, shard.edges.to(task.agg_edges.device))]
     if not bool(mask.any()) and (edges is None or len(edges) == 0):
         return None
+    stragglers = None
+    if task.stragglers is not None:
+        held = torch.isin(task.stragglers, shard.clients.to(task.stragglers.device))
+        stragglers = task.stragglers[held]
     return Task(
         task.clients[mask],
         edges,
@@ -514,4 +520,5 @@ def _split(task: Task, shard: Shard) -> Task | None:
         dict(task.broadcast),
         {k: v[mask] for k, v in task.per_client.items()},
         dict(task.scalars),
+        stragglers,
     )

@@ -4,8 +4,10 @@ Every message holds two records: ``fedhp.arrays`` (an :class:`~flwr.app.ArrayRec
 stored by Flower as NumPy ``.npy`` bytes) and ``fedhp.meta`` (a :class:`~flwr.app.ConfigRecord`).
 
 Cloud → node, ``train``: ``clients``/``edges``/``agg`` (global indices of the node's part of the
-task), ``b.<name>`` broadcast tensors, ``c.<name>`` per-client rows, ``gen`` (the engine generator's
-state, so every node draws the minibatches the in-process engine draws); meta: ``round``,
+task), ``stragglers`` (where the algorithm bills its stragglers: clients that receive the
+round's messages but do not train), ``b.<name>`` broadcast tensors, ``c.<name>`` per-client
+rows, ``gen`` (the engine generator's state, so every node draws the minibatches the in-process
+engine draws); meta: ``round``,
 ``shard``, ``s.<name>`` scalars and, the first time a node is addressed, ``config`` (the resolved
 fedhp configuration as YAML, for nodes whose run config lacks ``fedhp-config``).
 Node → cloud, ``train``: ``clients``, ``edges`` (the edges whose rows follow), ``c.<k>``,

@@ -56,6 +56,9 @@ class NodeRuntime:
         clients = _local(a["clients"], self.shard.clients, "clients")
         edges = _local(a["edges"], self.shard.edges, "edges") if "edges" in a else None
         agg = _local(a["agg"], self.shard.edges, "agg") if "agg" in a else None
+        stragglers = None
+        if "stragglers" in a:
+            stragglers = _local(a["stragglers"], self.shard.clients, "stragglers")
         return Task(
             clients,
             edges,
@@ -63,6 +66,7 @@ class NodeRuntime:
             broadcast={k[2:]: v for k, v in a.items() if k.startswith("b.")},
             per_client={k[2:]: v for k, v in a.items() if k.startswith("c.")},
             scalars={k[2:]: float(v) for k, v in content.meta.items() if k.startswith("s.")},
+            stragglers=stragglers,
         )
 
     def train(self, state: State, content: Content) -> dict[str, torch.Tensor | str]:
