@@ -122,8 +122,7 @@ class _VmapBatchNorm(nn.modules.batchnorm._BatchNorm):
             dims = [0, *range(2, x.dim())]
             n = x.numel() // x.shape[1]
             with torch.no_grad():
-                mean = x.mean(dims)
-                var = x.var(dims, correction=1 if n > 1 else 0)
+                var, mean = torch.var_mean(x, dims, correction=1 if n > 1 else 0)
                 self.running_mean.mul_(1 - self.momentum).add_(mean, alpha=self.momentum)
                 self.running_var.mul_(1 - self.momentum).add_(var, alpha=self.momentum)
         return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
