@@ -41,8 +41,12 @@ def test_parameter_counts() -> None:
     assert build({"name": "vgg", "cfg": "vgg16"}, (3, 32, 32)).num_params == 14_728_266 - 8448
 
 
-def test_resnet18_runs_on_mnist_sized_inputs() -> None:
-    model = build({"name": "resnet18"}, (1, 28, 28))
+@pytest.mark.parametrize(
+    "cfg", [{"name": "resnet18"}, {"name": "vgg", "cfg": "vgg11", "batch_norm": True}], ids=str
+)
+def test_big_models_run_on_mnist_sized_inputs(cfg: dict[str, object]) -> None:
+    """ResNet-18 pools globally; the named VGGs round pooled sizes up (28-14-7-4-2-1)."""
+    model = build(cfg, (1, 28, 28))
     flat = model.init_params(0).unsqueeze(0)
     assert model.forward(flat, torch.randn(1, 2, 1, 28, 28)).shape == (1, 2, 10)
 

@@ -230,7 +230,8 @@ _VGG_CFGS: dict[str, list[int | str]] = {
 
 class VGG(FeatureNet):
     """VGG-style network from a cfg list: ints are 3x3 conv widths (each followed by BatchNorm
-    when ``batch_norm``, then ReLU), ``"M"`` is 2x2 max-pooling; one linear classifier."""
+    when ``batch_norm``, then ReLU), ``"M"`` is 2x2 max-pooling (rounding up with
+    ``ceil_pool``); one linear classifier."""
 
     def __init__(
         self,
@@ -239,14 +240,15 @@ class VGG(FeatureNet):
         side: int,
         num_classes: int,
         batch_norm: bool = False,
+        ceil_pool: bool = False,
     ):
         super().__init__()
         layers: list[nn.Module] = []
         ch, spatial = in_channels, side
         for item in cfg:
             if item == "M":
-                layers.append(nn.MaxPool2d(2))
-                spatial //= 2
+                layers.append(nn.MaxPool2d(2, ceil_mode=ceil_pool))
+                spatial = -(-spatial // 2) if ceil_pool else spatial // 2
             else:
                 width = int(item)
                 layers.append(nn.Conv2d(ch, width, 3, padding=1))
@@ -290,7 +292,9 @@ class VGGOptions(ModelOptions):
     def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
         c, h, _ = _image_shape(feature_shape, "vgg")
         cfg: list[int | str] = _VGG_CFGS[self.cfg] if isinstance(self.cfg, str) else [*self.cfg]
-        module = VGG(cfg, c, h, num_classes, self.batch_norm)
+        # Named configs round pooled sizes up, so 28x28 inputs also reach 1x1 (28-14-7-4-2-1);
+        # on 32x32 (the configs' CIFAR setting) nothing changes.
+        module = VGG(cfg, c, h, num_classes, self.batch_norm, ceil_pool=isinstance(self.cfg, str))
         return VmapModel(module, feature_shape, num_classes)
 
 
