@@ -298,10 +298,18 @@ class BatchedModel(ABC):
         return int(counter.get_total_flops())
 
 
+DIRECT_MIN_PARAMS = 2_500_000
+"""From this many parameters on, a single client is run without vmap (see :class:`VmapModel`)."""
+
+
 class VmapModel(BatchedModel):
     """Generic batched form of any module, via ``torch.func.vmap`` over ``functional_call``.
 
-    Feature taps need a :class:`FeatureNet` reference."""
+    One client of a model with at least :data:`DIRECT_MIN_PARAMS` parameters (the engine trains
+    such models client by client, see ``fedhp.engine.ops.client_chunk``) is run by a plain
+    ``functional_call`` of the reference module instead: vmap's batched-weight convolutions cost
+    about twice a plain loop's for VGG-11 (docs/benchmarks.md). Feature taps need a
+    :class:`FeatureNet` reference."""
 
     def __init__(self, reference: nn.Module, feature_shape: tuple[int, ...], num_classes: int):
         super().__init__(reference, feature_shape, num_classes)
@@ -351,9 +359,11 @@ class VmapModel(BatchedModel):
         train: bool,
         features: bool,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        kwargs = {"features": True} if features else {}
+        if x.shape[0] == 1 and self.num_params >= DIRECT_MIN_PARAMS:
+            return self._call_one(params, x, buffers, train, kwargs)
         module = self.functional
         module.train(train)
-        kwargs = {"features": True} if features else {}
         if self.num_buffers == 0:
 
             def one(p: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
@@ -368,3 +378,23 @@ class VmapModel(BatchedModel):
             return torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
 
         return torch.func.vmap(one_bn, randomness="different")(params, bufs, x)
+
+    def _call_one(
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        buffers: torch.Tensor | None,
+        train: bool,
+        kwargs: dict[str, bool],
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """One client (``x [1, B, ...]``) without vmap; BatchNorm updates ``buffers`` in place."""
+        tensors = {k: v[0] for k, v in params.items()}
+        if self.num_buffers:
+            bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
+            tensors.update({k: v[0] for k, v in bufs.items()})
+        module = self.reference
+        module.train(train)
+        out = torch.func.functional_call(module, tensors, (x[0],), kwargs)
+        if isinstance(out, tuple):
+            return out[0].unsqueeze(0), out[1].unsqueeze(0)
+        return out.unsqueeze(0)
