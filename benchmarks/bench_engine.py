@@ -129,7 +129,6 @@ def bench_conv(name: str, repeats: int, peak_before: float) -> str:
         return reference_local_sgd(model, w0, batches, 0.05, buffers=b0.clone())
 
     drift = (vectorized() - reference()).abs().max().item()  # also warms both paths up
-    vmap_all()
     vec_times: list[float] = []
     all_times: list[float] = []
     ref_times: list[float] = []
