@@ -159,7 +159,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(
         f"# torch {torch.__version__}, threads={torch.get_num_threads()}, 20 clients, batch 20, "
-        f"{args.steps} local steps per round; median of {args.repeats} interleaved repeats",
+        f"{args.steps} local steps per round; median of {args.repeats} interleaved repeats "
+        f"(conv models: {CONV_CLIENTS} clients, batch 20, the line's steps, "
+        f"{args.conv_repeats} repeat(s))",
         flush=True,
     )
     for name in args.models:

@@ -24,8 +24,7 @@ BN = (
     ("name", "extra"),
     [
         ("fedavg", ()),
-        ("fedavg", ("algorithm.buffers=local", "federation.client_fraction=0.5")),
-        ("hierfavg", ("algorithm.buffers=local", "flower.nodes=2")),
+        ("hierfavg", ("algorithm.buffers=local", "flower.nodes=2")),  # node-held client_buffers
         ("local", ()),
     ],
 )
