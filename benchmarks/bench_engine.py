@@ -6,7 +6,13 @@ indices. Timings are the median of interleaved repeats. GFLOP/s counts training 
 FLOPs (forward + backward); the peak is the best 2048x2048 fp32 matmul measured right before and
 right after each model's timings (the higher of the two), since the machine's speed drifts.
 
-Usage: python benchmarks/bench_engine.py [--threads N] [--repeats R] [--steps S]
+The conv models (``cnn2``, ``vgg11-bn``, ``resnet18``) run one local epoch of a fixed number of
+steps for 10 clients, batch 20, on random inputs of their datasets' shape (1x28x28 for cnn2,
+3x32x32 for the others: CIFAR-10 cannot be downloaded here, and the timings do not depend on the
+values); their line adds ``vmap_all_s``, all clients in one vmap, beside the engine's choice
+(``chunk`` clients at a time, see ``fedhp.engine.ops.client_chunk``).
+
+Usage: python benchmarks/bench_engine.py [--threads N] [--repeats R] [--steps S] [--models ...]
 Output: one line per model,
   bench <model> vectorized_s=… reference_s=… speedup=… gflops=… peak_gflops=…
 """
@@ -21,14 +27,24 @@ import torch
 
 from fedhp.config import resolve_config
 from fedhp.engine.build import build_experiment
-from fedhp.engine.ops import sgd_steps, weighted_mean
-from fedhp.engine.reference import reference_fedavg_round
+from fedhp.engine.ops import _sgd_loop, client_chunk, sgd_steps, weighted_mean
+from fedhp.engine.reference import reference_fedavg_round, reference_local_sgd
+from fedhp.models import MODELS as ZOO
 
 MODELS = {
     "mlr": ["model.name=mlr"],
     "dnn100": ["model.name=dnn", "model.hidden=[100]"],
     "dnn500_200": ["model.name=dnn", "model.hidden=[500,200]"],
 }
+
+
+# name -> (model options, input shape, local steps = one epoch of fixed length)
+CONV_MODELS: dict[str, tuple[dict[str, object], tuple[int, ...], int]] = {
+    "cnn2": ({"name": "cnn2"}, (1, 28, 28), 30),  # FedLPS: 600 samples per client = 30 steps
+    "vgg11-bn": ({"name": "vgg", "cfg": "vgg11", "batch_norm": True}, (3, 32, 32), 2),
+    "resnet18": ({"name": "resnet18"}, (3, 32, 32), 1),
+}
+CONV_CLIENTS = 10
 
 
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
@@ -79,22 +95,81 @@ def bench_model(name: str, steps: int, repeats: int, peak_before: float) -> str:
     )
 
 
+def _timed(fn: object, times: list[float]) -> None:
+    t = time.perf_counter()
+    fn()  # type: ignore[operator]
+    times.append(time.perf_counter() - t)
+
+
+def bench_conv(name: str, repeats: int, peak_before: float) -> str:
+    """One epoch of a fixed number of steps, 10 clients, batch 20: the engine (its own client
+    chunking), all clients in one vmap, and the per-client reference loop."""
+    options, shape, steps = CONV_MODELS[name]
+    model = ZOO.build(options, "model").build(shape, 10)
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        (
+            torch.randn(CONV_CLIENTS, 20, *shape, generator=g),
+            torch.randint(0, 10, (CONV_CLIENTS, 20), generator=g),
+        )
+        for _ in range(steps)
+    ]
+    w0 = model.init_params(0).expand(CONV_CLIENTS, -1)
+    b0 = model.init_buffers().expand(CONV_CLIENTS, -1)
+
+    def vectorized() -> torch.Tensor:
+        it = iter(batches)
+        bufs = b0.clone()
+        return sgd_steps(model, w0, lambda: next(it), steps, 0.05, buffers=bufs)[0]
+
+    def vmap_all() -> torch.Tensor:
+        return _sgd_loop(model, w0.clone(), iter(batches), 0.05, None, b0.clone())[0]
+
+    def reference() -> torch.Tensor:
+        return reference_local_sgd(model, w0, batches, 0.05, buffers=b0.clone())
+
+    drift = (vectorized() - reference()).abs().max().item()  # also warms both paths up
+    vec_times: list[float] = []
+    all_times: list[float] = []
+    ref_times: list[float] = []
+    for _ in range(repeats):
+        _timed(reference, ref_times)
+        _timed(vectorized, vec_times)
+        _timed(vmap_all, all_times)
+    vec, ref = statistics.median(vec_times), statistics.median(ref_times)
+    peak = max(peak_before, matmul_peak_gflops())
+    flops = 3 * model.flops_per_sample() * 20 * CONV_CLIENTS * steps
+    chunk = client_chunk(model.num_params, CONV_CLIENTS)
+    return (
+        f"bench {name} vectorized_s={vec:.4f} reference_s={ref:.4f} speedup={ref / vec:.2f} "
+        f"gflops={flops / vec / 1e9:.1f} peak_gflops={peak:.1f} max_param_diff={drift:.1e} "
+        f"vmap_all_s={statistics.median(all_times):.4f} chunk={chunk} steps={steps}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--models", nargs="*", default=[*MODELS, *CONV_MODELS])
+    parser.add_argument("--conv-repeats", type=int, default=1, help="repeats of the conv models")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
         f"# torch {torch.__version__}, threads={torch.get_num_threads()}, 20 clients, batch 20, "
-        f"{args.steps} local steps per round; median of {args.repeats} interleaved repeats",
+        f"{args.steps} local steps per round; median of {args.repeats} interleaved repeats "
+        f"(conv models: {CONV_CLIENTS} clients, batch 20, the line's steps, "
+        f"{args.conv_repeats} repeat(s))",
         flush=True,
     )
     for name in args.models:
-        print(bench_model(name, args.steps, args.repeats, matmul_peak_gflops()), flush=True)
+        if name in CONV_MODELS:
+            line = bench_conv(name, args.conv_repeats, matmul_peak_gflops())
+        else:
+            line = bench_model(name, args.steps, args.repeats, matmul_peak_gflops())
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"  {name:14s} {doc}")
             print(f"  {'':14s} options: {_options_line(cls)}")
+            if registry is MODELS:
+                print(f"  {'':14s} {_parameter_counts(cls())}")
     return 0
 
 
@@ -145,6 +147,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     compare([Path(d) for d in args.runs], Path(args.out), args.metric, args.x, not args.no_band)
     return 0
+
+
+def _parameter_counts(options: Any) -> str:
+    """A model's parameter (and BatchNorm buffer) counts with its default options on MNIST-
+    and CIFAR-shaped inputs with 10 classes."""
+    from fedhp.errors import ConfigError
+
+    parts = []
+    for label, shape in (("1x28x28", (1, 28, 28)), ("3x32x32", (3, 32, 32))):
+        try:
+            model = options.build(shape, 10)
+        except ConfigError:
+            continue
+        extra = f" + {model.num_buffers:,} buffers" if model.num_buffers else ""
+        parts.append(f"{model.num_params:,} parameters{extra} on {label}")
+    return "size: " + "; ".join(parts)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

@@ -157,9 +157,27 @@ def test_resume_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert err.count("\n") == 1 and "corrupt or truncated" in err
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+# A BatchNorm model: its running statistics are state too (global_buffers / client_buffers);
+# little data, as evaluating even a tiny conv net on 12,000 samples a round takes seconds.
+BN = [
+    "model.name=vgg",
+    "model.cfg=[4,M,8,M]",
+    "model.batch_norm=true",
+    "partition.train_per_class=40",
+    "partition.test_per_class=20",
+    "federation.num_clients=4",
+    "federation.num_edges=2",
+]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], pytest.param([*BN, "algorithm.buffers=local"], marks=pytest.mark.slow)],
+    ids=["mlr", "batchnorm-local-buffers"],
+)
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path, extra: list[str]) -> None:
     """`fedhp run` killed with SIGKILL mid-run, then `fedhp run --resume`, equals one clean run."""
-    args = [*FAST, "rounds=10", "checkpoint_every=1"]
+    args = [*FAST, "rounds=10", "checkpoint_every=1", *extra]
     ref, out = tmp_path / "ref", tmp_path / "killed"
     assert main(["run", "--out", str(ref), *args]) == 0
     cmd = [sys.executable, "-m", "fedhp.cli", "run"]

@@ -23,10 +23,12 @@ import torch
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
+from fedhp.errors import ConfigError
 from fedhp.registry import Registry
 
 State = dict[str, torch.Tensor]
 RowKind = Literal["client", "edge"]
+BufferMode = Literal["average", "local"]
 NNZ_PREFIX = "nnz."
 """Where a node-held state key is absent (the Flower cloud), ``state[NNZ_PREFIX + key]`` holds
 its non-zero count per row, reported by the nodes, so densities can still be computed."""
@@ -41,8 +43,15 @@ class AlgorithmOptions(pydantic.BaseModel):
     lr: float = pydantic.Field(0.05, gt=0, description="client learning rate")
     batch_size: int = pydantic.Field(20, gt=0)
     local_steps: int = pydantic.Field(20, gt=0)
+    buffers: BufferMode = pydantic.Field(
+        "average",
+        description="BatchNorm running statistics: average them like the parameters (FedAvg) "
+        "or keep each client's own (local, FedBN-style); models without BatchNorm ignore it",
+    )
 
     hierarchical: ClassVar[bool] = False
+    supports_buffers: ClassVar[bool] = False
+    """Whether the method handles models with BatchNorm running statistics (buffers)."""
 
     def build(self, ctx: RunContext) -> Algorithm:
         """The algorithm object for one run."""
@@ -106,10 +115,130 @@ class Algorithm(ABC):
     client_outputs: ClassVar[tuple[str, ...]] = ()
     edge_outputs: ClassVar[tuple[str, ...]] = ()
     bills_stragglers: ClassVar[bool] = False
+    # With BatchNorm (B > 0 buffers per model): the Update keys holding buffer rows [n, B].
+    client_buffer_outputs: ClassVar[tuple[str, ...]] = ()
+    edge_buffer_outputs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
         self.options = options
         self.ctx = ctx
+        self.num_buffers = ctx.model.num_buffers
+        if self.num_buffers and not options.supports_buffers:
+            raise ConfigError(
+                f"model: {type(self).__name__} does not support BatchNorm running statistics; "
+                "use a model without BatchNorm (e.g. model.batch_norm=false) or "
+                "fedavg/fedprox/hierfavg/local/centralized"
+            )
+        self.held_keys: dict[str, RowKind] = dict(self.node_keys)
+        """The state entries held below the cloud: ``node_keys`` plus buffer rows."""
+        if self.num_buffers:
+            self.held_keys.update(self.buffer_node_keys())
+
+    # -- BatchNorm buffers (running statistics, ``[.., B]`` beside the ``[.., P]`` parameters) --
+
+    @property
+    def buffers_local(self) -> bool:
+        """Each client keeps its own running statistics (``buffers=local``) on a BN model."""
+        return self.num_buffers > 0 and self.options.buffers == "local"
+
+    def buffer_node_keys(self) -> dict[str, RowKind]:
+        """Node-held buffer entries of the state (used only when the model has buffers)."""
+        return {"client_buffers": "client"} if self.options.buffers == "local" else {}
+
+    def init_buffer_state(self, device: torch.device) -> State:
+        """Buffer entries of the initial state: ``global_buffers [B]`` and, with
+        ``buffers=local``, every client's own ``client_buffers [C, B]`` (none without BN)."""
+        if not self.num_buffers:
+            return {}
+        init = self.ctx.model.init_buffers().to(device)
+        state = {"global_buffers": init}
+        if self.buffers_local:
+            state["client_buffers"] = init.expand(self.ctx.num_clients, -1).clone()
+        return state
+
+    def start_buffers(
+        self, state: State, clients: torch.Tensor, sent: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Writable running statistics ``[len(clients), B]`` that ``clients`` train from: their
+        own (``local``) or the ``sent [n, B]`` rows (``average``); None without buffers."""
+        if not self.num_buffers:
+            return None
+        if self.buffers_local:
+            return state["client_buffers"][clients].clone()
+        assert sent is not None
+        return sent.clone()
+
+    def keep_buffers(self, state: State, clients: torch.Tensor, bufs: torch.Tensor | None) -> None:
+        """With ``buffers=local``, store the clients' trained running statistics."""
+        if self.buffers_local and bufs is not None:
+            state["client_buffers"][clients] = bufs
+
+    def sent_buffers(self, state: State) -> dict[str, torch.Tensor]:
+        """What goes down beside the global model: ``global_buffers`` when averaged."""
+        if self.buffers_travel_down:
+            return {"global_buffers": state["global_buffers"]}
+        return {}
+
+    @staticmethod
+    def wire(params: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
+        """One message per row: the parameters, followed by the buffers when they travel."""
+        if buffers is None:
+            return params
+        return torch.cat((params, buffers.expand(params.shape[0], -1)), dim=-1)
+
+    def unwire(
+        self, rows: torch.Tensor, with_buffers: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Split message rows made by :meth:`wire` into parameters and buffers (None if absent)."""
+        if not with_buffers:
+            return rows, None
+        p = self.ctx.model.num_params
+        return rows[..., :p], rows[..., p:]
+
+    def received_broadcast(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What a receiver of one :meth:`downlink` message row gets: ``global`` and, where they
+        travel, ``global_buffers`` (the billed, truncated values)."""
+        params, bufs = self.unwire(row, self.buffers_travel_down)
+        return {"global": params} if bufs is None else {"global": params, "global_buffers": bufs}
+
+    @property
+    def buffers_travel_down(self) -> bool:
+        """The global running statistics travel down with the global model (``average``)."""
+        return bool(self.num_buffers) and not self.buffers_local
+
+    def downlink(self, state: State, count: int) -> torch.Tensor | None:
+        """``count`` copies of the message carrying the global model down (None: none)."""
+        w = self.global_model(state)
+        if w is None:
+            return None
+        sent = self.sent_buffers(state).get("global_buffers")
+        return self.wire(w.expand(count, -1), None if sent is None else sent.unsqueeze(0))
+
+    def client_widths(self) -> dict[str, int]:
+        """Keys of ``Update.per_client`` and their row widths (P, or B for buffers)."""
+        out = {k: self.ctx.model.num_params for k in self.client_outputs}
+        if self.num_buffers:
+            out.update({k: self.num_buffers for k in self.client_buffer_outputs})
+        return out
+
+    def edge_widths(self) -> dict[str, int]:
+        """Keys of ``Update.per_edge`` and their row widths (P, or B for buffers)."""
+        out = {k: self.ctx.model.num_params for k in self.edge_outputs}
+        if self.num_buffers:
+            out.update({k: self.num_buffers for k in self.edge_buffer_outputs})
+        return out
+
+    def row_width(self, key: str) -> int:
+        """Width of the rows of held state ``key`` (P, or B for buffer rows)."""
+        return self.num_buffers if key in self.buffer_node_keys() else self.ctx.model.num_params
+
+    def global_buffers(self, state: State) -> torch.Tensor | None:
+        """The global model's running statistics ``[B]`` (None without BatchNorm)."""
+        return state.get("global_buffers")
+
+    def personal_buffers(self, state: State) -> torch.Tensor | None:
+        """Running statistics ``[C, B]`` of the personalized models (None without BatchNorm)."""
+        return None
 
     @abstractmethod
     def init_state(self, init_params: torch.Tensor) -> State:
@@ -123,8 +252,10 @@ class Algorithm(ABC):
         """The flat methods' plan: sample clients and send each the global model."""
         ctx = self.ctx
         clients = ctx.sample_clients()
-        sent = ctx.send("client_cloud", "down", state["global"].expand(len(clients), -1), clients)
-        return Task(clients, broadcast={"global": sent[0]})
+        down = self.downlink(state, len(clients))
+        assert down is not None
+        received = ctx.send("client_cloud", "down", down, clients)
+        return Task(clients, broadcast=self.received_broadcast(received[0]))
 
     @abstractmethod
     def train(self, state: State, task: Task) -> Update:
@@ -156,7 +287,7 @@ class Algorithm(ABC):
         if key in state:
             return density(state[key], self.ctx.zero_threshold)
         nnz = state[NNZ_PREFIX + key]
-        return float(nnz.sum()) / (nnz.numel() * self.ctx.model.num_params)
+        return float(nnz.sum()) / (nnz.numel() * self.row_width(key))
 
     def row_nonzeros(self, state: State, key: str) -> torch.Tensor:
         """Non-zero count of each row of node-held ``state[key]`` (int64)."""

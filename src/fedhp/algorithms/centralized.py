@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmOptions,
+    RowKind,
+    State,
+    Task,
+    Update,
+)
 from fedhp.engine.context import RunContext
 
 
@@ -22,7 +30,14 @@ class Centralized(Algorithm):
     options: CentralizedOptions
 
     def init_state(self, init_params: torch.Tensor) -> State:
-        return {"global": init_params.to(self.ctx.device).clone()}
+        p = init_params.to(self.ctx.device)
+        state = {"global": p.clone()}
+        if self.num_buffers:
+            state["global_buffers"] = self.ctx.model.init_buffers().to(p.device)
+        return state
+
+    def buffer_node_keys(self) -> dict[str, RowKind]:
+        return {}
 
     def plan(self, state: State, rnd: int) -> Task:
         raise NotImplementedError("centralized is not federated: it has no plan/train split")
@@ -39,6 +54,7 @@ class Centralized(Algorithm):
         n = int(train.y.shape[0])
         batch = opt.batch_size * ctx.num_clients
         params = state["global"].unsqueeze(0).clone()
+        bufs = state["global_buffers"].unsqueeze(0).clone() if self.num_buffers else None
         loss_total = 0.0
         for _ in range(opt.local_steps):
             if batch <= n:
@@ -47,10 +63,15 @@ class Centralized(Algorithm):
                 idx = torch.randint(n, (batch,), generator=ctx.generator)
             idx = idx.to(train.x.device)
             x, y = train.x[idx].unsqueeze(0), train.y[idx].unsqueeze(0)
-            loss, grad = ctx.model.loss_and_grad(params, x, y)
+            if bufs is None:
+                loss, grad = ctx.model.loss_and_grad(params, x, y)
+            else:
+                loss, grad = ctx.model.loss_and_grad(params, x, y, buffers=bufs)
             params.add_(grad, alpha=-opt.lr)
             loss_total += float(loss[0])
         state["global"] = params[0]
+        if bufs is not None:
+            state["global_buffers"] = bufs[0]
         return {"local_loss": loss_total / opt.local_steps}
 
 
@@ -59,7 +80,10 @@ class CentralizedOptions(AlgorithmOptions):
     """Centralized reference: SGD on the union of the clients' data (GM ceiling, no communication).
 
     Each round: ``local_steps`` steps of ``batch_size × num_clients`` samples from the union, the
-    same sample-gradient budget as every client taking ``local_steps`` steps of ``batch_size``."""
+    same sample-gradient budget as every client taking ``local_steps`` steps of ``batch_size``.
+    One model: BatchNorm statistics are the pooled batches' (``buffers`` has no effect)."""
+
+    supports_buffers = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return Centralized(self, ctx)

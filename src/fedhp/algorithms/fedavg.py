@@ -15,9 +15,10 @@ class FedAvg(Algorithm):
 
     options: FedAvgOptions
     client_outputs = ("params",)
+    client_buffer_outputs = ("buffers",)
 
     def init_state(self, init_params: torch.Tensor) -> State:
-        return {"global": init_params.clone()}
+        return {"global": init_params.clone(), **self.init_buffer_state(init_params.device)}
 
     def local_extra_grad(self, w: torch.Tensor) -> ExtraGrad | None:
         """Additive gradient term of the local objective around the global model ``w`` (none
@@ -30,17 +31,35 @@ class FedAvg(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
         w = task.broadcast["global"]
-        start = w.expand(len(task.clients), -1)
+        n = len(task.clients)
+        start = w.expand(n, -1)
+        sent = task.broadcast.get("global_buffers")
+        bufs = self.start_buffers(state, task.clients, None if sent is None else sent.expand(n, -1))
         params, loss_sum = ctx.local_sgd(
-            start, task.clients, opt.local_steps, opt.batch_size, opt.lr, self.local_extra_grad(w)
+            start,
+            task.clients,
+            opt.local_steps,
+            opt.batch_size,
+            opt.lr,
+            self.local_extra_grad(w),
+            buffers=bufs,
         )
-        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0))
+        per_client = {"params": params}
+        if bufs is not None:  # uploaded in both modes: the global model is evaluated with them
+            self.keep_buffers(state, task.clients, bufs)
+            per_client["buffers"] = bufs
+        return Update(per_client=per_client, losses=loss_sum.unsqueeze(0))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
         clients = task.clients
-        params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
-        state["global"] = weighted_mean(params, ctx.client_weights(clients))
+        bufs = update.per_client.get("buffers")
+        up = ctx.send("client_cloud", "up", self.wire(update.per_client["params"], bufs), clients)
+        params, bufs = self.unwire(up, bufs is not None)
+        weights = ctx.client_weights(clients)
+        state["global"] = weighted_mean(params, weights)
+        if bufs is not None:
+            state["global_buffers"] = weighted_mean(bufs, weights)
         assert update.losses is not None
         return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
 
@@ -48,6 +67,8 @@ class FedAvg(Algorithm):
 @ALGORITHMS.register("fedavg")
 class FedAvgOptions(AlgorithmOptions):
     """FedAvg: ``local_steps`` SGD steps per round, then (uniform or sample-weighted) averaging."""
+
+    supports_buffers = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedAvg(self, ctx)
@@ -67,6 +88,8 @@ class FedProxOptions(AlgorithmOptions):
     """FedProx; the sFedHP paper's grid is mu in {0.001, 0.01, 0.1, 1}."""
 
     mu: float = pydantic.Field(0.01, ge=0)
+
+    supports_buffers = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedProx(self, ctx)

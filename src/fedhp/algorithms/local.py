@@ -29,9 +29,16 @@ class LocalOnly(Algorithm):
     node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
     personal_on_node = True
 
+    def buffer_node_keys(self) -> dict[str, RowKind]:
+        return {"theta_buffers": "client"}  # the clients' own statistics, in either mode
+
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
-        return {"theta": p.expand(self.ctx.num_clients, -1).clone()}
+        state = {"theta": p.expand(self.ctx.num_clients, -1).clone()}
+        if self.num_buffers:
+            b = self.ctx.model.init_buffers().to(self.ctx.device)
+            state["theta_buffers"] = b.expand(self.ctx.num_clients, -1).clone()
+        return state
 
     def plan(self, state: State, rnd: int) -> Task:
         return Task(self.ctx.all_clients)
@@ -39,10 +46,13 @@ class LocalOnly(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
         clients = task.clients
+        bufs = state["theta_buffers"][clients].clone() if self.num_buffers else None
         params, loss_sum = ctx.local_sgd(
-            state["theta"][clients], clients, opt.local_steps, opt.batch_size, opt.lr
+            state["theta"][clients], clients, opt.local_steps, opt.batch_size, opt.lr, buffers=bufs
         )
         state["theta"][clients] = params
+        if bufs is not None:
+            state["theta_buffers"][clients] = bufs
         return Update(losses=loss_sum.unsqueeze(0))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
@@ -55,12 +65,18 @@ class LocalOnly(Algorithm):
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["theta"]
 
+    def personal_buffers(self, state: State) -> torch.Tensor | None:
+        return state.get("theta_buffers")
+
 
 @ALGORITHMS.register("local")
 class LocalOptions(AlgorithmOptions):
     """Local-only reference: each client trains alone on its own data (PM floor, no communication).
 
-    ``local_steps`` SGD steps of ``batch_size`` per client per round, as the federated methods."""
+    ``local_steps`` SGD steps of ``batch_size`` per client per round, as the federated methods.
+    BatchNorm statistics are always the client's own (``buffers`` has no effect)."""
+
+    supports_buffers = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return LocalOnly(self, ctx)

@@ -205,10 +205,19 @@ class RunContext:
         batch_size: int,
         lr: float,
         extra_grad: ExtraGrad | None = None,
+        *,
+        buffers: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``steps`` minibatch SGD steps of ``clients`` (rows of ``params``), all at once."""
+        """``steps`` minibatch SGD steps of ``clients`` (rows of ``params``), all at once;
+        ``buffers`` (their BatchNorm running statistics ``[C', B]``) are updated in place."""
         return sgd_steps(
-            self.model, params, self.batches(clients, batch_size), steps, lr, extra_grad
+            self.model,
+            params,
+            self.batches(clients, batch_size),
+            steps,
+            lr,
+            extra_grad,
+            buffers=buffers,
         )
 
 

@@ -40,17 +40,25 @@ class ClientEval:
 
 @torch.no_grad()
 def evaluate_shared(
-    model: BatchedModel, params: torch.Tensor, data: ClientTensors, chunk: int = 8192
+    model: BatchedModel,
+    params: torch.Tensor,
+    data: ClientTensors,
+    chunk: int = 8192,
+    *,
+    buffers: torch.Tensor | None = None,
 ) -> ClientEval:
-    """One model ``[P]`` on the union of all clients' samples, broken down per client."""
+    """One model ``[P]`` (with its BatchNorm statistics ``buffers [B]``) on the union of all
+    clients' samples, in eval mode, broken down per client."""
     num_clients = data.offsets.shape[0] - 1
     correct = torch.zeros(num_clients, dtype=torch.float64, device=params.device)
     loss_sum = torch.zeros_like(correct)
     w = params.unsqueeze(0)
+    bufs = None if buffers is None else buffers.unsqueeze(0)
+    chunk = model.eval_rows(chunk)
     for start in range(0, data.y.shape[0], chunk):
         x, y = data.x[start : start + chunk], data.y[start : start + chunk]
         owner = data.owner[start : start + chunk]
-        logits = model.forward(w, x.unsqueeze(0))[0]
+        logits = model.forward(w, x.unsqueeze(0), buffers=bufs)[0]
         correct.index_add_(0, owner, (logits.argmax(1) == y).double())
         loss_sum.index_add_(0, owner, F.cross_entropy(logits, y, reduction="none").double())
     return ClientEval(correct.cpu(), loss_sum.cpu(), data.counts.double().cpu())
@@ -58,15 +66,22 @@ def evaluate_shared(
 
 @torch.no_grad()
 def evaluate_personal(
-    model: BatchedModel, params: torch.Tensor, data: ClientTensors, width: int = 512
+    model: BatchedModel,
+    params: torch.Tensor,
+    data: ClientTensors,
+    width: int = 512,
+    *,
+    buffers: torch.Tensor | None = None,
 ) -> ClientEval:
-    """Client c's model ``params[c]`` on client c's own samples, for all clients at once."""
+    """Client c's model ``params[c]`` (with its BatchNorm statistics ``buffers[c]``) on client
+    c's own samples, in eval mode, for all clients at once."""
     num_clients = params.shape[0]
     correct = torch.zeros(num_clients, dtype=torch.float64, device=params.device)
     loss_sum = torch.zeros_like(correct)
+    width = model.eval_rows(width)
     for start in range(0, data.max_count, width):
         x, y, valid = data.windows(start, min(width, data.max_count - start))
-        logits = model.forward(params, x)
+        logits = model.forward(params, x, buffers=buffers)
         c, b = y.shape
         losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
         correct += ((logits.argmax(-1) == y) & valid).double().sum(1)

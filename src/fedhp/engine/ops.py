@@ -14,14 +14,22 @@ ExtraGrad = Callable[[torch.Tensor], torch.Tensor]
 
 
 def batched_loss_grad(
-    model: BatchedModel, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    model: BatchedModel,
+    params: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    buffers: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]`` in one backward pass.
 
     The clients' losses are summed before differentiation; since clients share no parameters, the
-    gradient's row c is exactly the gradient of client c's own mean loss.
+    gradient's row c is exactly the gradient of client c's own mean loss. ``buffers [C, B]``
+    (BatchNorm running statistics), if given, are updated in place.
     """
-    return model.loss_and_grad(params.detach(), x, y)
+    if buffers is None:
+        return model.loss_and_grad(params.detach(), x, y)
+    return model.loss_and_grad(params.detach(), x, y, buffers=buffers)
 
 
 def sgd_steps(
@@ -31,10 +39,14 @@ def sgd_steps(
     steps: int,
     lr: float,
     extra_grad: ExtraGrad | None = None,
+    *,
+    buffers: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once; ``batch()`` yields each step's ``(x, y)``.
 
     Returns the new parameters and the per-client loss summed over steps (a tensor, no host sync).
+    ``buffers [C, B]`` (BatchNorm running statistics; a writable tensor, not an expanded view)
+    are updated in place, one update per step.
     Large models without an ``extra_grad`` term are trained in client chunks that keep parameters
     and gradients cache-resident (see :func:`client_chunk`); the minibatches are drawn first, in
     the same order, so the result does not depend on the chunking.
@@ -43,7 +55,7 @@ def sgd_steps(
     num_clients = params.shape[0]
     chunk = client_chunk(params.shape[1], num_clients) if extra_grad is None else num_clients
     if chunk >= num_clients:
-        return _sgd_loop(model, params, (batch() for _ in range(steps)), lr, extra_grad)
+        return _sgd_loop(model, params, (batch() for _ in range(steps)), lr, extra_grad, buffers)
     batches = [batch() for _ in range(steps)]
     parts = [
         _sgd_loop(
@@ -52,6 +64,7 @@ def sgd_steps(
             ((x[s : s + chunk], y[s : s + chunk]) for x, y in batches),
             lr,
             None,
+            None if buffers is None else buffers[s : s + chunk],
         )
         for s in range(0, num_clients, chunk)
     ]
@@ -73,10 +86,11 @@ def _sgd_loop(
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     lr: float,
     extra_grad: ExtraGrad | None,
+    buffers: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     loss_sum = torch.zeros(params.shape[0], device=params.device)
     for x, y in batches:
-        loss, grad = batched_loss_grad(model, params, x, y)
+        loss, grad = batched_loss_grad(model, params, x, y, buffers=buffers)
         if extra_grad is not None:
             grad.add_(extra_grad(params))
         params.add_(grad, alpha=-lr)

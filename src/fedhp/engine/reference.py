@@ -17,17 +17,25 @@ def reference_local_sgd(
     params: torch.Tensor,
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     lr: float,
+    *,
+    buffers: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Client by client: SGD on ``batches[s] = (x [C,B,..], y [C,B])``; returns ``[C, P]``."""
+    """Client by client: SGD on ``batches[s] = (x [C,B,..], y [C,B])``; returns ``[C, P]``.
+
+    The modules train in training mode; ``buffers [C, B]`` (BatchNorm running statistics), if
+    given, start each client's module and receive its final ones (in place)."""
     out = []
     for c in range(params.shape[0]):
-        module = model.make_module(params[c])
+        module = model.make_module(params[c], None if buffers is None else buffers[c])
+        module.train()
         opt = torch.optim.SGD(module.parameters(), lr=lr)
         for x, y in batches:
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(module(x[c]), y[c]).backward()
             opt.step()
         out.append(model.layout.flatten_module(module))
+        if buffers is not None:
+            buffers[c] = model.buffer_layout.flatten_module(module)
     return torch.stack(out)
 
 

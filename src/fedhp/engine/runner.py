@@ -86,8 +86,9 @@ def evaluate_state(
     clients: list[Row] = [{"client": c, "edge": int(edge_of[c])} for c in range(fed.num_clients)]
     w = algo.global_model(state)
     if w is not None:
-        test = evaluate_shared(model, w, split)
-        train = evaluate_shared(model, w, fed.train)
+        bufs = algo.global_buffers(state)
+        test = evaluate_shared(model, w, split, buffers=bufs)
+        train = evaluate_shared(model, w, fed.train, buffers=bufs)
         row.update(global_acc=test.accuracy, global_loss=test.loss, train_loss=train.loss)
         row["density_global"] = density(w, eps)
         for e, acc in enumerate(test.per_group_accuracy(edge_of, topo.num_edges).tolist()):
@@ -101,8 +102,9 @@ def evaluate_state(
             personal_density = personal_eval.density
         else:
             assert personal is not None
-            test = evaluate_personal(model, personal, split)
-            train = evaluate_personal(model, personal, fed.train)
+            bufs = algo.personal_buffers(state)
+            test = evaluate_personal(model, personal, split, buffers=bufs)
+            train = evaluate_personal(model, personal, fed.train, buffers=bufs)
             personal_density = density(personal, eps)
         row.update(
             personal_acc=test.accuracy, personal_loss=test.loss, personal_train_loss=train.loss
@@ -225,13 +227,14 @@ def _charge_stragglers(exp: Experiment, start_state: State) -> None:
     """Stragglers received the round's model before missing the deadline: count that downlink."""
     ctx = exp.ctx
     stragglers = ctx.round_stragglers
-    w = exp.algorithm.global_model(start_state)
     if exp.algorithm.bills_stragglers:  # the algorithm billed what they received itself
         return
-    if stragglers is None or len(stragglers) == 0 or w is None:
+    if stragglers is None or len(stragglers) == 0:
+        return
+    messages = exp.algorithm.downlink(start_state, len(stragglers))
+    if messages is None:
         return
     link = "client_edge" if exp.options.hierarchical else "client_cloud"
-    messages = w.expand(len(stragglers), -1)
     ctx.ledger.record(link, "down", messages, ctx.zero_threshold, nodes=stragglers)
 
 

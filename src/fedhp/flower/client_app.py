@@ -54,7 +54,7 @@ def _load_state(context: Context, rt: NodeRuntime, config_text: str) -> State:
         and node.get("config") == config_text
         and node.get("shard") == rt.shard.index
         and arrays is not None
-        and set(arrays) == set(rt.algorithm.node_keys)
+        and set(arrays) == set(rt.algorithm.held_keys)
     )
     if not same:
         return rt.initial_state()
@@ -99,7 +99,7 @@ def handle(kind: str, content: RecordDict, context: Context) -> RecordDict:
     state = restored if restored is not None else _load_state(context, rt, config_text)
     if kind == "query":
         _save_state(context, state, rt, config_text)
-        rows = {f"{STATE_PREFIX}{k}": state[k] for k in rt.algorithm.node_keys}
+        rows = {f"{STATE_PREFIX}{k}": state[k] for k in rt.algorithm.held_keys}
         return to_record(rows, {}, rt.cfg.flower.sparse_wire)
     if kind == "train":
         out = rt.train(state, msg)

@@ -137,11 +137,11 @@ class FlowerDriver:
     def cloud_state(self, state: State, restored: bool) -> State:
         """Drop the node-held entries; keep their per-row non-zero counts. ``restored`` (a
         resumed run): every node gets its rows of the checkpoint with its next message."""
-        out = {k: v for k, v in state.items() if k not in self.algo.node_keys}
-        for key in self.algo.node_keys:
+        out = {k: v for k, v in state.items() if k not in self.algo.held_keys}
+        for key in self.algo.held_keys:
             out[NNZ_PREFIX + key] = self.algo.row_nonzeros(state, key)
-        if restored and self.algo.node_keys:
-            self._restore = {k: state[k].detach().cpu().clone() for k in self.algo.node_keys}
+        if restored and self.algo.held_keys:
+            self._restore = {k: state[k].detach().cpu().clone() for k in self.algo.held_keys}
             self._to_restore = {shard.index for shard in self.shards}
         return out
 
@@ -149,14 +149,14 @@ class FlowerDriver:
         """The cloud's ``state`` with the node-held rows asked from every node (a ``query``
         message); None, logged, if a node does not return them."""
         full = {k: v for k, v in state.items() if not k.startswith(NNZ_PREFIX)}
-        if not self.algo.node_keys:
+        if not self.algo.held_keys:
             return full
         requests = {
             shard.index: self._request(shard, {}, {"round": self._round, "shard": shard.index})
             for shard in self.shards
         }
         replies = self.transport.exchange("query", self._round, requests)
-        rows = {k: self._node_rows(k) for k in self.algo.node_keys}
+        rows = {k: self._node_rows(k) for k in self.algo.held_keys}
         complete = True
         for shard in self.shards:
             content = self._usable(shard.index, replies.get(shard.index), "no checkpoint")
@@ -164,13 +164,13 @@ class FlowerDriver:
                 complete = False
                 continue
             try:
-                expect_keys(content.arrays, {STATE_PREFIX + k for k in self.algo.node_keys})
-                for key, kind in self.algo.node_keys.items():
+                expect_keys(content.arrays, {STATE_PREFIX + k for k in self.algo.held_keys})
+                for key, kind in self.algo.held_keys.items():
                     ids = shard.clients if kind == "client" else shard.edges
                     value = expect(
                         content.arrays,
                         STATE_PREFIX + key,
-                        (len(ids), self.num_params),
+                        (len(ids), self.algo.row_width(key)),
                         torch.float32,
                     )
                     rows[key][ids] = value
@@ -242,7 +242,7 @@ class FlowerDriver:
         for index, content in good.items():
             self.exp.ctx.ledger.merge_round(parse_ledger(content.meta.get("ledger")))
             shard = parts[index].shard
-            for key, kind in self.algo.node_keys.items():
+            for key, kind in self.algo.held_keys.items():
                 ids = shard.clients if kind == "client" else shard.edges
                 state[NNZ_PREFIX + key][ids] = content.arrays[f"nnz.{key}"]
         stats = self.algo.aggregate(state, merged_task, update)
@@ -261,8 +261,8 @@ class FlowerDriver:
     def _node_rows(self, key: str) -> torch.Tensor:
         """An empty [rows, P] table for node-held entry ``key`` (all clients or all edges)."""
         ctx = self.exp.ctx
-        rows = ctx.num_clients if self.algo.node_keys[key] == "client" else ctx.topology.num_edges
-        return torch.zeros(rows, self.num_params, dtype=torch.float32)
+        rows = ctx.num_clients if self.algo.held_keys[key] == "client" else ctx.topology.num_edges
+        return torch.zeros(rows, self.algo.row_width(key), dtype=torch.float32)
 
     def _request(
         self, shard: Shard, arrays: dict[str, torch.Tensor], meta: dict[str, int | float | str]
@@ -272,7 +272,7 @@ class FlowerDriver:
         if shard.index not in self.configured:
             meta["config"] = self.config_text
         if shard.index in self._to_restore:
-            for key, kind in self.algo.node_keys.items():
+            for key, kind in self.algo.held_keys.items():
                 ids = shard.clients if kind == "client" else shard.edges
                 arrays[RESTORE_PREFIX + key] = self._restore[key][ids]
         return to_record(arrays, meta, self.exp.cfg.flower.sparse_wire)
@@ -308,11 +308,11 @@ class FlowerDriver:
     def _check_train(
         self, content: Content, part: _Part, gen_state: torch.Tensor, evaluate_after: bool
     ) -> None:
-        algo, task, shard, p = self.algo, part.task, part.shard, self.num_params
+        algo, task, shard = self.algo, part.task, part.shard
         up = task.up_edges
         keys = {"clients", "edges", "gen", "losses"}
-        keys |= {f"c.{k}" for k in algo.client_outputs} | {f"e.{k}" for k in algo.edge_outputs}
-        keys |= {f"nnz.{k}" for k in algo.node_keys}
+        keys |= {f"c.{k}" for k in algo.client_widths()} | {f"e.{k}" for k in algo.edge_widths()}
+        keys |= {f"nnz.{k}" for k in algo.held_keys}
         a = content.arrays
         if evaluate_after:
             keys |= {EVAL_PREFIX + k for k in _EVAL_NAMES}
@@ -320,19 +320,19 @@ class FlowerDriver:
         expect_ids(a, "clients", task.clients)
         expect_ids(a, "edges", up if up is not None else torch.zeros(0, dtype=torch.long))
         n_c, n_e = len(task.clients), 0 if up is None else len(up)
-        for k in algo.client_outputs:
-            expect(a, f"c.{k}", (n_c, p), torch.float32)
-        for k in algo.edge_outputs:
-            expect(a, f"e.{k}", (n_e, p), torch.float32)
+        for k, width in algo.client_widths().items():
+            expect(a, f"c.{k}", (n_c, width), torch.float32)
+        for k, width in algo.edge_widths().items():
+            expect(a, f"e.{k}", (n_e, width), torch.float32)
         losses = a["losses"]
         if losses.dim() != 2:
             raise MalformedReply("'losses' must be [groups, clients]")
         expect(a, "losses", (losses.shape[0], n_c), torch.float32)
         expect(a, "gen", tuple(gen_state.shape), torch.uint8)
-        for key, kind in algo.node_keys.items():
+        for key, kind in algo.held_keys.items():
             rows = len(shard.clients) if kind == "client" else len(shard.edges)
             nnz = expect(a, f"nnz.{key}", (rows,), torch.int64)
-            if rows and (int(nnz.min()) < 0 or int(nnz.max()) > p):
+            if rows and (int(nnz.min()) < 0 or int(nnz.max()) > algo.row_width(key)):
                 raise MalformedReply(f"'nnz.{key}' out of range")
         parse_ledger(content.meta.get("ledger"))
 
@@ -371,8 +371,8 @@ class FlowerDriver:
             agg = torch.cat([_must(parts[i].task.agg_edges) for i in order])
         merged = Task(clients, edges, agg, task.broadcast, {}, task.scalars)
         update = Update(
-            per_client={k: cat(f"c.{k}") for k in self.algo.client_outputs},
-            per_edge={k: cat(f"e.{k}") for k in self.algo.edge_outputs},
+            per_client={k: cat(f"c.{k}") for k in self.algo.client_widths()},
+            per_edge={k: cat(f"e.{k}") for k in self.algo.edge_widths()},
             losses=torch.cat([good[i].arrays["losses"] for i in order], dim=1),
         )
         return merged, update

@@ -48,7 +48,7 @@ class NodeRuntime:
         """The node-held part of the algorithm's initial state (its rows only)."""
         init = self.ctx.model.init_params(self.cfg.seed + MODEL_SEED_OFFSET)
         state = self.algorithm.init_state(init)
-        return {k: v for k, v in state.items() if k in self.algorithm.node_keys}
+        return {k: v for k, v in state.items() if k in self.algorithm.held_keys}
 
     def local_task(self, content: Content) -> Task:
         """The task in this node's local indices (its part of the round)."""
@@ -86,7 +86,7 @@ class NodeRuntime:
         out.update({f"e.{k}": v for k, v in update.per_edge.items()})
         if update.losses is not None:
             out["losses"] = update.losses
-        for key in algo.node_keys:
+        for key in algo.held_keys:
             out[f"nnz.{key}"] = algo.row_nonzeros(state, key)
         out["ledger"] = json.dumps(ctx.ledger.state_dict())
         return out
@@ -97,12 +97,14 @@ class NodeRuntime:
         """Each hosted client's personalized model on its own test and training data;
         ``broadcast``: what the cloud sent along (the global model, where they need it)."""
         cfg, ctx = self.cfg, self.ctx
-        models = self.algorithm.personal_models({**state, **(broadcast or {})})
+        full = {**state, **(broadcast or {})}
+        models = self.algorithm.personal_models(full)
         if models is None:
             raise MalformedReply("this algorithm has no personalized models to evaluate")
+        bufs = self.algorithm.personal_buffers(full)
         split = ctx.fed.val if cfg.eval_split == "val" else ctx.fed.test
-        test = evaluate_personal(ctx.model, models, split)
-        train = evaluate_personal(ctx.model, models, ctx.fed.train)
+        test = evaluate_personal(ctx.model, models, split, buffers=bufs)
+        train = evaluate_personal(ctx.model, models, ctx.fed.train, buffers=bufs)
         return {
             "clients": self.shard.clients,
             "test.correct": test.correct,

@@ -4,12 +4,19 @@ Every model's parameters live in ONE flat tensor ``[C, P]`` (a leading client di
 layers are views into it. Aggregation, sparsification, hard thresholding and byte accounting then
 act on plain ``[C, P]`` tensors, and autograd returns gradients in the same ``[C, P]`` shape.
 
+Models with BatchNorm also have per-client *buffers* (the running means and variances), the rows
+of a ``[C, B]`` tensor beside the parameters (:class:`BufferLayout`); models without have
+``B = 0``. In training mode every client normalizes with its own batch's statistics and updates
+its own row of the buffers in place; in eval mode each client normalizes with the row it is given.
+
 Each model also exposes a plain ``torch.nn.Module`` (its *reference* form) with the same parameter
-names and order; the reference path and the tests use it to check the batched forward/backward.
+and buffer names and order; the reference path and the tests use it to check the batched
+forward/backward.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from math import prod
@@ -22,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One named parameter: its shape and where it sits in the flat vector."""
+    """One named tensor: its shape and where it sits in the flat vector."""
 
     name: str
     shape: tuple[int, ...]
@@ -33,20 +40,20 @@ class ParamSpec:
         return prod(self.shape)
 
 
-class ParamLayout:
-    """The order and shapes of a module's parameters inside the flat ``[.., P]`` vector."""
+class FlatLayout:
+    """The order and shapes of named tensors inside a flat ``[.., N]`` vector."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, named: list[tuple[str, torch.Tensor]]) -> None:
         specs: list[ParamSpec] = []
         offset = 0
-        for name, p in module.named_parameters():
+        for name, p in named:
             specs.append(ParamSpec(name, tuple(p.shape), offset))
             offset += p.numel()
         self.specs = tuple(specs)
         self.size = offset
 
     def view(self, flat: torch.Tensor, spec: ParamSpec) -> torch.Tensor:
-        """View of one parameter for every client: ``[C, *shape]`` (or ``shape`` for 1-D flat)."""
+        """View of one tensor for every client: ``[C, *shape]`` (or ``shape`` for 1-D flat)."""
         lead = flat.shape[:-1]
         return flat[..., spec.offset : spec.offset + spec.numel].reshape(*lead, *spec.shape)
 
@@ -54,15 +61,103 @@ class ParamLayout:
         """Name → view, for ``torch.func.functional_call``."""
         return {s.name: self.view(flat, s) for s in self.specs}
 
+    def _tensors(self, module: nn.Module) -> list[torch.Tensor]:
+        raise NotImplementedError
+
     def flatten_module(self, module: nn.Module) -> torch.Tensor:
-        """A module's parameters as one flat ``[P]`` tensor (copied)."""
-        return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+        """A module's tensors as one flat ``[N]`` tensor (copied)."""
+        tensors = self._tensors(module)
+        if not tensors:
+            return torch.zeros(0)
+        return torch.cat([t.detach().reshape(-1) for t in tensors])
 
     def load_into(self, module: nn.Module, flat: torch.Tensor) -> None:
-        """Copy a flat ``[P]`` vector into a module's parameters (in place)."""
+        """Copy a flat ``[N]`` vector into a module's tensors (in place)."""
         with torch.no_grad():
-            for spec, p in zip(self.specs, module.parameters(), strict=True):
-                p.copy_(self.view(flat, spec))
+            for spec, t in zip(self.specs, self._tensors(module), strict=True):
+                t.copy_(self.view(flat, spec))
+
+
+class ParamLayout(FlatLayout):
+    """The order and shapes of a module's parameters inside the flat ``[.., P]`` vector."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__(list(module.named_parameters()))
+
+    def _tensors(self, module: nn.Module) -> list[torch.Tensor]:
+        return list(module.parameters())
+
+
+class BufferLayout(FlatLayout):
+    """A module's floating-point buffers (BatchNorm running means and variances) inside the flat
+    ``[.., B]`` buffer vector.
+
+    BatchNorm's integer ``num_batches_tracked`` counters are left out: they only matter with
+    ``momentum=None`` (a cumulative average), which is refused here; with a fixed momentum they
+    are never read."""
+
+    def __init__(self, module: nn.Module) -> None:
+        for name, m in module.named_modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None:
+                raise ValueError(f"{name}: BatchNorm with momentum=None is not supported")
+        super().__init__([(n, b) for n, b in module.named_buffers() if b.is_floating_point()])
+
+    def _tensors(self, module: nn.Module) -> list[torch.Tensor]:
+        return [b for b in module.buffers() if b.is_floating_point()]
+
+
+class _VmapBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm whose running-statistics update works under ``torch.func.vmap`` (the built-in
+    one's batching rule does not write the update back into batched buffers). Normalization is
+    ``F.batch_norm``'s; the update is PyTorch's: ``r <- (1 - m) r + m stat`` with the unbiased
+    batch variance. Swapped in for ``BatchNorm1d/2d`` on the vectorized path only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and self.track_running_stats:
+            return F.batch_norm(
+                x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+            )
+        if self.track_running_stats and self.running_mean is not None:
+            assert self.running_var is not None and self.momentum is not None
+            dims = [0, *range(2, x.dim())]
+            n = x.numel() // x.shape[1]
+            with torch.no_grad():
+                var, mean = torch.var_mean(x, dims, correction=1 if n > 1 else 0)
+                self.running_mean.mul_(1 - self.momentum).add_(mean, alpha=self.momentum)
+                self.running_var.mul_(1 - self.momentum).add_(var, alpha=self.momentum)
+        return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+
+
+def vmappable(module: nn.Module) -> nn.Module:
+    """``module`` itself if it has no BatchNorm, else a copy whose BatchNorm layers update their
+    running statistics under ``vmap`` (same parameter and buffer names)."""
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+        return module
+    out = copy.deepcopy(module)
+    for m in out.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.__class__ = type(f"Vmap{type(m).__name__}", (_VmapBatchNorm, type(m)), {})
+    return out
+
+
+class FeatureNet(nn.Module):
+    """A network split into a feature extractor and a linear head: ``forward(x)`` is
+    ``head(embed(x))``; ``forward(x, features=True)`` also returns the penultimate features."""
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Penultimate features ``[B, H]``."""
+        raise NotImplementedError
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, K]`` from features."""
+        raise NotImplementedError
+
+    def forward(
+        self, x: torch.Tensor, features: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        h = self.embed(x)
+        out = self.head(h)
+        return (out, h) if features else out
 
 
 class BatchedModel(ABC):
@@ -73,10 +168,17 @@ class BatchedModel(ABC):
         self.feature_shape = feature_shape
         self.num_classes = num_classes
         self.layout = ParamLayout(reference)
+        self.buffer_layout = BufferLayout(reference)
+        self._flops: int | None = None
 
     @property
     def num_params(self) -> int:
         return self.layout.size
+
+    @property
+    def num_buffers(self) -> int:
+        """``B``: running-statistics values per client (0 without BatchNorm)."""
+        return self.buffer_layout.size
 
     def init_params(self, seed: int) -> torch.Tensor:
         """Initial flat ``[P]`` parameters: PyTorch's default init of the reference module."""
@@ -88,14 +190,56 @@ class BatchedModel(ABC):
                     reset()
             return self.layout.flatten_module(self.reference).clone()
 
+    def init_buffers(self) -> torch.Tensor:
+        """Initial flat ``[B]`` buffers (running means 0, variances 1; empty without BatchNorm)."""
+        module = copy.deepcopy(self.reference)
+        for m in module.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.reset_running_stats()
+        return self.buffer_layout.flatten_module(module).clone()
+
+    def _buffers_for(self, flat: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
+        """``buffers``, or fresh initial ones ``[C, B]`` (discarded after the call)."""
+        if buffers is not None:
+            return buffers
+        return self.init_buffers().to(flat.device).expand(flat.shape[0], -1).clone()
+
     @abstractmethod
-    def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``[C, B, K]`` for parameters ``[C, P]`` and inputs ``[C, B, *feature_shape]``."""
+    def forward(
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        train: bool = False,
+    ) -> torch.Tensor:
+        """Logits ``[C, B, K]`` for parameters ``[C, P]`` and inputs ``[C, B, *feature_shape]``.
+
+        ``buffers [C, B]``: each client's BatchNorm running statistics (None: the initial ones);
+        ``train``: normalize with the batch's statistics and update ``buffers`` in place."""
+
+    @abstractmethod
+    def forward_with_features(
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        train: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[C, B, K]`` and the penultimate features ``[C, B, H]`` (the head's input) in
+        one differentiable forward, e.g. for feature-norm penalties or representations."""
 
     def loss_and_grad(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]``.
+        """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]`` (training mode:
+        ``buffers [C, B]``, if given, are updated in place with the batches' statistics).
 
         Autograd over per-layer leaf copies (not over slices of the flat tensor, whose backward
         would materialize a zero-filled ``[C, P]`` buffer per parameter). The clients' losses are
@@ -107,45 +251,150 @@ class BatchedModel(ABC):
             for s in self.layout.specs
         ]
         params = {s.name: leaf for s, leaf in zip(self.layout.specs, leaves, strict=True)}
-        logits = self.forward_params(params, x)
+        logits = self.forward_params(params, x, buffers=buffers, train=True)
         c, b = logits.shape[0], logits.shape[1]
         losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
         per_client = losses.view(c, b).mean(1)
         grads = torch.autograd.grad(per_client.sum(), leaves)
         return per_client.detach(), torch.cat([g.reshape(c, -1) for g in grads], dim=1)
 
-    def forward_params(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def forward_params(
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        train: bool = False,
+    ) -> torch.Tensor:
         """Like :meth:`forward`, from per-parameter tensors ``name -> [C, *shape]``."""
         flat = torch.cat([params[s.name].reshape(x.shape[0], -1) for s in self.layout.specs], 1)
-        return self.forward(flat, x)
+        return self.forward(flat, x, buffers=buffers, train=train)
 
-    def make_module(self, flat: torch.Tensor) -> nn.Module:
-        """A fresh plain ``nn.Module`` holding the flat ``[P]`` parameters (reference path)."""
-        import copy
-
+    def make_module(self, flat: torch.Tensor, buffers: torch.Tensor | None = None) -> nn.Module:
+        """A fresh plain ``nn.Module`` holding the flat ``[P]`` parameters and ``[B]`` buffers
+        (reference path)."""
         module = copy.deepcopy(self.reference)
         self.layout.load_into(module, flat)
+        if buffers is not None:
+            self.buffer_layout.load_into(module, buffers)
         return module
+
+    def eval_rows(self, rows: int) -> int:
+        """``rows`` samples per evaluation forward, scaled down for models above 1e8 forward
+        FLOPs per sample so that activations stay within a few hundred MB."""
+        if self._flops is None:
+            self._flops = self.flops_per_sample()
+        if self._flops <= 1e8:
+            return rows
+        return max(8, int(rows * 1e8 / self._flops))
 
     def flops_per_sample(self) -> int:
         """Forward FLOPs for one sample (counted by PyTorch's FlopCounterMode)."""
         x = torch.zeros(1, *self.feature_shape)
         counter = FlopCounterMode(display=False)
+        module = copy.deepcopy(self.reference).eval()
         with counter, torch.no_grad():
-            self.reference(x)
+            module(x)
         return int(counter.get_total_flops())
 
 
+DIRECT_MIN_PARAMS = 2_500_000
+"""From this many parameters on, a single client is run without vmap (see :class:`VmapModel`)."""
+
+
 class VmapModel(BatchedModel):
-    """Generic batched form of any module, via ``torch.func.vmap`` over ``functional_call``."""
+    """Generic batched form of any module, via ``torch.func.vmap`` over ``functional_call``.
 
-    def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_params(self.layout.unflatten(flat), x)
+    One client of a model with at least :data:`DIRECT_MIN_PARAMS` parameters (the engine trains
+    such models client by client, see ``fedhp.engine.ops.client_chunk``) is run by a plain
+    ``functional_call`` of the reference module instead: vmap's batched-weight convolutions cost
+    about twice a plain loop's for VGG-11 (docs/benchmarks.md). Feature taps need a
+    :class:`FeatureNet` reference."""
 
-    def forward_params(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        def one(p: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = torch.func.functional_call(self.reference, p, (xb,))
-            return out
+    def __init__(self, reference: nn.Module, feature_shape: tuple[int, ...], num_classes: int):
+        super().__init__(reference, feature_shape, num_classes)
+        self.functional = vmappable(reference)
 
-        result: torch.Tensor = torch.func.vmap(one)(params, x)
-        return result
+    def forward(
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        train: bool = False,
+    ) -> torch.Tensor:
+        return self.forward_params(self.layout.unflatten(flat), x, buffers=buffers, train=train)
+
+    def forward_params(
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        train: bool = False,
+    ) -> torch.Tensor:
+        out = self._call(params, x, buffers, train, False)
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    def forward_with_features(
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        train: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(self.reference, FeatureNet):
+            raise TypeError(f"{type(self.reference).__name__} has no features/head split")
+        out = self._call(self.layout.unflatten(flat), x, buffers, train, True)
+        assert isinstance(out, tuple)
+        return out
+
+    def _call(
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        buffers: torch.Tensor | None,
+        train: bool,
+        features: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        kwargs = {"features": True} if features else {}
+        if x.shape[0] == 1 and self.num_params >= DIRECT_MIN_PARAMS:
+            return self._call_one(params, x, buffers, train, kwargs)
+        module = self.functional
+        module.train(train)
+        if self.num_buffers == 0:
+
+            def one(p: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+                return torch.func.functional_call(module, p, (xb,), kwargs)
+
+            return torch.func.vmap(one, randomness="different")(params, x)
+        bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
+
+        def one_bn(
+            p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xb: torch.Tensor
+        ) -> torch.Tensor:
+            return torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
+
+        return torch.func.vmap(one_bn, randomness="different")(params, bufs, x)
+
+    def _call_one(
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        buffers: torch.Tensor | None,
+        train: bool,
+        kwargs: dict[str, bool],
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """One client (``x [1, B, ...]``) without vmap; BatchNorm updates ``buffers`` in place."""
+        tensors = {k: v[0] for k, v in params.items()}
+        if self.num_buffers:
+            bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
+            tensors.update({k: v[0] for k, v in bufs.items()})
+        module = self.reference
+        module.train(train)
+        out = torch.func.functional_call(module, tensors, (x[0],), kwargs)
+        if isinstance(out, tuple):
+            return out[0].unsqueeze(0), out[1].unsqueeze(0)
+        return out.unsqueeze(0)

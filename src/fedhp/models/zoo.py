@@ -1,4 +1,4 @@
-"""The model zoo: MLR, DNN (MLP), the MNIST CNN and VGG from a cfg list.
+"""The model zoo: MLR, DNN (MLP), the MNIST CNNs, VGG (optionally with BatchNorm) and ResNet-18.
 
 Each entry is a pydantic options model registered in :data:`MODELS` whose ``build`` returns a
 :class:`~fedhp.models.base.BatchedModel`.
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fedhp.errors import ConfigError
-from fedhp.models.base import BatchedModel, VmapModel
+from fedhp.models.base import BatchedModel, FeatureNet, VmapModel
 from fedhp.registry import Registry
 
 
@@ -30,20 +30,21 @@ class ModelOptions(pydantic.BaseModel):
 MODELS: Registry[ModelOptions] = Registry("model")
 
 
-class MLP(nn.Module):
+class MLP(FeatureNet):
     """Flatten, then Linear/ReLU layers; no activation after the last layer."""
 
     def __init__(self, sizes: list[int]) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes, sizes[1:], strict=False))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
         h = x.flatten(1)
-        for i, layer in enumerate(self.layers):
-            h = layer(h)
-            if i < len(self.layers) - 1:
-                h = torch.relu(h)
+        for layer in self.layers[:-1]:
+            h = torch.relu(layer(h))
         return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.layers[-1](h)
 
 
 class BatchedMLP(BatchedModel):
@@ -69,11 +70,23 @@ class BatchedMLP(BatchedModel):
             acts.append(h)
         return acts
 
-    def forward(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        train: bool = False,
+    ) -> torch.Tensor:
         return self._activations(flat, x)[-1]
 
     def forward_with_features(
-        self, flat: torch.Tensor, x: torch.Tensor
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        train: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[C, B, K]`` and the penultimate features ``[C, B, H]`` (the last layer's
         input), differentiable, for feature-level penalties such as feature-norm regularization."""
@@ -81,7 +94,12 @@ class BatchedMLP(BatchedModel):
         return acts[-1], acts[-2]
 
     def loss_and_grad(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             acts = self._activations(flat, x)
@@ -124,7 +142,7 @@ class DNNOptions(ModelOptions):
         return BatchedMLP(MLP(sizes), feature_shape, num_classes)
 
 
-class MnistCNN(nn.Module):
+class MnistCNN(FeatureNet):
     """The CNN of McMahan et al. (2017): two 5x5 conv layers (32, 64) with max-pooling, FC 512."""
 
     def __init__(self, in_channels: int, side: int, num_classes: int) -> None:
@@ -134,10 +152,13 @@ class MnistCNN(nn.Module):
         self.fc1 = nn.Linear(64 * (side // 4) * (side // 4), 512)
         self.fc2 = nn.Linear(512, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
         h = torch.max_pool2d(torch.relu(self.conv2(h)), 2)
-        return self.fc2(torch.relu(self.fc1(h.flatten(-3))))
+        return torch.relu(self.fc1(h.flatten(-3)))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc2(h)
 
 
 def _image_shape(feature_shape: tuple[int, ...], model: str) -> tuple[int, int, int]:
@@ -159,20 +180,81 @@ class CNNOptions(ModelOptions):
         return VmapModel(MnistCNN(c, h, num_classes), feature_shape, num_classes)
 
 
-class VGG(nn.Module):
-    """VGG-style network from a cfg list: ints are 3x3 conv widths, ``"M"`` is 2x2 max-pooling."""
+class FedLPSCNN(FeatureNet):
+    """FedLPS's MNIST CNN: conv 1→10 5×5, max-pool, conv 10→20 5×5, (dropout), max-pool,
+    FC 320→50→10 with ReLUs (no padding; 21,840 parameters on MNIST). ``dropout`` is the
+    probability of the code's Dropout2d after conv2 and dropout after fc1 (0: off)."""
 
-    def __init__(self, cfg: list[int | str], in_channels: int, side: int, num_classes: int):
+    def __init__(self, in_channels: int, side: int, num_classes: int, dropout: float) -> None:
+        super().__init__()
+        spatial = ((side - 4) // 2 - 4) // 2
+        if spatial < 1:
+            raise ConfigError(f"model.name: 'cnn2' needs inputs of at least 16x16, got {side}")
+        self.conv1 = nn.Conv2d(in_channels, 10, 5)
+        self.conv2 = nn.Conv2d(10, 20, 5)
+        self.conv2_drop = nn.Dropout2d(dropout)
+        self.fc1 = nn.Linear(20 * spatial * spatial, 50)
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(50, num_classes)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(torch.max_pool2d(self.conv1(x), 2))
+        h = torch.relu(torch.max_pool2d(self.conv2_drop(self.conv2(h)), 2))
+        return self.drop(torch.relu(self.fc1(h.flatten(-3))))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc2(h)
+
+
+@MODELS.register("cnn2")
+class CNN2Options(ModelOptions):
+    """FedLPS's MNIST CNN (conv 10, conv 20, FC 320-50-10; 21,840 parameters on MNIST)."""
+
+    dropout: float = pydantic.Field(0.0, ge=0, lt=1, description="the code's p=0.5; 0: off")
+
+    def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
+        c, h, _ = _image_shape(feature_shape, "cnn2")
+        return VmapModel(FedLPSCNN(c, h, num_classes, self.dropout), feature_shape, num_classes)
+
+
+_VGG_CFGS: dict[str, list[int | str]] = {
+    "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "vgg13": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "vgg16": [
+        *(64, 64, "M", 128, 128, "M", 256, 256, 256, "M"),
+        *(512, 512, 512, "M", 512, 512, 512, "M"),
+    ],
+}
+"""Simonyan & Zisserman's configurations A, B, D (the CIFAR form: one linear classifier)."""
+
+
+class VGG(FeatureNet):
+    """VGG-style network from a cfg list: ints are 3x3 conv widths (each followed by BatchNorm
+    when ``batch_norm``, then ReLU), ``"M"`` is 2x2 max-pooling (rounding up with
+    ``ceil_pool``); one linear classifier."""
+
+    def __init__(
+        self,
+        cfg: list[int | str],
+        in_channels: int,
+        side: int,
+        num_classes: int,
+        batch_norm: bool = False,
+        ceil_pool: bool = False,
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         ch, spatial = in_channels, side
         for item in cfg:
             if item == "M":
-                layers.append(nn.MaxPool2d(2))
-                spatial //= 2
+                layers.append(nn.MaxPool2d(2, ceil_mode=ceil_pool))
+                spatial = -(-spatial // 2) if ceil_pool else spatial // 2
             else:
                 width = int(item)
-                layers += [nn.Conv2d(ch, width, 3, padding=1), nn.ReLU()]
+                layers.append(nn.Conv2d(ch, width, 3, padding=1))
+                if batch_norm:
+                    layers.append(nn.BatchNorm2d(width))
+                layers.append(nn.ReLU())
                 ch = width
         if spatial < 1:
             raise ConfigError(
@@ -181,16 +263,47 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(ch * spatial * spatial, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x).flatten(-3))
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x).flatten(-3)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.classifier(h)
 
 
 @MODELS.register("vgg")
 class VGGOptions(ModelOptions):
-    """VGG from a cfg list; the sFedHP paper's CIFAR-10 model is the default cfg."""
+    """VGG from a cfg list or a name (vgg11, vgg13, vgg16); the sFedHP paper's CIFAR-10 model is
+    the default cfg. ``batch_norm``: BatchNorm after every conv (FedLPS's VGG-BN)."""
 
-    cfg: list[pydantic.PositiveInt | Literal["M"]] = [16, "M", 32, "M", 64, "M", 128, "M", 128, "M"]
+    cfg: list[pydantic.PositiveInt | Literal["M"]] | Literal["vgg11", "vgg13", "vgg16"] = [
+        16,
+        "M",
+        32,
+        "M",
+        64,
+        "M",
+        128,
+        "M",
+        128,
+        "M",
+    ]
+    batch_norm: bool = False
 
     def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
         c, h, _ = _image_shape(feature_shape, "vgg")
-        return VmapModel(VGG(list(self.cfg), c, h, num_classes), feature_shape, num_classes)
+        cfg: list[int | str] = _VGG_CFGS[self.cfg] if isinstance(self.cfg, str) else [*self.cfg]
+        # Named configs round pooled sizes up, so 28x28 inputs also reach 1x1 (28-14-7-4-2-1);
+        # on 32x32 (the configs' CIFAR setting) nothing changes.
+        module = VGG(cfg, c, h, num_classes, self.batch_norm, ceil_pool=isinstance(self.cfg, str))
+        return VmapModel(module, feature_shape, num_classes)
+
+
+@MODELS.register("resnet18")
+class ResNet18Options(ModelOptions):
+    """ResNet-18, CIFAR variant (3x3 stem, no max-pool; 11,173,962 parameters on CIFAR-10)."""
+
+    def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
+        from fedhp.models.resnet import ResNet18
+
+        c, _, _ = _image_shape(feature_shape, "resnet18")
+        return VmapModel(ResNet18(c, num_classes), feature_shape, num_classes)

@@ -1,0 +1,77 @@
+"""BatchNorm running statistics in the algorithms: averaged (FedAvg) or kept per client
+(FedBN-style), counted on the wire, refused by the methods that do not support them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhp.engine.ops import weighted_mean
+from fedhp.errors import ConfigError
+from tests.conftest import small_experiment
+
+BN = ["model.name=vgg", "model.cfg=[4,M,8,M]", "model.batch_norm=true"]
+
+
+def test_fedavg_averages_the_clients_statistics_and_counts_them() -> None:
+    exp = small_experiment(*BN, "algorithm.local_steps=2")
+    algo, ctx, model = exp.algorithm, exp.ctx, exp.model
+    state = algo.init_state(model.init_params(0))
+    assert torch.equal(state["global_buffers"], model.init_buffers())
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    bufs = update.per_client["buffers"]
+    assert bufs.shape == (len(task.clients), model.num_buffers)
+    assert not torch.allclose(bufs[0], bufs[1])  # each client's own batch statistics
+    algo.aggregate(state, task, update)
+    expected = weighted_mean(bufs, ctx.client_weights(task.clients))
+    torch.testing.assert_close(state["global_buffers"], expected)
+    totals = ctx.ledger.current()
+    width = model.num_params + model.num_buffers  # one message: parameters, then buffers
+    assert totals["params_client_cloud_down"] == len(task.clients) * width
+    assert totals["params_client_cloud_up"] == len(task.clients) * width
+
+
+def test_local_buffers_stay_with_each_client() -> None:
+    exp = small_experiment(*BN, "algorithm.local_steps=2", "algorithm.buffers=local")
+    algo, model = exp.algorithm, exp.model
+    state = algo.init_state(model.init_params(0))
+    assert state["client_buffers"].shape == (exp.ctx.num_clients, model.num_buffers)
+    assert algo.held_keys == {"client_buffers": "client"}
+    algo.run_round(state, 0)
+    first = state["client_buffers"].clone()
+    assert not torch.allclose(first[0], first[1])
+    task = algo.plan(state, 1)
+    assert "global_buffers" not in task.broadcast  # nothing sent down
+    update = algo.train(state, task)
+    # Round 2 started from each client's own statistics, not from an average.
+    fresh = exp.algorithm.ctx.model.init_buffers()
+    assert not torch.allclose(update.per_client["buffers"][0], fresh)
+    assert torch.equal(state["client_buffers"][task.clients], update.per_client["buffers"])
+    totals = exp.ctx.ledger.current()
+    n = len(task.clients)  # two rounds down (parameters only), round 1 up (with statistics)
+    assert totals["params_client_cloud_down"] == 2 * n * model.num_params
+    assert totals["params_client_cloud_up"] == n * (model.num_params + model.num_buffers)
+
+
+@pytest.mark.parametrize("name", ["hierfavg", "local", "centralized", "fedprox"])
+def test_other_flat_methods_train_bn_models(name: str) -> None:
+    exp = small_experiment(
+        *BN,
+        f"algorithm.name={name}",
+        "algorithm.local_steps=2",
+        "algorithm.kappa1=1" if name == "hierfavg" else "algorithm.lr=0.05",
+    )
+    state = exp.algorithm.init_state(exp.model.init_params(0))
+    before = {k: v.clone() for k, v in state.items()}
+    exp.algorithm.run_round(state, 0)
+    key = "theta_buffers" if name == "local" else "global_buffers"
+    assert not torch.allclose(state[key], before[key])
+    assert bool(torch.isfinite(state[key]).all())
+
+
+@pytest.mark.parametrize("name", ["sfedhp", "pfedme", "perfedavg", "heurfedamp"])
+def test_personalized_methods_refuse_bn_models_in_one_line(name: str) -> None:
+    with pytest.raises(ConfigError, match="batch_norm=false") as err:
+        small_experiment(*BN, f"algorithm.name={name}")
+    assert "\n" not in str(err.value)
