@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ExtraGrad, prox_grad, weighted_mean
 
@@ -28,26 +28,23 @@ class FedAvg(Algorithm):
         return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
-        ctx, opt = self.ctx, self.options
         w = task.broadcast["global"]
         start = w.expand(len(task.clients), -1)
-        params, loss_sum = ctx.local_sgd(
-            start, task.clients, opt.local_steps, opt.batch_size, opt.lr, self.local_extra_grad(w)
-        )
-        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0))
+        params, loss_sum, steps = self.local_update(start, task.clients, self.local_extra_grad(w))
+        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
+        ctx = self.ctx
         params, clients = update.per_client["params"], task.clients
         ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
         state["global"] = weighted_mean(params, ctx.client_weights(clients))
-        assert update.losses is not None
-        return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
+        return self.local_work_stats(task, update)
 
 
 @ALGORITHMS.register("fedavg")
-class FedAvgOptions(AlgorithmOptions):
-    """FedAvg: ``local_steps`` SGD steps per round, then (uniform or sample-weighted) averaging."""
+class FedAvgOptions(LocalWorkOptions):
+    """FedAvg: ``local_steps`` SGD steps (or ``local_epochs`` epochs) per round, then (uniform or
+    sample-weighted) averaging."""
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedAvg(self, ctx)
@@ -63,7 +60,7 @@ class FedProx(FedAvg):
 
 
 @ALGORITHMS.register("fedprox")
-class FedProxOptions(AlgorithmOptions):
+class FedProxOptions(LocalWorkOptions):
     """FedProx; the sFedHP paper's grid is mu in {0.001, 0.01, 0.1, 1}."""
 
     mu: float = pydantic.Field(0.01, ge=0)

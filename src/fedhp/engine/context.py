@@ -11,7 +11,7 @@ import torch
 from fedhp.comm import CommLedger
 from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
-from fedhp.engine.ops import ExtraGrad, sgd_steps
+from fedhp.engine.ops import ExtraGrad, sgd_steps, weighted_sgd_steps
 from fedhp.engine.sampler import BatchSampler
 from fedhp.models.base import BatchedModel
 from fedhp.topology import Topology
@@ -188,6 +188,32 @@ class RunContext:
         return sgd_steps(
             self.model, params, self.batches(clients, batch_size), steps, lr, extra_grad
         )
+
+    def local_sgd_epochs(
+        self,
+        params: torch.Tensor,
+        clients: torch.Tensor,
+        epochs: int,
+        batch_size: int,
+        lr: float,
+        extra_grad: ExtraGrad | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``epochs`` passes of each of ``clients`` over its own shuffled data, all at once.
+
+        Client c takes ``ceil(n_c / batch_size)`` steps per epoch (:meth:`BatchSampler.epochs`);
+        clients of unequal size step together, the ones that have finished frozen. Returns the
+        new parameters, the per-client loss summed over its steps and its step count ``[C']``.
+        """
+        plan = self.sampler.epochs(clients, batch_size, epochs)
+
+        def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            x, y = self.fed.train.gather(clients[rows], plan.index[step, rows])
+            return x, y, plan.weight[step, rows]
+
+        params, loss_sum = weighted_sgd_steps(
+            self.model, params, batch, plan.num_steps, lr, extra_grad
+        )
+        return params, loss_sum, plan.steps
 
 
 def _union(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,48 @@ def sgd_steps(
     return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
 
 
+WeightedBatch = Callable[[int, slice], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""``(step, rows) -> (x [c',B,..], y [c',B], weight [c',B])``: step ``step``'s minibatch of the
+clients in ``rows`` (a slice of the client dimension), with per-sample weights."""
+
+
+def weighted_sgd_steps(
+    model: BatchedModel,
+    params: torch.Tensor,
+    batch: WeightedBatch,
+    steps: int,
+    lr: float,
+    extra_grad: ExtraGrad | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``steps`` SGD steps for all clients at once on minibatches with per-sample weights (local
+    epochs: a partial last batch, clients of unequal size).
+
+    Each client's loss is the weighted mean over its minibatch; a client whose weights are all
+    zero at a step is frozen for that step (its whole update, ``extra_grad`` included, is
+    masked). Returns the new parameters and the per-client loss summed over its steps. Chunked
+    over clients like :func:`sgd_steps`; the minibatches are gathered per chunk, so the result
+    does not depend on the chunking.
+    """
+    params = params.detach().clone()
+    num_clients = params.shape[0]
+    chunk = client_chunk(params.shape[1], num_clients) if extra_grad is None else num_clients
+    parts = []
+    for start in range(0, num_clients, chunk):
+        rows = slice(start, min(start + chunk, num_clients))
+        part = params[rows]
+        loss_sum = torch.zeros(part.shape[0], device=params.device)
+        for step in range(steps):
+            x, y, weight = batch(step, rows)
+            loss, grad = model.loss_and_grad(part, x, y, weight=weight)
+            if extra_grad is not None:
+                grad.add_(extra_grad(part))
+            grad.mul_((weight.sum(1) > 0).to(grad.dtype).unsqueeze(1))
+            part.add_(grad, alpha=-lr)
+            loss_sum += loss
+        parts.append((part, loss_sum))
+    return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
+
+
 CACHE_FLOATS = 2_500_000
 """Parameters of one client chunk (~8 MB, plus as much gradient): fits this class of CPUs' L3."""
 
