@@ -22,8 +22,8 @@ import torch
 
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import ExtraGrad
 from fedhp.engine.evaluate import density
+from fedhp.engine.ops import ExtraGrad
 from fedhp.registry import Registry
 
 State = dict[str, torch.Tensor]

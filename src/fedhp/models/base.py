@@ -117,7 +117,9 @@ class BatchedModel(ABC):
 
         ``weight [C, B]`` (optional): per-sample weights; each client's loss is then the weighted
         mean over its samples (0 for padding, e.g. a partial last batch; a row of zeros gives
-        loss 0 and gradient 0). Autograd over per-layer leaf copies (not over slices of the flat tensor, whose backward
+        loss 0 and gradient 0).
+
+        Autograd over per-layer leaf copies (not over slices of the flat tensor, whose backward
         would materialize a zero-filled ``[C, P]`` buffer per parameter). The clients' losses are
         summed before differentiation; as clients share no parameters, row c of the gradient is
         exactly the gradient of client c's own loss.
