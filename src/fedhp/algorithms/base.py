@@ -164,20 +164,31 @@ class Algorithm(ABC):
         """Cloud: record what came up and aggregate it into ``state``; returns round statistics."""
 
     def local_update(
-        self, start: torch.Tensor, clients: torch.Tensor, extra_grad: ExtraGrad | None = None
+        self,
+        start: torch.Tensor,
+        clients: torch.Tensor,
+        extra_grad: ExtraGrad | None = None,
+        *,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The round's local SGD of ``clients`` from ``start`` (rows) under the options'
-        ``local_steps`` or ``local_epochs`` (:class:`LocalWorkOptions`): the new parameters,
-        each client's loss summed over its steps, and its step count ``[C']`` (int64)."""
+        ``local_steps`` or ``local_epochs`` (:class:`LocalWorkOptions`), on the sub-models of
+        ``mask [C', P]`` if given (:mod:`fedhp.models.masks`): the new parameters, each client's
+        loss summed over its steps, and its step count ``[C']`` (int64)."""
         ctx, opt = self.ctx, self.options
         assert isinstance(opt, LocalWorkOptions)
         if opt.local_epochs is not None:
             return ctx.local_sgd_epochs(
-                start, clients, opt.local_epochs, opt.batch_size, opt.lr, extra_grad
+                start, clients, opt.local_epochs, opt.batch_size, opt.lr, extra_grad, mask=mask
             )
-        params, loss_sum = ctx.local_sgd(
-            start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad
-        )
+        if mask is None:
+            params, loss_sum = ctx.local_sgd(
+                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad
+            )
+        else:
+            params, loss_sum = ctx.local_sgd_masked(
+                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, mask=mask
+            )
         steps = torch.full((len(clients),), opt.local_steps, dtype=torch.int64, device=ctx.device)
         return params, loss_sum, steps
 

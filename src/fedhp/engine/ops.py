@@ -58,9 +58,9 @@ def sgd_steps(
     return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
 
 
-WeightedBatch = Callable[[int, slice], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-"""``(step, rows) -> (x [c',B,..], y [c',B], weight [c',B])``: step ``step``'s minibatch of the
-clients in ``rows`` (a slice of the client dimension), with per-sample weights."""
+WeightedBatch = Callable[[int, slice], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+"""``(step, rows) -> (x [c',B,..], y [c',B], weight [c',B] or None)``: step ``step``'s minibatch of
+the clients in ``rows`` (a slice of the client dimension), with optional per-sample weights."""
 
 
 def weighted_sgd_steps(
@@ -70,17 +70,21 @@ def weighted_sgd_steps(
     steps: int,
     lr: float,
     extra_grad: ExtraGrad | None = None,
+    *,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once on minibatches with per-sample weights (local
-    epochs: a partial last batch, clients of unequal size).
+    epochs: a partial last batch, clients of unequal size), optionally on masked sub-models.
 
     Each client's loss is the weighted mean over its minibatch; a client whose weights are all
     zero at a step is frozen for that step (its whole update, ``extra_grad`` included, is
-    masked). Returns the new parameters and the per-client loss summed over its steps. Chunked
-    over clients like :func:`sgd_steps`; the minibatches are gathered per chunk, so the result
-    does not depend on the chunking.
+    masked). ``mask [C, P]`` (0/1, e.g. :func:`fedhp.models.masks.param_mask`): the parameters
+    start masked and every gradient is masked, so masked entries stay exactly zero — applied
+    outside the model's forward. Returns the new parameters and the per-client loss summed over
+    its steps. Chunked over clients like :func:`sgd_steps`; the minibatches are gathered per
+    chunk, so the result does not depend on the chunking.
     """
-    params = params.detach().clone()
+    params = params.detach().clone() if mask is None else params.detach() * mask
     num_clients = params.shape[0]
     chunk = client_chunk(params.shape[1], num_clients) if extra_grad is None else num_clients
     parts = []
@@ -93,7 +97,10 @@ def weighted_sgd_steps(
             loss, grad = model.loss_and_grad(part, x, y, weight=weight)
             if extra_grad is not None:
                 grad.add_(extra_grad(part))
-            grad.mul_((weight.sum(1) > 0).to(grad.dtype).unsqueeze(1))
+            if weight is not None:
+                grad.mul_((weight.sum(1) > 0).to(grad.dtype).unsqueeze(1))
+            if mask is not None:
+                grad.mul_(mask[rows])
             part.add_(grad, alpha=-lr)
             loss_sum += loss
         parts.append((part, loss_sum))
