@@ -60,6 +60,13 @@ def test_a_batch_norm_after_a_layer_joins_its_group_and_a_model_may_override() -
     assert float(views["0.weight"][0, 1].abs().sum()) == 0.0
     assert bool((views["4.weight"] == 1).all())  # the output layer is never masked
 
+    pruned = nn.Sequential(
+        nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 36, 3)
+    )
+    assert int(masked_flops(model, torch.tensor([[True, False, True, True]]))[0]) == _flops(
+        pruned.eval(), SHAPE
+    )
+
     custom = (UnitGroup("0", 4, "0.weight"),)
     model.unit_groups = lambda: custom  # type: ignore[attr-defined]
     assert unit_groups(model) == custom
