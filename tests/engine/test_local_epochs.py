@@ -3,6 +3,8 @@ clients against a client-by-client reference loop."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,13 @@ from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel
 from fedhp.models.zoo import CNNOptions, DNNOptions
 from fedhp.topology import Topology
+from tests.flower.helpers import (
+    assert_same_metrics,
+    config_args,
+    read_csv,
+    run_flower_local,
+    run_inprocess,
+)
 
 COUNTS = (5, 13, 27, 1)
 SHAPE = (1, 8, 8)
@@ -186,3 +195,20 @@ def test_steps_and_epochs_are_exclusive(name: str) -> None:
         "local_epochs=2"
     )
     assert ALGORITHMS.build({"name": name}, "algorithm").local_work() == "local_steps=20"
+
+
+@pytest.mark.slow
+def test_flower_nodes_give_the_in_process_metrics_under_local_epochs(tmp_path: Path) -> None:
+    """Nodes draw the same epoch permutations as the in-process engine; the cloud derives the
+    step counts the update does not carry."""
+    args = [
+        a
+        for a in config_args("fedavg", "rounds=2", "algorithm.local_epochs=1")
+        if not a.startswith("algorithm.local_steps")
+    ]
+    args += ["federation.client_fraction=0.5", "partition.name=dirichlet"]
+    run_inprocess(tmp_path / "a", args)
+    _, driver = run_flower_local(tmp_path / "b", args)
+    assert_same_metrics(tmp_path / "a", tmp_path / "b")
+    assert not driver.events
+    assert "local_steps_mean" in read_csv(tmp_path / "b" / "metrics.csv")[0]
