@@ -187,7 +187,7 @@ def test_fedavg_round_reports_real_step_counts() -> None:
     assert algo.local_work_stats(task, update)["local_steps_mean"] == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "local"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "local", "heurfedamp"])
 def test_steps_and_epochs_are_exclusive(name: str) -> None:
     with pytest.raises(ConfigError, match="local_steps or local_epochs"):
         ALGORITHMS.build({"name": name, "local_steps": 5, "local_epochs": 1}, "algorithm")
