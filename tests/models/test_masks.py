@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedhp.models.base import BatchedModel, VmapModel
 from fedhp.models.masks import UnitGroup, masked_flops, num_units, param_mask, unit_groups
-from fedhp.models.zoo import CNNOptions, DNNOptions, VGGOptions
+from fedhp.models.zoo import VGG, CNNOptions, DNNOptions, VGGOptions
 from tests.engine.test_local_epochs import SHAPE, unequal_context
 
 CLASSES = 3
@@ -107,14 +107,17 @@ def _reference_masked_sgd(
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("kind", ["dnn", "cnn"])
+BUILDERS = {
+    "dnn": lambda: DNNOptions(hidden=[16, 8]).build(SHAPE, CLASSES),
+    "cnn": lambda: CNNOptions().build(SHAPE, CLASSES),
+    "vgg": lambda: VGGOptions(cfg=[4, "M", 6, "M"]).build(SHAPE, CLASSES),
+}
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
 @pytest.mark.parametrize("structural", [True, False])
 def test_masked_steps_match_a_zeroed_reference(kind: str, structural: bool) -> None:
-    model = (
-        DNNOptions(hidden=[16, 8]).build(SHAPE, CLASSES)
-        if kind == "dnn"
-        else CNNOptions().build(SHAPE, CLASSES)
-    )
+    model = BUILDERS[kind]()
     ctx = unequal_context(model)
     clients = ctx.all_clients
     mask = param_mask(model, _random_unit_mask(model, len(clients)), structural)
@@ -176,6 +179,13 @@ def test_masked_flops_equal_the_flop_counter_on_physically_pruned_modules() -> N
         a, b, k = (int(units[c, s].sum()) for s in (slice(0, 32), slice(32, 96), slice(96, 608)))
         assert int(flops[c]) == _flops(_PrunedCNN(a, b, k, 8), SHAPE)
     assert int(flops[2]) == cnn.flops_per_sample()
+
+    vgg = VGGOptions(cfg=[5, "M", 7, 3]).build(SHAPE, CLASSES)
+    units = _random_unit_mask(vgg, 3, seed=4)
+    for c, f in enumerate(masked_flops(vgg, units).tolist()):
+        widths = [int(units[c, :5].sum()), int(units[c, 5:12].sum()), int(units[c, 12:].sum())]
+        pruned = VGG([widths[0], "M", widths[1], widths[2]], 1, 8, CLASSES)
+        assert f == _flops(pruned, SHAPE)
 
     dnn = DNNOptions(hidden=[10, 6]).build(SHAPE, CLASSES)
     units = _random_unit_mask(dnn, 2, seed=3)
