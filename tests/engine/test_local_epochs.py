@@ -120,8 +120,12 @@ def test_weighted_loss_and_grad_match_autograd_on_valid_samples(kind: str) -> No
     assert (plain_grad - ones_grad).abs().max().item() < 1e-6
 
 
-@pytest.mark.parametrize("kind", ["dnn", "cnn"])
-def test_local_epochs_match_per_client_reference_loop(kind: str) -> None:
+@pytest.mark.parametrize(("kind", "chunked"), [("dnn", False), ("dnn", True), ("cnn", False)])
+def test_local_epochs_match_per_client_reference_loop(
+    kind: str, chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if chunked:  # one client per chunk: finished clients' steps are skipped, not computed
+        monkeypatch.setattr("fedhp.engine.ops.CACHE_FLOATS", 1)
     model = (
         DNNOptions(hidden=[16]).build(SHAPE, CLASSES)
         if kind == "dnn"

@@ -213,8 +213,9 @@ class RunContext:
             x, y = self.fed.train.gather(clients[rows], plan.index[step, rows])
             return x, y, plan.weight[step, rows]
 
+        active = (plan.weight.sum(2) > 0).cpu()
         params, loss_sum = weighted_sgd_steps(
-            self.model, params, batch, plan.num_steps, lr, extra_grad, mask=mask
+            self.model, params, batch, plan.num_steps, lr, extra_grad, mask=mask, active=active
         )
         return params, loss_sum, plan.steps
 

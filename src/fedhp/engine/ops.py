@@ -72,6 +72,7 @@ def weighted_sgd_steps(
     extra_grad: ExtraGrad | None = None,
     *,
     mask: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once on minibatches with per-sample weights (local
     epochs: a partial last batch, clients of unequal size), optionally on masked sub-models.
@@ -82,7 +83,9 @@ def weighted_sgd_steps(
     start masked and every gradient is masked, so masked entries stay exactly zero — applied
     outside the model's forward. Returns the new parameters and the per-client loss summed over
     its steps. Chunked over clients like :func:`sgd_steps`; the minibatches are gathered per
-    chunk, so the result does not depend on the chunking.
+    chunk, so the result does not depend on the chunking. ``active [steps, C]`` (bool, on the
+    host; optional): which clients have a real sample at each step — a chunk none of whose
+    clients is active skips the step (exactly: their updates would be masked anyway).
     """
     params = params.detach().clone() if mask is None else params.detach() * mask
     num_clients = params.shape[0]
@@ -93,6 +96,8 @@ def weighted_sgd_steps(
         part = params[rows]
         loss_sum = torch.zeros(part.shape[0], device=params.device)
         for step in range(steps):
+            if active is not None and not bool(active[step, rows].any()):
+                continue
             x, y, weight = batch(step, rows)
             loss, grad = model.loss_and_grad(part, x, y, weight=weight)
             if extra_grad is not None:
