@@ -19,7 +19,7 @@ from fedhp.engine.reference import reference_client_sgd
 from fedhp.engine.sampler import BatchSampler
 from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel
-from fedhp.models.zoo import CNNOptions, DNNOptions
+from fedhp.models.zoo import MLP, BatchedMLP, CNNOptions, DNNOptions
 from fedhp.topology import Topology
 from tests.flower.helpers import (
     assert_same_metrics,
@@ -216,3 +216,35 @@ def test_flower_nodes_give_the_in_process_metrics_under_local_epochs(tmp_path: P
     assert_same_metrics(tmp_path / "a", tmp_path / "b")
     assert not driver.events
     assert "local_steps_mean" in read_csv(tmp_path / "b" / "metrics.csv")[0]
+
+
+class _CountingMLP(BatchedMLP):
+    """A stand-in for a BatchNorm model: every call bumps each client's one "buffer" by 1, as a
+    running-statistics update would (padding included)."""
+
+    def loss_and_grad(  # type: ignore[override]
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        weight: torch.Tensor | None = None,
+        buffers: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if buffers is not None:
+            buffers.add_(1.0)
+        return super().loss_and_grad(flat, x, y, weight=weight)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_buffers_are_updated_only_at_a_clients_real_steps(
+    chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if chunked:
+        monkeypatch.setattr("fedhp.engine.ops.CACHE_FLOATS", 1)
+    model = _CountingMLP(MLP([64, 8, CLASSES]), SHAPE, CLASSES)
+    ctx = unequal_context(model)
+    buffers = torch.zeros(len(COUNTS), 1)
+    start = model.init_params(0).expand(len(COUNTS), -1)
+    _, _, steps = ctx.local_sgd_epochs(start, ctx.all_clients, 2, 6, 0.1, buffers=buffers)
+    assert buffers[:, 0].tolist() == steps.float().tolist()

@@ -170,24 +170,34 @@ class Algorithm(ABC):
         extra_grad: ExtraGrad | None = None,
         *,
         mask: torch.Tensor | None = None,
+        buffers: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The round's local SGD of ``clients`` from ``start`` (rows) under the options'
         ``local_steps`` or ``local_epochs`` (:class:`LocalWorkOptions`), on the sub-models of
-        ``mask [C', P]`` if given (:mod:`fedhp.models.masks`): the new parameters, each client's
-        loss summed over its steps, and its step count ``[C']`` (int64)."""
+        ``mask [C', P]`` if given (:mod:`fedhp.models.masks`), updating BatchNorm ``buffers``
+        ``[C', B]`` in place if given: the new parameters, each client's loss summed over its
+        steps, and its step count ``[C']`` (int64)."""
         ctx, opt = self.ctx, self.options
         assert isinstance(opt, LocalWorkOptions)
+        kw = {} if buffers is None else {"buffers": buffers}
         if opt.local_epochs is not None:
             return ctx.local_sgd_epochs(
-                start, clients, opt.local_epochs, opt.batch_size, opt.lr, extra_grad, mask=mask
+                start,
+                clients,
+                opt.local_epochs,
+                opt.batch_size,
+                opt.lr,
+                extra_grad,
+                mask=mask,
+                **kw,
             )
         if mask is None:
             params, loss_sum = ctx.local_sgd(
-                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad
+                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, **kw
             )
         else:
             params, loss_sum = ctx.local_sgd_masked(
-                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, mask=mask
+                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, mask=mask, **kw
             )
         steps = torch.full((len(clients),), opt.local_steps, dtype=torch.int64, device=ctx.device)
         return params, loss_sum, steps

@@ -199,13 +199,15 @@ class RunContext:
         extra_grad: ExtraGrad | None = None,
         *,
         mask: torch.Tensor | None = None,
+        buffers: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``epochs`` passes of each of ``clients`` over its own shuffled data, all at once.
 
         Client c takes ``ceil(n_c / batch_size)`` steps per epoch (:meth:`BatchSampler.epochs`);
         clients of unequal size step together, the ones that have finished frozen. ``mask``
-        ``[C', P]``: train the masked sub-models (see :func:`weighted_sgd_steps`). Returns the
-        new parameters, the per-client loss summed over its steps and its step count ``[C']``.
+        ``[C', P]``: train the masked sub-models; ``buffers [C', B]``: BatchNorm running
+        statistics, updated in place (see :func:`weighted_sgd_steps`). Returns the new
+        parameters, the per-client loss summed over its steps and its step count ``[C']``.
         """
         plan = self.sampler.epochs(clients, batch_size, epochs)
 
@@ -215,7 +217,15 @@ class RunContext:
 
         active = (plan.weight.sum(2) > 0).cpu()
         params, loss_sum = weighted_sgd_steps(
-            self.model, params, batch, plan.num_steps, lr, extra_grad, mask=mask, active=active
+            self.model,
+            params,
+            batch,
+            plan.num_steps,
+            lr,
+            extra_grad,
+            mask=mask,
+            active=active,
+            buffers=buffers,
         )
         return params, loss_sum, plan.steps
 
@@ -229,6 +239,7 @@ class RunContext:
         extra_grad: ExtraGrad | None = None,
         *,
         mask: torch.Tensor,
+        buffers: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Like :meth:`local_sgd` (the same minibatches) on the sub-models selected by ``mask``
         ``[C', P]``: masked parameters and gradients are zero (:func:`weighted_sgd_steps`)."""
@@ -238,7 +249,9 @@ class RunContext:
             x, y = self.fed.train.gather(clients[rows], index[step][rows])
             return x, y, None
 
-        return weighted_sgd_steps(self.model, params, batch, steps, lr, extra_grad, mask=mask)
+        return weighted_sgd_steps(
+            self.model, params, batch, steps, lr, extra_grad, mask=mask, buffers=buffers
+        )
 
 
 def _union(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:

@@ -73,6 +73,7 @@ def weighted_sgd_steps(
     *,
     mask: torch.Tensor | None = None,
     active: torch.Tensor | None = None,
+    buffers: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once on minibatches with per-sample weights (local
     epochs: a partial last batch, clients of unequal size), optionally on masked sub-models.
@@ -86,6 +87,9 @@ def weighted_sgd_steps(
     chunk, so the result does not depend on the chunking. ``active [steps, C]`` (bool, on the
     host; optional): which clients have a real sample at each step — a chunk none of whose
     clients is active skips the step (exactly: their updates would be masked anyway).
+    ``buffers [C, B]`` (BatchNorm running statistics, writable) are passed to the model's
+    ``loss_and_grad`` chunk by chunk and updated in place, except a frozen client's, which are
+    restored after the step.
     """
     params = params.detach().clone() if mask is None else params.detach() * mask
     num_clients = params.shape[0]
@@ -99,7 +103,16 @@ def weighted_sgd_steps(
             if active is not None and not bool(active[step, rows].any()):
                 continue
             x, y, weight = batch(step, rows)
-            loss, grad = model.loss_and_grad(part, x, y, weight=weight)
+            if buffers is None:
+                loss, grad = model.loss_and_grad(part, x, y, weight=weight)
+            else:
+                bufs = buffers[rows]
+                idle = None if weight is None else weight.sum(1) == 0
+                kept = None if idle is None else bufs[idle].clone()
+                kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
+                loss, grad = model.loss_and_grad(part, x, y, weight=weight, **kw)
+                if idle is not None and kept is not None:
+                    bufs[idle] = kept
             if extra_grad is not None:
                 grad.add_(extra_grad(part))
             if weight is not None:
