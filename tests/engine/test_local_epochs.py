@@ -79,6 +79,15 @@ def test_each_epoch_visits_every_own_sample_once() -> None:
     assert not torch.equal(first, second)  # a fresh permutation per epoch
 
 
+def test_no_clients_still_consume_the_generator_like_everyone_else() -> None:
+    counts = torch.tensor(COUNTS)
+    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    empty = BatchSampler(counts, a).epochs(torch.zeros(0, dtype=torch.long), 4, 2)
+    BatchSampler(counts, b).epochs(torch.arange(4), 4, 2)
+    assert empty.num_steps == 0 and empty.steps.numel() == 0
+    assert torch.equal(a.get_state(), b.get_state())
+
+
 def test_epochs_do_not_depend_on_who_else_takes_part() -> None:
     counts = torch.tensor(COUNTS)
     alone = BatchSampler(counts, torch.Generator().manual_seed(3)).epochs(torch.tensor([1]), 4, 2)

@@ -96,8 +96,9 @@ class BatchSampler:
                 torch.arange(self.max_count, device=device) >= counts.unsqueeze(1), 2.0
             )
             perm = torch.argsort(keys, dim=1).gather(1, at).masked_fill(~valid, 0)
-            index.append(perm.view(len(clients), -1, batch_size).transpose(0, 1))
-            weight.append(valid.view(len(clients), -1, batch_size).transpose(0, 1))
+            shape = (len(clients), width // batch_size, batch_size)
+            index.append(perm.view(shape).transpose(0, 1))
+            weight.append(valid.view(shape).transpose(0, 1))
         return EpochBatches(
             torch.cat(index).contiguous(), torch.cat(weight).float().contiguous(), steps * epochs
         )
