@@ -86,6 +86,12 @@ def test_no_clients_still_consume_the_generator_like_everyone_else() -> None:
     BatchSampler(counts, b).epochs(torch.arange(4), 4, 2)
     assert empty.num_steps == 0 and empty.steps.numel() == 0
     assert torch.equal(a.get_state(), b.get_state())
+    ctx = unequal_context(DNNOptions(hidden=[4]).build(SHAPE, CLASSES))
+    none = torch.zeros(0, dtype=torch.long)
+    params, loss, steps = ctx.local_sgd_epochs(
+        torch.zeros(0, ctx.model.num_params), none, 2, 4, 0.1
+    )
+    assert params.shape == (0, ctx.model.num_params) and loss.numel() == steps.numel() == 0
 
 
 def test_epochs_do_not_depend_on_who_else_takes_part() -> None:

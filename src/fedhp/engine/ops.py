@@ -122,6 +122,8 @@ def weighted_sgd_steps(
             part.add_(grad, alpha=-lr)
             loss_sum += loss
         parts.append((part, loss_sum))
+    if not parts:  # no clients
+        return params, torch.zeros(0, device=params.device)
     return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
 
 
