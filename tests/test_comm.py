@@ -193,3 +193,41 @@ def test_large_message_counts_stay_exact() -> None:
     assert c.remark1_bits == 20 * 64 * p
     assert c.wire_bytes == 20 * 4 * p
     assert math.isclose(c.wire_bytes / 1e6, 6.3608)
+
+
+def test_unit_mask_bitmap_round_trips_and_has_the_modelled_size() -> None:
+    from fedhp.comm import decode_unit_mask, encode_unit_mask, unit_mask_bytes
+
+    for units in (1, 8, 9, 608):
+        mask = torch.rand(units, generator=torch.Generator().manual_seed(units)) < 0.5
+        data = encode_unit_mask(mask)
+        assert len(data) == unit_mask_bytes(units) == -(-units // 8)
+        assert torch.equal(decode_unit_mask(data, units), mask)
+    with pytest.raises(ValueError, match="expected 2 for 9 units"):
+        decode_unit_mask(b"\x00", 9)
+
+
+def test_ledger_counts_unit_masks_beside_their_messages() -> None:
+    ledger = CommLedger()
+    ledger.record("client_cloud", "up", torch.ones(3, 10), nodes=torch.tensor([0, 1, 5]))
+    plain = ledger.state_dict()
+    assert "mask_round" not in plain  # snapshots without masks are unchanged
+    added = ledger.record_masks("client_cloud", "up", 20, 3, nodes=torch.tensor([0, 1, 5]))
+    assert added == 3 * 3
+    current = ledger.current()
+    assert current["mask_bytes_client_cloud_up"] == 9.0
+    assert current["bytes_client_cloud_up"] == 3 * 40 + 9
+    assert current["dense_bytes_client_cloud_up"] == 3 * 40
+    assert current["messages_client_cloud_up"] == 3
+    copy = CommLedger()
+    copy.load_state_dict(ledger.state_dict())
+    ledger.end_round()
+    copy.end_round()
+    assert ledger.totals() == copy.totals()
+    assert ledger.totals()["bytes_total"] == 3 * 40 + 9
+    assert ledger.node_totals("client_cloud")[5]["bytes_up"] == 40 + 3
+    merged = CommLedger()
+    node = CommLedger()
+    node.record_masks("client_edge", "down", 8, 2)
+    merged.merge_round(node.state_dict())
+    assert merged.current()["mask_bytes_client_edge_down"] == 2.0

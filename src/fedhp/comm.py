@@ -14,6 +14,11 @@ that both agree. Entries with ``|x| <= zero_threshold`` count as zero and are se
 The sFedHP paper's Remark 1 convention is reported beside the real size: a message without zeros
 costs 64·P bits; one with zeros costs 64 bits per non-zero, 1 bit per zero, plus a P-bit mask.
 
+A per-client *unit mask* (which neurons / channels a sparse sub-model keeps; see
+``fedhp.models.masks``) travels beside its message as a bitmap over the U units:
+``unit_mask_bytes(U) = ceil(U/8)`` bytes (``encode_unit_mask`` / ``decode_unit_mask``), recorded
+with ``CommLedger.record_masks``.
+
 ``CommLedger`` accumulates these costs per (link, direction) and, optionally, per node, so the
 accumulated traffic of one cloud-facing node (an edge server, or a client in flat FL) can be
 reported as the paper does.
@@ -215,6 +220,30 @@ def decode_sparse(data: bytes, P: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def unit_mask_bytes(num_units: int) -> int:
+    """Wire size of one unit mask: a bitmap over ``num_units`` units, ``ceil(U/8)`` bytes."""
+    return (int(num_units) + 7) // 8
+
+
+def encode_unit_mask(mask: torch.Tensor) -> bytes:
+    """One unit mask ``[U]`` (bool or 0/1) as a little-endian bitmap of ``unit_mask_bytes(U)``."""
+    if mask.dim() != 1:
+        raise ValueError(f"encode_unit_mask expects one [U] mask, got shape {tuple(mask.shape)}")
+    bits = mask.detach().to(device="cpu").bool().numpy()
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def decode_unit_mask(data: bytes, num_units: int) -> torch.Tensor:
+    """Bool ``[U]`` mask from :func:`encode_unit_mask` bytes."""
+    if len(data) != unit_mask_bytes(num_units):
+        raise ValueError(
+            f"unit mask of {len(data)} bytes, expected {unit_mask_bytes(num_units)} for "
+            f"{num_units} units"
+        )
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=num_units, bitorder="little")
+    return torch.from_numpy(bits.astype(bool))
+
+
 def _zero_stats(names: tuple[str, ...]) -> dict[str, int]:
     return dict.fromkeys(names, 0)
 
@@ -229,6 +258,10 @@ class CommLedger:
     that have been recorded at least once appear, so flat FL has no edge columns.
 
     ``totals()`` and ``node_totals()`` cover the rounds closed by ``end_round()``.
+
+    Unit masks recorded with :meth:`record_masks` add their bitmap bytes to ``bytes`` (the wire
+    size; not to ``dense_bytes``, ``remark1_bits`` or ``messages``: a mask rides with its model
+    message) and appear as ``mask_bytes_{link}_{direction}`` (only once any were recorded).
     """
 
     def __init__(self) -> None:
@@ -237,6 +270,9 @@ class CommLedger:
         # (link, direction) -> node id -> stats
         self._node_round: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
         self._node_total: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
+        # (link, direction) -> unit-mask bytes (already included in "bytes")
+        self._mask_round: dict[tuple[str, str], int] = {}
+        self._mask_total: dict[tuple[str, str], int] = {}
         self.rounds = 0
 
     def record(
@@ -284,6 +320,38 @@ class CommLedger:
         if nodes is not None:
             self._record_nodes(link, direction, nodes, per)
         return cost
+
+    def record_masks(
+        self,
+        link: str,
+        direction: str,
+        num_units: int,
+        messages: int,
+        nodes: torch.Tensor | None = None,
+    ) -> int:
+        """Record ``messages`` unit masks over ``num_units`` units sent over ``link`` (each beside
+        a model message already recorded with :meth:`record`); ``nodes``: one id per mask, as in
+        :meth:`record`. Returns the bytes added."""
+        _check_link(link, direction)
+        each = unit_mask_bytes(num_units)
+        added = each * int(messages)
+        key = (link, direction)
+        self._round.setdefault(key, _zero_stats(_STATS))["bytes"] += added
+        self._total.setdefault(key, _zero_stats(_STATS))
+        self._mask_round[key] = self._mask_round.get(key, 0) + added
+        self._mask_total.setdefault(key, 0)
+        if nodes is not None:
+            ids = torch.as_tensor(nodes).detach().flatten().to(torch.int64).tolist()
+            if len(ids) != int(messages):
+                raise ValueError(f"nodes has {len(ids)} entries but there are {messages} masks")
+            table = self._node_round.setdefault(key, {})
+            for node in ids:
+                table.setdefault(int(node), _zero_stats(_NODE_STATS))["bytes"] += each
+        return added
+
+    def _with_masks(self, out: dict[str, float], masks: dict[tuple[str, str], int]) -> None:
+        for (lk, d), value in masks.items():
+            out[f"mask_bytes_{lk}_{d}"] = float(value)
 
     def _record_nodes(
         self,
@@ -344,7 +412,9 @@ class CommLedger:
 
     def current(self) -> dict[str, float]:
         """Counters of the round in progress (not yet closed by :meth:`end_round`)."""
-        return self._flatten({k: self._round.get(k, _zero_stats(_STATS)) for k in self._total})
+        out = self._flatten({k: self._round.get(k, _zero_stats(_STATS)) for k in self._total})
+        self._with_masks(out, {k: self._mask_round.get(k, 0) for k in self._mask_total})
+        return out
 
     def end_round(self) -> dict[str, float]:
         """Close the round: return its counters and add them to the accumulated totals."""
@@ -359,14 +429,19 @@ class CommLedger:
                 acc = tot_nodes.setdefault(node, _zero_stats(_NODE_STATS))
                 for s, v in stats.items():
                     acc[s] += v
+        for key, value in self._mask_round.items():
+            self._mask_total[key] = self._mask_total.get(key, 0) + value
         self._round = {}
         self._node_round = {}
+        self._mask_round = {}
         self.rounds += 1
         return out
 
     def totals(self) -> dict[str, float]:
         """Counters accumulated over all closed rounds (same keys as :meth:`end_round`)."""
-        return self._flatten(self._total)
+        out = self._flatten(self._total)
+        self._with_masks(out, self._mask_total)
+        return out
 
     def node_totals(self, link: str) -> dict[int, dict[str, float]]:
         """Accumulated cost per node on ``link`` over closed rounds.
@@ -405,13 +480,17 @@ class CommLedger:
                 for node, stats in nodes.items()
             ]
 
-        return {
+        out: dict[str, object] = {
             "rounds": self.rounds,
             "round": pairs(self._round),
             "total": pairs(self._total),
             "node_round": node_pairs(self._node_round),
             "node_total": node_pairs(self._node_total),
         }
+        if self._mask_total or self._mask_round:  # absent without masks (unchanged snapshots)
+            out["mask_round"] = [[lk, d, v] for (lk, d), v in self._mask_round.items()]
+            out["mask_total"] = [[lk, d, v] for (lk, d), v in self._mask_total.items()]
+        return out
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore from :meth:`state_dict` output (e.g. after a JSON round trip)."""
@@ -439,6 +518,10 @@ class CommLedger:
             self._total.setdefault(key, _zero_stats(_STATS))
         self._node_round = node_pairs(state["node_round"])
         self._node_total = node_pairs(state["node_total"])
+        self._mask_round = _mask_pairs(state.get("mask_round", []))
+        self._mask_total = _mask_pairs(state.get("mask_total", []))
+        for key in self._mask_round:
+            self._mask_total.setdefault(key, 0)
 
     def merge_round(self, other: dict[str, object]) -> None:
         """Add the open round of another ledger (its :meth:`state_dict`) to this open round.
@@ -458,3 +541,14 @@ class CommLedger:
             )
             for s in _NODE_STATS:
                 acc[s] += int(stats.get(s, 0))
+        for (lk, d), value in _mask_pairs(other.get("mask_round", [])).items():
+            self._mask_round[(lk, d)] = self._mask_round.get((lk, d), 0) + value
+            self._mask_total.setdefault((lk, d), 0)
+
+
+def _mask_pairs(items: object) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    for lk, d, value in items:  # type: ignore[attr-defined]
+        _check_link(lk, d)
+        out[(lk, d)] = int(value)
+    return out

@@ -30,6 +30,16 @@ ALL_SCHEMES = [
     {"name": "quantity", "distribution": "lognormal", "sigma": 1.0, "test_per_client": 10},
     {"name": "feature_noise", "noise": 0.0, "val_fraction": 0.1},
     {"name": "mixed", "alpha": 0.5, "min_samples": 5},
+    {"name": "shards", "val_fraction": 0.1, "val_stratified": True, "test_mix": "equal"},
+    {"name": "labels", "train_per_class": 60, "test_per_class": 30, "val_fraction": 0.1},
+    {
+        "name": "labels",
+        "train_per_class": 90,
+        "test_per_class": 40,
+        "train_fraction": 0.75,
+        "val_fraction": 0.2,
+        "val_stratified": True,
+    },
 ]
 
 
@@ -240,3 +250,50 @@ def test_apportion_sums_and_is_close(total: int, weights: list[float]) -> None:
     assert sizes.sum() == total and (sizes >= 0).all()
     quota = total * np.array(weights) / sum(weights)
     assert np.all(np.abs(sizes - quota) < 1 + 1e-9)
+
+
+def test_stratified_val_fraction_keeps_each_clients_label_mix(small) -> None:
+    cfg = {"name": "dirichlet", "min_samples": 5, "val_fraction": 0.1, "val_stratified": True}
+    plain = split_dataset(small, {**cfg, "val_stratified": False}, 10, seed=0)
+    clients = split_dataset(small, cfg, 10, seed=0)
+    for c, p in zip(clients, plain, strict=True):
+        both = Counter(c.train_y.tolist()) + Counter(c.val_y.tolist())
+        n = sum(both.values())
+        assert len(c.val_y) == round(0.1 * n) == len(p.val_y)  # the same 90/10 sizes
+        classes = sorted(both)
+        want = apportion(round(0.1 * n), np.array([both[k] for k in classes]))
+        assert [Counter(c.val_y.tolist())[k] for k in classes] == want.tolist()
+
+
+def test_labels_val_fraction_carves_each_clients_train(small, dh) -> None:
+    cfg = {"name": "labels", "train_per_class": 60, "test_per_class": 30}
+    whole = split_dataset(small, cfg, 10, seed=0)
+    carved = split_dataset(small, {**cfg, "val_fraction": 0.1, "val_stratified": True}, 10, 0)
+    for w, c in zip(whole, carved, strict=True):
+        assert sorted(dh.ids(c.train_x) + dh.ids(c.val_x)) == sorted(dh.ids(w.train_x))
+        assert len(c.val_y) == round(0.1 * w.num_train)
+        assert torch.equal(c.test_x, w.test_x)
+    with pytest.raises(ConfigError, match="partition.val_fraction: set val_fraction or"):
+        split_dataset(small, {**cfg, "val_fraction": 0.1, "val_per_class": 5}, 10, seed=0)
+
+
+def test_equal_test_mix_gives_each_held_class_the_same_count(small) -> None:
+    for per_client in (None, 20):
+        cfg = {"name": "dirichlet", "min_samples": 5, "test_mix": "equal"}
+        if per_client is not None:
+            cfg["test_per_client"] = per_client
+        clients = split_dataset(small, cfg, 10, seed=3)
+        for c in clients:
+            held = set(c.train_y.tolist())
+            test = Counter(c.test_y.tolist())
+            assert set(test) <= held
+            if per_client is not None:  # the same number for each of its classes (±1)
+                assert len(c.test_y) == per_client and set(test) == held
+                assert max(test.values()) - min(test.values()) <= 1
+        if per_client is None:  # each class's whole pool, split equally among its holders
+            for k in range(10):
+                shares = [
+                    int((c.test_y == k).sum()) for c in clients if k in set(c.train_y.tolist())
+                ]
+                assert sum(shares) == int((small.test_y == k).sum())
+                assert max(shares) - min(shares) <= 1

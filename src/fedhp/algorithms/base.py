@@ -23,6 +23,7 @@ import torch
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
+from fedhp.engine.ops import ExtraGrad
 from fedhp.errors import ConfigError
 from fedhp.registry import Registry
 
@@ -62,6 +63,38 @@ class AlgorithmOptions(pydantic.BaseModel):
         return self.local_steps
 
 
+class LocalWorkOptions(AlgorithmOptions):
+    """Options of the methods whose local work is either ``local_steps`` minibatch steps or
+    ``local_epochs`` passes over each client's own data (set at most one of the two).
+
+    Under ``local_epochs`` a client takes ``ceil(n_c / batch_size)`` steps per epoch (the last
+    minibatch partial) on a fresh permutation of its data each epoch; see
+    :meth:`RunContext.local_sgd_epochs`."""
+
+    local_epochs: int | None = pydantic.Field(
+        None, gt=0, description="local epochs per round instead of local_steps"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _one_budget(self) -> LocalWorkOptions:
+        if self.local_epochs is not None and "local_steps" in self.model_fields_set:
+            raise ValueError("set local_steps or local_epochs, not both; drop one of them")
+        return self
+
+    def local_work(self) -> str:
+        """``"local_epochs=E"`` or ``"local_steps=S"``: the budget in use."""
+        if self.local_epochs is not None:
+            return f"local_epochs={self.local_epochs}"
+        return f"local_steps={self.local_steps}"
+
+    def step_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """Real minibatch steps per client per round (int64) for training-set sizes ``counts``."""
+        if self.local_epochs is None:
+            return torch.full_like(counts, self.local_steps, dtype=torch.int64)
+        per_epoch = (counts.to(torch.int64) + self.batch_size - 1) // self.batch_size
+        return per_epoch * self.local_epochs
+
+
 ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
 
 
@@ -95,6 +128,7 @@ class Update:
     per_client: dict[str, torch.Tensor] = field(default_factory=dict)
     per_edge: dict[str, torch.Tensor] = field(default_factory=dict)
     losses: torch.Tensor | None = None
+    steps: torch.Tensor | None = None  # [len(clients)] int64 local steps taken (see local_update)
 
 
 class Algorithm(ABC):
@@ -264,6 +298,64 @@ class Algorithm(ABC):
     @abstractmethod
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         """Cloud: record what came up and aggregate it into ``state``; returns round statistics."""
+
+    def local_update(
+        self,
+        start: torch.Tensor,
+        clients: torch.Tensor,
+        extra_grad: ExtraGrad | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        buffers: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The round's local SGD of ``clients`` from ``start`` (rows) under the options'
+        ``local_steps`` or ``local_epochs`` (:class:`LocalWorkOptions`), on the sub-models of
+        ``mask [C', P]`` if given (:mod:`fedhp.models.masks`), updating BatchNorm ``buffers``
+        ``[C', B]`` in place if given: the new parameters, each client's loss summed over its
+        steps, and its step count ``[C']`` (int64)."""
+        ctx, opt = self.ctx, self.options
+        assert isinstance(opt, LocalWorkOptions)
+        kw = {} if buffers is None else {"buffers": buffers}
+        if opt.local_epochs is not None:
+            return ctx.local_sgd_epochs(
+                start,
+                clients,
+                opt.local_epochs,
+                opt.batch_size,
+                opt.lr,
+                extra_grad,
+                mask=mask,
+                **kw,
+            )
+        if mask is None:
+            params, loss_sum = ctx.local_sgd(
+                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, **kw
+            )
+        else:
+            params, loss_sum = ctx.local_sgd_masked(
+                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, mask=mask, **kw
+            )
+        steps = torch.full((len(clients),), opt.local_steps, dtype=torch.int64, device=ctx.device)
+        return params, loss_sum, steps
+
+    def local_work_stats(self, task: Task, update: Update) -> dict[str, float]:
+        """The round's mean local loss (per client: its summed loss over its steps) and, under
+        ``local_epochs``, the clients' step counts (mean, min, max)."""
+        opt = self.options
+        assert isinstance(opt, LocalWorkOptions) and update.losses is not None
+        if opt.local_epochs is None:
+            return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
+        steps = update.steps
+        if steps is None:  # not carried (Flower): a function of the clients' sample counts
+            steps = opt.step_counts(self.ctx.fed.train.counts[task.clients])
+        steps = steps.to(update.losses.device)
+        per_client = update.losses[0] / steps.clamp(min=1)
+        return {
+            "local_loss": float(per_client.mean()),
+            "local_steps_mean": float(steps.double().mean()),
+            "local_steps_min": float(steps.min()),
+            "local_steps_max": float(steps.max()),
+        }
 
     def run_round(self, state: State, rnd: int) -> dict[str, float]:
         """Run global round ``rnd`` in place on ``state``; returns scalar round statistics."""

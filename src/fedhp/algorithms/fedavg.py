@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ExtraGrad, prox_grad, weighted_mean
 
@@ -29,29 +29,22 @@ class FedAvg(Algorithm):
         return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
-        ctx, opt = self.ctx, self.options
         w = task.broadcast["global"]
         n = len(task.clients)
         start = w.expand(n, -1)
         sent = task.broadcast.get("global_buffers")
         bufs = self.start_buffers(state, task.clients, None if sent is None else sent.expand(n, -1))
-        params, loss_sum = ctx.local_sgd(
-            start,
-            task.clients,
-            opt.local_steps,
-            opt.batch_size,
-            opt.lr,
-            self.local_extra_grad(w),
-            buffers=bufs,
+        params, loss_sum, steps = self.local_update(
+            start, task.clients, self.local_extra_grad(w), buffers=bufs
         )
         per_client = {"params": params}
         if bufs is not None:  # uploaded in both modes: the global model is evaluated with them
             self.keep_buffers(state, task.clients, bufs)
             per_client["buffers"] = bufs
-        return Update(per_client=per_client, losses=loss_sum.unsqueeze(0))
+        return Update(per_client=per_client, losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
+        ctx = self.ctx
         clients = task.clients
         bufs = update.per_client.get("buffers")
         up = ctx.send("client_cloud", "up", self.wire(update.per_client["params"], bufs), clients)
@@ -60,13 +53,13 @@ class FedAvg(Algorithm):
         state["global"] = weighted_mean(params, weights)
         if bufs is not None:
             state["global_buffers"] = weighted_mean(bufs, weights)
-        assert update.losses is not None
-        return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
+        return self.local_work_stats(task, update)
 
 
 @ALGORITHMS.register("fedavg")
-class FedAvgOptions(AlgorithmOptions):
-    """FedAvg: ``local_steps`` SGD steps per round, then (uniform or sample-weighted) averaging."""
+class FedAvgOptions(LocalWorkOptions):
+    """FedAvg: ``local_steps`` SGD steps (or ``local_epochs`` epochs) per round, then (uniform or
+    sample-weighted) averaging."""
 
     supports_buffers = True
 
@@ -84,7 +77,7 @@ class FedProx(FedAvg):
 
 
 @ALGORITHMS.register("fedprox")
-class FedProxOptions(AlgorithmOptions):
+class FedProxOptions(LocalWorkOptions):
     """FedProx; the sFedHP paper's grid is mu in {0.001, 0.01, 0.1, 1}."""
 
     mu: float = pydantic.Field(0.01, ge=0)

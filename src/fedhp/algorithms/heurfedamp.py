@@ -12,7 +12,7 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import prox_grad
 
@@ -57,33 +57,27 @@ class HeurFedAMP(Algorithm):
         return Task(clients, per_client={"u": cloud})
 
     def train(self, state: State, task: Task) -> Update:
-        ctx, opt = self.ctx, self.options
+        opt = self.options
         cloud = task.per_client["u"]
-        params, loss_sum = ctx.local_sgd(
-            cloud,
-            task.clients,
-            opt.local_steps,
-            opt.batch_size,
-            opt.lr,
-            prox_grad(cloud, opt.lam / opt.alpha_k),
+        params, loss_sum, steps = self.local_update(
+            cloud, task.clients, prox_grad(cloud, opt.lam / opt.alpha_k)
         )
-        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0))
+        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
+        ctx = self.ctx
         clients = task.clients
-        assert update.losses is not None
         state["personal"][clients] = ctx.send(
             "client_cloud", "up", update.per_client["params"], clients
         )
-        return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
+        return self.local_work_stats(task, update)
 
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["personal"]
 
 
 @ALGORITHMS.register("heurfedamp")
-class HeurFedAMPOptions(AlgorithmOptions):
+class HeurFedAMPOptions(LocalWorkOptions):
     """HeurFedAMP; the sFedHP paper's grid is alpha in {0.1, 0.5}."""
 
     alpha: float = pydantic.Field(0.5, ge=0, le=1, description="self-attention weight xi_ii")

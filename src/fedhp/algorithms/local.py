@@ -13,7 +13,7 @@ import torch
 from fedhp.algorithms.base import (
     ALGORITHMS,
     Algorithm,
-    AlgorithmOptions,
+    LocalWorkOptions,
     RowKind,
     State,
     Task,
@@ -44,20 +44,16 @@ class LocalOnly(Algorithm):
         return Task(self.ctx.all_clients)
 
     def train(self, state: State, task: Task) -> Update:
-        ctx, opt = self.ctx, self.options
         clients = task.clients
         bufs = state["theta_buffers"][clients].clone() if self.num_buffers else None
-        params, loss_sum = ctx.local_sgd(
-            state["theta"][clients], clients, opt.local_steps, opt.batch_size, opt.lr, buffers=bufs
-        )
+        params, loss_sum, steps = self.local_update(state["theta"][clients], clients, buffers=bufs)
         state["theta"][clients] = params
         if bufs is not None:
             state["theta_buffers"][clients] = bufs
-        return Update(losses=loss_sum.unsqueeze(0))
+        return Update(losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
-        assert update.losses is not None
-        return {"local_loss": float(update.losses[0].mean()) / self.options.local_steps}
+        return self.local_work_stats(task, update)
 
     def global_model(self, state: State) -> torch.Tensor | None:
         return None
@@ -70,11 +66,12 @@ class LocalOnly(Algorithm):
 
 
 @ALGORITHMS.register("local")
-class LocalOptions(AlgorithmOptions):
+class LocalOptions(LocalWorkOptions):
     """Local-only reference: each client trains alone on its own data (PM floor, no communication).
 
-    ``local_steps`` SGD steps of ``batch_size`` per client per round, as the federated methods.
-    BatchNorm statistics are always the client's own (``buffers`` has no effect)."""
+    ``local_steps`` SGD steps (or ``local_epochs`` epochs) of ``batch_size`` per client per round,
+    as the federated methods. BatchNorm statistics are always the client's own (``buffers`` has no
+    effect)."""
 
     supports_buffers = True
 

@@ -76,10 +76,17 @@ def _label_counts(y: np.ndarray, parts: list[np.ndarray], num_classes: int) -> n
 
 
 def _test_by_label_mix(
-    test_y: np.ndarray, counts: np.ndarray, per_client: int | None, rng: np.random.Generator
+    test_y: np.ndarray,
+    counts: np.ndarray,
+    per_client: int | None,
+    rng: np.random.Generator,
+    equal: bool = False,
 ) -> list[np.ndarray]:
-    """Test indices per client following each client's training label counts ``[n, K]``."""
+    """Test indices per client following each client's training label counts ``[n, K]``; with
+    ``equal``, the same number for every class the client holds (its classes, equally)."""
     n, k_classes = counts.shape
+    if equal:
+        counts = (counts > 0).astype(np.int64)
     if per_client is None:
         want = np.stack(
             [apportion(int((test_y == k).sum()), counts[:, k]) for k in range(k_classes)], axis=1
@@ -120,17 +127,31 @@ def _test_iid(
 
 
 def _carve_val(
-    train: list[np.ndarray], fraction: float, rng: np.random.Generator
+    train: list[np.ndarray],
+    fraction: float,
+    rng: np.random.Generator,
+    labels: np.ndarray | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Move a random ``fraction`` of each client's training indices to its validation set."""
+    """Move a random ``fraction`` of each client's training indices to its validation set.
+
+    With ``labels`` (of the indexed samples) the carve-out is stratified: ``round(fraction·n)``
+    samples apportioned over the client's classes in proportion to its class counts."""
     if fraction <= 0:
         return train, [np.zeros(0, np.int64) for _ in train]
     tr, va = [], []
     for idx in train:
-        perm = rng.permutation(idx)
         n_val = int(round(fraction * len(idx)))
-        va.append(np.sort(perm[:n_val]))
-        tr.append(np.sort(perm[n_val:]))
+        if labels is None:
+            perm = rng.permutation(idx)
+            va.append(np.sort(perm[:n_val]))
+            tr.append(np.sort(perm[n_val:]))
+            continue
+        classes, inverse = np.unique(labels[idx], return_inverse=True)
+        take = apportion(n_val, np.bincount(inverse, minlength=len(classes)))
+        picked = [rng.permutation(idx[inverse == k])[: take[k]] for k in range(len(classes))]
+        val = np.sort(np.concatenate(picked)) if picked else np.zeros(0, np.int64)
+        va.append(val)
+        tr.append(np.setdiff1d(idx, val))
     return tr, va
 
 
@@ -183,11 +204,28 @@ def _proportional_split(idx: np.ndarray, proportions: np.ndarray) -> list[np.nda
 class _WithValFraction(Partitioner):
     val_fraction: float = Field(0.0, ge=0, lt=1)
     """Fraction of each client's training samples moved to its validation set."""
+    val_stratified: bool = False
+    """Carve the validation set per class, in the client's label mix (needs class labels)."""
+
+    def _carve(
+        self, data: DatasetArrays, train: list[np.ndarray], rng: np.random.Generator
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each client's validation carve-out (indices ≥ N_train address the test set)."""
+        labels = None
+        if self.val_stratified:
+            labels = np.concatenate([_labels(data.train_y), _labels(data.test_y)])
+        return _carve_val(train, self.val_fraction, rng, labels)
 
 
 class _WithTest(_WithValFraction):
     test_per_client: int | None = Field(None, gt=0)
     """Test samples per client (default: the whole test pool, divided proportionally)."""
+
+
+class _WithLabelMixTest(_WithTest):
+    test_mix: Literal["proportional", "equal"] = "proportional"
+    """Each client's test classes are its training classes: in proportion to its training counts
+    (default) or ``equal``: the same number for each class it holds (FedLPS / FedRep)."""
 
     def _finish_by_label_mix(
         self,
@@ -199,8 +237,9 @@ class _WithTest(_WithValFraction):
     ) -> list[ClientData]:
         """Test sets in each client's training label mix, a validation carve-out, the result."""
         counts = _label_counts(y, train, num_classes)
-        test = _test_by_label_mix(_labels(data.test_y), counts, self.test_per_client, rng)
-        train, val = _carve_val(train, self.val_fraction, rng)
+        equal = self.test_mix == "equal"
+        test = _test_by_label_mix(_labels(data.test_y), counts, self.test_per_client, rng, equal)
+        train, val = self._carve(data, train, rng)
         return _build(data, train, test, val)
 
 
@@ -213,7 +252,7 @@ def client_labels(client: int, labels_per_client: int, num_classes: int) -> list
 
 
 @PARTITIONERS.register("labels")
-class LabelsPartitioner(Partitioner):
+class LabelsPartitioner(_WithValFraction):
     """sFedHP's label-skew scheme: client u holds labels ``(u + j) mod K`` for ``j < L``.
 
     Each class contributes ``train_per_class`` training and ``test_per_class`` test samples (drawn
@@ -221,7 +260,9 @@ class LabelsPartitioner(Partitioner):
     (remainder to the lowest client ids). ``val_per_class`` further training samples per class,
     disjoint from the training split, form the validation sets the same way. With
     ``train_fraction`` each client's per-class train and test shares are pooled and re-split
-    ``train_fraction`` / rest (the paper's Section V-B "3/4 for training" variant). Setting 1 is
+    ``train_fraction`` / rest (the paper's Section V-B "3/4 for training" variant).
+    ``val_fraction`` (instead of ``val_per_class``) moves that fraction of each client's training
+    samples to its validation set (``val_stratified``: per class). Setting 1 is
     the default (20 clients → 100 train / 400 test each); Setting 2 is ``train_per_class=900,
     test_per_class=300``.
     """
@@ -235,6 +276,10 @@ class LabelsPartitioner(Partitioner):
     def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         """Split by the rotating label assignment."""
         _check_num_clients(num_clients, int(data.train_y.shape[0]))
+        if self.val_fraction > 0 and self.val_per_class > 0:
+            raise ConfigError(
+                "partition.val_fraction: set val_fraction or val_per_class, not both; drop one"
+            )
         k_classes = data.num_classes
         if self.labels_per_client > k_classes:
             raise ConfigError(
@@ -288,6 +333,8 @@ class LabelsPartitioner(Partitioner):
             [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in lists]
             for lists in (train, test, val)
         ]
+        if self.val_fraction > 0:
+            flat[0], flat[2] = self._carve(data, flat[0], rng)
         return _build(data, flat[0], flat[1], flat[2], test_offset=False)
 
 
@@ -295,7 +342,7 @@ class LabelsPartitioner(Partitioner):
 
 
 @PARTITIONERS.register("shards")
-class ShardsPartitioner(_WithTest):
+class ShardsPartitioner(_WithLabelMixTest):
     """FedAvg's pathological non-IID split: sort by label, cut into shards, deal them randomly.
 
     The training set (shuffled within each label) is sorted by label and cut into
@@ -330,7 +377,7 @@ class ShardsPartitioner(_WithTest):
 
 
 @PARTITIONERS.register("dirichlet")
-class DirichletPartitioner(_WithTest):
+class DirichletPartitioner(_WithLabelMixTest):
     """NIID-Bench label skew: each class is split by proportions ~ Dir_n(alpha).
 
     A client stops receiving once it holds ≥ N/n samples; the draw is repeated until every client
@@ -407,7 +454,7 @@ class QuantityPartitioner(_WithTest):
         train = [np.sort(t) for t in _proportional_split(rng.permutation(n_train), p)]
         sizes = np.array([len(t) for t in train])
         test = _test_iid(int(data.test_y.shape[0]), sizes, self.test_per_client, rng)
-        train, val = _carve_val(train, self.val_fraction, rng)
+        train, val = self._carve(data, train, rng)
         return _build(data, train, [np.sort(t) for t in test], val)
 
 
@@ -436,7 +483,7 @@ class FeatureNoisePartitioner(_WithTest):
         train = [np.sort(p) for p in _cut(rng.permutation(n_train), _even(n_train, num_clients))]
         weights = np.ones(num_clients)
         test = _test_iid(int(data.test_y.shape[0]), weights, self.test_per_client, rng)
-        train, val = _carve_val(train, self.val_fraction, rng)
+        train, val = self._carve(data, train, rng)
         clients = _build(data, train, [np.sort(t) for t in test], val)
         denom = num_clients if self.scale_by == "num_clients" else max(num_clients - 1, 1)
         gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
@@ -475,7 +522,7 @@ def _second_labels(first: np.ndarray, rng: np.random.Generator, max_retries: int
 
 
 @PARTITIONERS.register("mixed")
-class MixedPartitioner(_WithTest):
+class MixedPartitioner(_WithLabelMixTest):
     """FNR-FL's label + quantity skew: client i holds class ``i mod K`` plus one other class.
 
     The second classes are a random rearrangement of the first ones (never equal to the client's
@@ -546,7 +593,7 @@ class NaturalPartitioner(_WithValFraction):
         rng = np.random.default_rng(seed)
         train = [np.flatnonzero(owner_tr == i) for i in range(num_clients)]
         test = [np.flatnonzero(owner_te == i) for i in range(num_clients)]
-        train, val = _carve_val(train, self.val_fraction, rng)
+        train, val = self._carve(data, train, rng)
         return _build(data, train, test, val)
 
 

@@ -11,7 +11,7 @@ import torch
 from fedhp.comm import CommLedger, truncate
 from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
-from fedhp.engine.ops import ExtraGrad, sgd_steps
+from fedhp.engine.ops import ExtraGrad, sgd_steps, weighted_sgd_steps
 from fedhp.engine.sampler import BatchSampler
 from fedhp.models.base import BatchedModel
 from fedhp.topology import Topology
@@ -218,6 +218,70 @@ class RunContext:
             lr,
             extra_grad,
             buffers=buffers,
+        )
+
+    def local_sgd_epochs(
+        self,
+        params: torch.Tensor,
+        clients: torch.Tensor,
+        epochs: int,
+        batch_size: int,
+        lr: float,
+        extra_grad: ExtraGrad | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        buffers: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``epochs`` passes of each of ``clients`` over its own shuffled data, all at once.
+
+        Client c takes ``ceil(n_c / batch_size)`` steps per epoch (:meth:`BatchSampler.epochs`);
+        clients of unequal size step together, the ones that have finished frozen. ``mask``
+        ``[C', P]``: train the masked sub-models; ``buffers [C', B]``: BatchNorm running
+        statistics, updated in place (see :func:`weighted_sgd_steps`). Returns the new
+        parameters, the per-client loss summed over its steps and its step count ``[C']``.
+        """
+        plan = self.sampler.epochs(clients, batch_size, epochs)
+
+        def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            x, y = self.fed.train.gather(clients[rows], plan.index[step, rows])
+            return x, y, plan.weight[step, rows]
+
+        active = (plan.weight.sum(2) > 0).cpu()
+        params, loss_sum = weighted_sgd_steps(
+            self.model,
+            params,
+            batch,
+            plan.num_steps,
+            lr,
+            extra_grad,
+            mask=mask,
+            active=active,
+            buffers=buffers,
+        )
+        return params, loss_sum, plan.steps
+
+    def local_sgd_masked(
+        self,
+        params: torch.Tensor,
+        clients: torch.Tensor,
+        steps: int,
+        batch_size: int,
+        lr: float,
+        extra_grad: ExtraGrad | None = None,
+        *,
+        mask: torch.Tensor,
+        buffers: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like :meth:`local_sgd` (the same minibatches) on the sub-models selected by ``mask``
+        ``[C', P]``: masked parameters and gradients are zero (:func:`weighted_sgd_steps`)."""
+        index = [self.sampler.draw(clients, batch_size) for _ in range(steps)]
+
+        def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
+            x, y = self.fed.train.gather(clients[rows], index[step][rows])
+            return x, y, None
+
+        return weighted_sgd_steps(
+            self.model, params, batch, steps, lr, extra_grad, mask=mask, buffers=buffers
         )
 
 

@@ -71,6 +71,75 @@ def sgd_steps(
     return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
 
 
+WeightedBatch = Callable[[int, slice], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+"""``(step, rows) -> (x [c',B,..], y [c',B], weight [c',B] or None)``: step ``step``'s minibatch of
+the clients in ``rows`` (a slice of the client dimension), with optional per-sample weights."""
+
+
+def weighted_sgd_steps(
+    model: BatchedModel,
+    params: torch.Tensor,
+    batch: WeightedBatch,
+    steps: int,
+    lr: float,
+    extra_grad: ExtraGrad | None = None,
+    *,
+    mask: torch.Tensor | None = None,
+    active: torch.Tensor | None = None,
+    buffers: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``steps`` SGD steps for all clients at once on minibatches with per-sample weights (local
+    epochs: a partial last batch, clients of unequal size), optionally on masked sub-models.
+
+    Each client's loss is the weighted mean over its minibatch; a client whose weights are all
+    zero at a step is frozen for that step (its whole update, ``extra_grad`` included, is
+    masked). ``mask [C, P]`` (0/1, e.g. :func:`fedhp.models.masks.param_mask`): the parameters
+    start masked and every gradient is masked, so masked entries stay exactly zero — applied
+    outside the model's forward. Returns the new parameters and the per-client loss summed over
+    its steps. Chunked over clients like :func:`sgd_steps`; the minibatches are gathered per
+    chunk, so the result does not depend on the chunking. ``active [steps, C]`` (bool, on the
+    host; optional): which clients have a real sample at each step — a chunk none of whose
+    clients is active skips the step (exactly: their updates would be masked anyway).
+    ``buffers [C, B]`` (BatchNorm running statistics, writable) are passed to the model's
+    ``loss_and_grad`` chunk by chunk and updated in place, except a frozen client's, which are
+    restored after the step.
+    """
+    params = params.detach().clone() if mask is None else params.detach() * mask
+    num_clients = params.shape[0]
+    chunk = client_chunk(params.shape[1], num_clients) if extra_grad is None else num_clients
+    parts = []
+    for start in range(0, num_clients, chunk):
+        rows = slice(start, min(start + chunk, num_clients))
+        part = params[rows]
+        loss_sum = torch.zeros(part.shape[0], device=params.device)
+        for step in range(steps):
+            if active is not None and not bool(active[step, rows].any()):
+                continue
+            x, y, weight = batch(step, rows)
+            if buffers is None:
+                loss, grad = model.loss_and_grad(part, x, y, weight=weight)
+            else:
+                bufs = buffers[rows]
+                idle = None if weight is None else weight.sum(1) == 0
+                kept = None if idle is None else bufs[idle].clone()
+                kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
+                loss, grad = model.loss_and_grad(part, x, y, weight=weight, **kw)
+                if idle is not None and kept is not None:
+                    bufs[idle] = kept
+            if extra_grad is not None:
+                grad.add_(extra_grad(part))
+            if weight is not None:
+                grad.mul_((weight.sum(1) > 0).to(grad.dtype).unsqueeze(1))
+            if mask is not None:
+                grad.mul_(mask[rows])
+            part.add_(grad, alpha=-lr)
+            loss_sum += loss
+        parts.append((part, loss_sum))
+    if not parts:  # no clients
+        return params, torch.zeros(0, device=params.device)
+    return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
+
+
 CACHE_FLOATS = 2_500_000
 """Parameters of one client chunk (~8 MB, plus as much gradient): fits this class of CPUs' L3."""
 

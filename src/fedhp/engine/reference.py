@@ -50,3 +50,23 @@ def reference_fedavg_round(
     num_clients = batches[0][1].shape[0]
     local = reference_local_sgd(model, global_params.expand(num_clients, -1), batches, lr)
     return (weights / weights.sum()) @ local
+
+
+def reference_client_sgd(
+    model: BatchedModel,
+    params: torch.Tensor,
+    batches: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
+    lr: float,
+) -> torch.Tensor:
+    """Client by client: SGD on client c's own minibatches ``batches[c]`` (any number, any
+    sizes: e.g. local epochs with a partial last batch); returns ``[C, P]``."""
+    out = []
+    for c in range(params.shape[0]):
+        module = model.make_module(params[c])
+        opt = torch.optim.SGD(module.parameters(), lr=lr)
+        for x, y in batches[c]:
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(module(x), y).backward()
+            opt.step()
+        out.append(model.layout.flatten_module(module))
+    return torch.stack(out)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
-from fedhp.algorithms.base import State
+from fedhp.algorithms.base import LocalWorkOptions, State
 from fedhp.config import RunConfig, config_to_dict
 from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.checkpoint import (
@@ -182,6 +182,21 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def local_work_summary(exp: Experiment) -> Row:
+    """Which local budget was used; under ``local_epochs`` the gradient evaluations per round are
+    the clients' real step counts ``E * ceil(n_c / batch)`` (mean over clients, min and max)."""
+    opts = exp.options
+    if not isinstance(opts, LocalWorkOptions):
+        return {}
+    out: Row = {"local_work": opts.local_work()}
+    if opts.local_epochs is not None:
+        steps = opts.step_counts(exp.ctx.fed.train.counts.cpu())
+        out["gradient_evaluations_per_round"] = float(steps.double().mean())
+        out["gradient_evaluations_per_round_min"] = int(steps.min())
+        out["gradient_evaluations_per_round_max"] = int(steps.max())
+    return out
+
+
 def summarize(exp: Experiment, rows: list[Row], seconds: float, rounds_done: int) -> Row:
     """summary.json: final and best accuracies, time, communication totals."""
     summary: Row = {
@@ -196,6 +211,7 @@ def summarize(exp: Experiment, rows: list[Row], seconds: float, rounds_done: int
         "torch_threads": torch.get_num_threads(),
         "gradient_evaluations_per_round": exp.options.gradient_evaluations(),
     }
+    summary.update(local_work_summary(exp))
     for key in ("global_acc", "personal_acc"):
         values = [(r["round"], r[key]) for r in rows if key in r]
         if values:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -69,3 +71,53 @@ class BatchSampler:
         perm = torch.argsort(keys, dim=1)
         cyc = torch.arange(batch_size, device=device).unsqueeze(0) % counts.unsqueeze(1)
         return perm.gather(1, cyc)
+
+    def epochs(self, clients: torch.Tensor, batch_size: int, epochs: int) -> EpochBatches:
+        """Every minibatch of ``epochs`` passes of ``clients`` over their own shuffled data.
+
+        Each epoch draws a fresh permutation per client (consuming the generator for all
+        ``total`` clients, as :meth:`draw` does) and cuts it into ``ceil(n_c / batch_size)``
+        minibatches; the last one is partial. Clients step together: an epoch lasts as many steps
+        as its participants' longest, and a client that has finished its epoch idles (weight 0)
+        until the next one starts. Padded positions hold index 0 and weight 0.
+        """
+        counts = self.counts[clients]
+        device = counts.device
+        rows = clients if self.rows is None else self.rows.to(device)[clients]
+        steps = (counts + batch_size - 1) // batch_size  # per client and epoch
+        width = int(steps.max().item()) * batch_size if len(clients) else 0
+        pos = torch.arange(width, device=device)
+        valid = pos.unsqueeze(0) < counts.unsqueeze(1)
+        at = pos.clamp(max=self.max_count - 1).expand(len(clients), -1)
+        index, weight = [], []
+        for _ in range(epochs):
+            keys = torch.rand(self.total, self.max_count, generator=self.generator, device=device)
+            keys = keys[rows].masked_fill(
+                torch.arange(self.max_count, device=device) >= counts.unsqueeze(1), 2.0
+            )
+            perm = torch.argsort(keys, dim=1).gather(1, at).masked_fill(~valid, 0)
+            shape = (len(clients), width // batch_size, batch_size)
+            index.append(perm.view(shape).transpose(0, 1))
+            weight.append(valid.view(shape).transpose(0, 1))
+        return EpochBatches(
+            torch.cat(index).contiguous(), torch.cat(weight).float().contiguous(), steps * epochs
+        )
+
+
+@dataclass(frozen=True)
+class EpochBatches:
+    """The minibatches of some local epochs of ``C'`` clients, stepped together.
+
+    ``index [S, C', B]``: sample positions within each client; ``weight [S, C', B]``: 1 for a
+    real sample, 0 for padding (a partial last batch, or a client whose epoch is over);
+    ``steps [C']``: the real steps (non-empty minibatches) each client takes.
+    """
+
+    index: torch.Tensor
+    weight: torch.Tensor
+    steps: torch.Tensor
+
+    @property
+    def num_steps(self) -> int:
+        """Batched steps ``S`` (the longest client's, epoch by epoch)."""
+        return int(self.index.shape[0])

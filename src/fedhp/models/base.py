@@ -160,6 +160,19 @@ class FeatureNet(nn.Module):
         return (out, h) if features else out
 
 
+def weighted_client_mean(losses: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """Per-client mean ``[C]`` of per-sample values ``[C, B]``, weighted by ``weight [C, B]``
+    (plain mean without weights; rows of zero total weight give 0)."""
+    if weight is None:
+        return losses.mean(1)
+    return (losses * weight).sum(1) / sample_weight_totals(weight)
+
+
+def sample_weight_totals(weight: torch.Tensor) -> torch.Tensor:
+    """Per-client total weight ``[C]`` of ``weight [C, B]``, kept away from zero."""
+    return weight.sum(1).clamp(min=torch.finfo(weight.dtype).tiny)
+
+
 class BatchedModel(ABC):
     """A model evaluated for many clients at once: ``forward(flat [C,P], x [C,B,...])``."""
 
@@ -237,9 +250,14 @@ class BatchedModel(ABC):
         y: torch.Tensor,
         *,
         buffers: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]`` (training mode:
         ``buffers [C, B]``, if given, are updated in place with the batches' statistics).
+
+        ``weight [C, B]`` (optional): per-sample weights; each client's loss is then the weighted
+        mean over its samples (0 for padding, e.g. a partial last batch; a row of zeros gives
+        loss 0 and gradient 0).
 
         Autograd over per-layer leaf copies (not over slices of the flat tensor, whose backward
         would materialize a zero-filled ``[C, P]`` buffer per parameter). The clients' losses are
@@ -254,7 +272,7 @@ class BatchedModel(ABC):
         logits = self.forward_params(params, x, buffers=buffers, train=True)
         c, b = logits.shape[0], logits.shape[1]
         losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
-        per_client = losses.view(c, b).mean(1)
+        per_client = weighted_client_mean(losses.view(c, b), weight)
         grads = torch.autograd.grad(per_client.sum(), leaves)
         return per_client.detach(), torch.cat([g.reshape(c, -1) for g in grads], dim=1)
 

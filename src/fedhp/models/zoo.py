@@ -14,7 +14,13 @@ import torch
 from torch import nn
 
 from fedhp.errors import ConfigError
-from fedhp.models.base import BatchedModel, FeatureNet, VmapModel
+from fedhp.models.base import (
+    BatchedModel,
+    FeatureNet,
+    VmapModel,
+    sample_weight_totals,
+    weighted_client_mean,
+)
 from fedhp.registry import Registry
 
 
@@ -100,16 +106,20 @@ class BatchedMLP(BatchedModel):
         y: torch.Tensor,
         *,
         buffers: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             acts = self._activations(flat, x)
             logp = torch.log_softmax(acts[-1], dim=-1)
             c, b = y.shape
             target = y.unsqueeze(2)
-            loss = -logp.gather(2, target).squeeze(2).mean(1)
+            loss = weighted_client_mean(-logp.gather(2, target).squeeze(2), weight)
             delta = logp.exp_()  # softmax
             delta.scatter_add_(2, target, torch.full_like(target, -1, dtype=delta.dtype))
-            delta.div_(b)  # d(mean loss)/d(logits)
+            if weight is None:
+                delta.div_(b)  # d(mean loss)/d(logits)
+            else:  # d(weighted mean loss)/d(logits)
+                delta.mul_((weight / sample_weight_totals(weight).unsqueeze(1)).unsqueeze(2))
             grad = torch.empty_like(flat)
             layers = self._layers(flat)
             grads = self._layers(grad)

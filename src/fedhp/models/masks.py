@@ -1,0 +1,167 @@
+"""Unit masks: per-client masks over whole units (MLP neurons, conv output channels).
+
+A *unit group* is one layer's units: the rows (dim 0) of its weight, plus the entries of its bias
+and of a BatchNorm right after it that belong to the same units. A unit mask ``[C, U]`` (U = the
+units of all groups, concatenated in group order; 1 = kept) becomes a parameter mask ``[C, P]``
+with :func:`param_mask`; masked training multiplies the parameters and their gradients by it
+outside the model's forward (:func:`fedhp.engine.ops.weighted_sgd_steps`' ``mask``), so every
+model works unchanged. :func:`masked_flops` counts what a physically pruned model computes, and
+:func:`fedhp.comm.unit_mask_bytes` is the mask's wire size (a bitmap over units).
+
+Groups are derived from the reference ``nn.Module``: every ``nn.Linear`` / ``nn.Conv2d`` except
+the last one (the output layer, never masked) is a group over its output units; a BatchNorm that
+directly follows it (next module with parameters, same number of features) joins the group. A
+model can override this by defining ``unit_groups() -> tuple[UnitGroup, ...]`` (e.g. for
+residual blocks).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedhp.models.base import BatchedModel
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+@dataclass(frozen=True)
+class UnitGroup:
+    """One layer's maskable units.
+
+    ``weight``: the parameter whose rows are the units; ``extras``: the unit-indexed vectors
+    (bias, the following BatchNorm's weight and bias) zeroed with them in ``structural`` masks.
+    """
+
+    name: str
+    size: int
+    weight: str
+    extras: tuple[str, ...] = ()
+
+
+def unit_groups(model: BatchedModel) -> tuple[UnitGroup, ...]:
+    """The model's unit groups (``model.unit_groups()`` if it defines one, else derived from its
+    reference module as described in the module docstring)."""
+    custom = getattr(model, "unit_groups", None)
+    if callable(custom):
+        groups: tuple[UnitGroup, ...] = tuple(custom())
+        return groups
+    leaves = [
+        (name, m)
+        for name, m in model.reference.named_modules()
+        if any(True for _ in m.parameters(recurse=False))
+    ]
+    layers = [i for i, (_, m) in enumerate(leaves) if isinstance(m, nn.Linear | nn.Conv2d)]
+    out: list[UnitGroup] = []
+    for i in layers[:-1]:
+        name, m = leaves[i]
+        size = int(m.weight.shape[0])
+        prefix = f"{name}." if name else ""
+        extras = [f"{prefix}bias"] if getattr(m, "bias", None) is not None else []
+        if i + 1 < len(leaves):
+            bn_name, bn = leaves[i + 1]
+            if isinstance(bn, _BATCH_NORMS) and bn.num_features == size and bn.affine:
+                extras += [f"{bn_name}.weight", f"{bn_name}.bias"]
+        out.append(UnitGroup(name, size, f"{prefix}weight", tuple(extras)))
+    return tuple(out)
+
+
+def num_units(model: BatchedModel) -> int:
+    """U: the maskable units of all groups."""
+    return sum(g.size for g in unit_groups(model))
+
+
+def param_mask(
+    model: BatchedModel, unit_mask: torch.Tensor, structural: bool = True
+) -> torch.Tensor:
+    """The parameter mask ``[C, P]`` (float 0/1) of a unit mask ``[C, U]`` (bool or 0/1).
+
+    A dropped unit's weight row is zeroed; with ``structural`` (default) also its bias and the
+    following BatchNorm's weight and bias, so its output is exactly zero (a pruned unit). With
+    ``structural=False`` only the weight rows (the FedLPS authors' code)."""
+    groups = unit_groups(model)
+    if unit_mask.dim() != 2 or unit_mask.shape[1] != sum(g.size for g in groups):
+        raise ValueError(
+            f"unit_mask must be [C, {sum(g.size for g in groups)}], got {tuple(unit_mask.shape)}"
+        )
+    specs = {s.name: s for s in model.layout.specs}
+    c = unit_mask.shape[0]
+    out = torch.ones(c, model.num_params, device=unit_mask.device)
+    start = 0
+    for g in groups:
+        m = unit_mask[:, start : start + g.size].to(out.dtype)
+        start += g.size
+        for name in (g.weight, *g.extras) if structural else (g.weight,):
+            view = model.layout.view(out, specs[name])
+            view.copy_(m.reshape(c, g.size, *([1] * (view.dim() - 2))).expand_as(view))
+    return out
+
+
+def apply_mask(params: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``params * mask``: the masked (sub-)models ``[C, P]``."""
+    return params * mask
+
+
+def masked_flops(
+    model: BatchedModel, unit_mask: torch.Tensor, structural: bool = True
+) -> torch.Tensor:
+    """Forward FLOPs per sample ``[C]`` (int64) of each client's masked model, counting only
+    what a physically pruned model computes (PyTorch's FlopCounterMode convention: 2 per
+    multiply-add of a Linear / Conv2d, nothing for biases, activations, pooling, BatchNorm).
+
+    For each layer, kept output units (non-zero weight rows) × live inputs (input features or
+    channels not structurally zero) × kernel area × output positions. Live inputs are found by a
+    probe forward of the reference module with the parameter mask itself as (non-negative)
+    parameters (weights scaled to average their inputs, in float64), unit BatchNorm statistics
+    and an all-ones input: an activation is zero there
+    exactly when every path to it is pruned (a kept unit's output stays positive)."""
+    pmask = param_mask(model, unit_mask, structural).double()
+    for spec in model.layout.specs:  # weights averaging their inputs keep activations bounded
+        if len(spec.shape) >= 2:
+            model.layout.view(pmask, spec).div_(spec.numel // spec.shape[0])
+    probe = copy.deepcopy(model.reference).double().eval()
+    for m in probe.modules():
+        if isinstance(m, _BATCH_NORMS) and m.running_mean is not None:
+            m.running_mean.zero_()
+            assert m.running_var is not None
+            m.running_var.fill_(1.0)
+    counts: list[int] = []
+
+    def hook(m: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        x = inputs[0]
+        w = m.weight
+        assert isinstance(w, torch.Tensor)
+        rows = int((w.reshape(w.shape[0], -1) != 0).any(1).sum())
+        if isinstance(m, nn.Conv2d):
+            if m.groups != 1:
+                raise ValueError("masked_flops: grouped convolutions are not supported")
+            live = int((x[0] != 0).flatten(1).any(1).sum())
+            area = int(w.shape[2] * w.shape[3])
+            counts.append(2 * rows * live * area * int(output.shape[-1] * output.shape[-2]))
+        else:
+            live = int((x[0] != 0).reshape(-1, x.shape[-1]).any(0).sum())
+            tokens = x[0].numel() // x.shape[-1]
+            counts.append(2 * rows * live * tokens)
+
+    handles = [
+        m.register_forward_hook(hook)
+        for m in probe.modules()
+        if isinstance(m, nn.Linear | nn.Conv2d)
+    ]
+    ones = torch.ones(1, *model.feature_shape, dtype=torch.float64)
+    flops = []
+    try:
+        with torch.no_grad():
+            for row in pmask:
+                model.layout.load_into(probe, row)
+                counts.clear()
+                probe(ones)
+                flops.append(sum(counts))
+    finally:
+        for h in handles:
+            h.remove()
+    return torch.tensor(flops, dtype=torch.int64)
