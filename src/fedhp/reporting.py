@@ -244,14 +244,17 @@ def plot_curves(
     xlabel: str,
     ylabel: str,
     title: str,
+    logy: bool = False,
 ) -> None:
-    """One line per entry of ``series`` (label -> (x, y)), written as a PNG."""
+    """One line per entry of ``series`` (label -> (x, y)), written as a PNG; ``logy``: log y."""
     fig = Figure(figsize=(6.4, 4.4))
     ax = fig.subplots()
     for label, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), label=label)
     if series:
         ax.legend(fontsize="small")
+    if logy:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

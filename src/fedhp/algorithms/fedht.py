@@ -71,7 +71,7 @@ class FedIterHT(FedHT):
 
 @ALGORITHMS.register("fedht")
 class FedHTOptions(AlgorithmOptions):
-    """Fed-HT: K = ``local_steps`` SGD steps of constant ``lr`` (γ), the cloud keeps H_τ(average)."""
+    """Fed-HT: K = ``local_steps`` SGD steps of constant ``lr`` (γ); the cloud keeps H_τ(mean)."""
 
     lr: float = pydantic.Field(1e-3, gt=0, description="constant local step size γ")
     batch_size: int = pydantic.Field(32, gt=0)

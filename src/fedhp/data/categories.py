@@ -27,9 +27,7 @@ def _sq_dist(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
     return sq.double().unsqueeze(1) - 2 * cross.double() + centroids.double().pow(2).sum(1)
 
 
-def kmeans(
-    x: torch.Tensor, k: int, seed: int, iters: int = 30
-) -> tuple[np.ndarray, torch.Tensor]:
+def kmeans(x: torch.Tensor, k: int, seed: int, iters: int = 30) -> tuple[np.ndarray, torch.Tensor]:
     """Lloyd's K-means on the rows of ``x`` (dense, or sparse COO without densifying it), from
     ``k`` distinct random rows; returns each row's cluster and the centroids ``[k, d]``."""
     m = _matrix(x)
@@ -100,7 +98,10 @@ class CategoriesPartitioner(_WithValFraction):
         split: dict[str, list[np.ndarray]] = {}
         for name, cats in (("train", train_cat), ("test", test_cat)):
             parts = _parts(cats, k, per_cat, rng)
-            clients = [np.sort(np.concatenate((parts[i], parts[num_clients + sigma[i]]))) for i in range(num_clients)]
+            clients = [
+                np.sort(np.concatenate((parts[i], parts[num_clients + sigma[i]])))
+                for i in range(num_clients)
+            ]
             split[name] = [clients[i] for i in order]
         empty = [i for i, rows in enumerate(split["train"]) if len(rows) == 0]
         if empty:

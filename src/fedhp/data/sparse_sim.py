@@ -44,7 +44,9 @@ def _arrays(
         return torch.from_numpy(np.concatenate([p[k] for p in split]).astype(dtype))
 
     def owners(split: list[tuple[np.ndarray, np.ndarray]]) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([np.full(len(p[1]), i) for i, p in enumerate(split)]))
+        return torch.from_numpy(
+            np.concatenate([np.full(len(p[1]), i) for i, p in enumerate(split)])
+        )
 
     return DatasetArrays(
         name=name,
@@ -89,7 +91,10 @@ def _make_sim(
             y = s
         else:  # the top `positives` of sigmoid(s) (monotone in s) of each split are label 1
             y = np.zeros(n, dtype=np.int64)
-            for lo, hi, k in ((0, samples, positives), (samples, n, positives * test_samples // samples)):
+            for lo, hi, k in (
+                (0, samples, positives),
+                (samples, n, positives * test_samples // samples),
+            ):
                 y[lo + np.argsort(-s[lo:hi], kind="stable")[:k]] = 1
         parts.append((z, y))
         models.append(x_i)
@@ -149,7 +154,7 @@ def _make_gaussian(
 
 @DATASETS.register("gaussian_sparse")
 class GaussianSparseSource(DatasetSource):
-    """Noiseless sparse recovery: z ~ N(0, I), y = zᵀx* with ``support`` random non-zeros, ‖x*‖ = 1."""
+    """Noiseless sparse recovery: z ~ N(0, I), y = zᵀx*, ``support`` random non-zeros, ‖x*‖ = 1."""
 
     num_clients: int = Field(10, gt=0)
     samples: int = Field(100, gt=0)

@@ -1,7 +1,7 @@
 """Model zoo in batched multi-client form."""
 
-from fedhp.models.base import BatchedModel, ParamLayout, VmapModel
 from fedhp.models import linear  # noqa: F401  (registers linreg, logreg, softmax)
+from fedhp.models.base import BatchedModel, ParamLayout, VmapModel
 from fedhp.models.zoo import MODELS, ModelOptions
 
 __all__ = ["MODELS", "BatchedModel", "ModelOptions", "ParamLayout", "VmapModel"]

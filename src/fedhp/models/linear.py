@@ -57,7 +57,9 @@ class LinearModel(BatchedModel):
     reports_objective = True
     curvature = 1.0
 
-    def __init__(self, d: int, out: int, num_classes: int, feature_shape: tuple[int, ...], lam: float):
+    def __init__(
+        self, d: int, out: int, num_classes: int, feature_shape: tuple[int, ...], lam: float
+    ):
         super().__init__(nn.Linear(d, out, bias=False), feature_shape, num_classes)
         self.d, self.out, self.lam = d, out, lam
         self.sparsity_groups = out
