@@ -17,7 +17,7 @@ from fedhp.errors import ConfigError, DatasetError
 
 def _matrix(x: torch.Tensor) -> torch.Tensor:
     """Features as a 2-D matrix ``[N, d]`` (sparse COO stays sparse)."""
-    return x if x.is_sparse else x.reshape(x.shape[0], -1).double()
+    return x.double() if x.is_sparse else x.reshape(x.shape[0], -1).double()
 
 
 def _sq_dist(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
@@ -27,22 +27,36 @@ def _sq_dist(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
     return sq.double().unsqueeze(1) - 2 * cross.double() + centroids.double().pow(2).sum(1)
 
 
+def _row(m: torch.Tensor, i: int) -> torch.Tensor:
+    pick = torch.tensor([i])
+    return (m.index_select(0, pick).to_dense() if m.is_sparse else m[pick]).double()
+
+
+def _plus_plus(m: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """k-means++ seeding: each next centre drawn with probability ∝ squared distance."""
+    centroids = _row(m, int(rng.integers(m.shape[0])))
+    for _ in range(1, k):
+        d2 = _sq_dist(m, centroids).min(1).values.clamp(min=0).numpy()
+        total = d2.sum()
+        i = int(rng.choice(len(d2), p=d2 / total)) if total > 0 else int(rng.integers(len(d2)))
+        centroids = torch.cat((centroids, _row(m, i)))
+    return centroids
+
+
 def kmeans(x: torch.Tensor, k: int, seed: int, iters: int = 30) -> tuple[np.ndarray, torch.Tensor]:
-    """Lloyd's K-means on the rows of ``x`` (dense, or sparse COO without densifying it), from
-    ``k`` distinct random rows; returns each row's cluster and the centroids ``[k, d]``."""
+    """Lloyd's K-means on the rows of ``x`` (dense, or sparse COO without densifying it), seeded
+    by k-means++; returns each row's cluster and the centroids ``[k, d]``."""
     m = _matrix(x)
     n = m.shape[0]
     if n < k:
         raise DatasetError(f"partition.num_categories: {k} clusters need at least {k} samples")
-    start = np.random.default_rng(seed).choice(n, k, replace=False)
-    pick = torch.from_numpy(start)
-    centroids = (m.index_select(0, pick).to_dense() if m.is_sparse else m[pick]).double()
+    centroids = _plus_plus(m, k, np.random.default_rng(seed))
     labels = torch.zeros(n, dtype=torch.long)
     for _ in range(iters):
         labels = _sq_dist(m, centroids).argmin(1)
         onehot = torch.zeros(n, k, dtype=torch.float64)
         onehot[torch.arange(n), labels] = 1.0
-        sums = (torch.sparse.mm(m.t().double(), onehot) if m.is_sparse else m.T @ onehot).T
+        sums = (torch.sparse.mm(m.t(), onehot) if m.is_sparse else m.T @ onehot).T
         counts = onehot.sum(0)
         filled = counts > 0  # an empty cluster keeps its centroid
         new = centroids.clone()

@@ -498,7 +498,10 @@ def _to_sparse(
     col = np.concatenate(rows_i) - offset if rows_i else np.zeros(0, np.int64)
     val = np.concatenate(rows_v).astype(np.float32) if rows_v else np.zeros(0, np.float32)
     indices = torch.from_numpy(np.vstack((row, col)))
-    return torch.sparse_coo_tensor(indices, torch.from_numpy(val), (len(rows_i), width)).coalesce()
+    shape = (len(rows_i), width)
+    return torch.sparse_coo_tensor(
+        indices, torch.from_numpy(val), shape, check_invariants=False
+    ).coalesce()
 
 
 @functools.lru_cache(maxsize=4)

@@ -7,8 +7,9 @@ Fed-HT, FedIter-HT):
    1e-3 by {6e-4, 3e-4, 1e-4} (the literal grid diverges or stalls on Simulation I: the clients'
    smoothness is ~2,000), and every K ∈ {3, 5, 8, 10} (Distributed-IHT: K = 1), for ``tune_rounds``
    rounds; the final objective of each run goes to ``tuning.json`` (``inf``: diverged).
-2. *Shared γ* (the headline): the γ at which all three methods do best together — the smallest
-   Σ_m log(f_m(γ) / min_γ' f_m(γ')), each method with its best K at that γ.
+2. *Shared γ* (the headline): among the *stable* γ (every method, every K ends below f(x₀)), the
+   one at which all three do best together — the smallest Σ_m log(f_m(γ) / min_γ' f_m(γ')) —,
+   each method with its best K at that γ.
 3. *Per-method tuned* (``<experiment>-tuned``): each method at its own best (γ, K).
 4. Full runs evaluated every round: the target is Distributed-IHT's objective at ``target_round``;
    rounds and simulated time (150 ms per communication round + 20 µs per local step) to reach it.
@@ -93,7 +94,7 @@ def problems(opts: ReproOptions, path: str | None = None) -> dict[str, Problem]:
             ],
             rounds=300,
             target_round=200,
-            tune_rounds=200,
+            tune_rounds=100,
         ),
         "mnist": Problem(
             "mnist",
@@ -216,24 +217,45 @@ def best_k(cells: dict[str, float]) -> tuple[int, float]:
     return int(k), value
 
 
-def choose(grid: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
-    """The shared γ (with each method's best K there) and each method's own best (γ, K)."""
+def choose(grid: dict[str, dict[str, dict[str, float]]], f0: float) -> dict[str, Any]:
+    """The shared γ (with each method's best K there) and each method's own best (γ, K).
+
+    A γ is *stable* when every method with every K of the grid ends below f(x₀) = ``f0``; the
+    shared γ is the stable one with the smallest Σ_m log(f_m(γ) / min_γ' f_m(γ')) (if none is
+    stable: the smallest score over all γ)."""
     best = {
         m: min(((float(g), *best_k(cells)) for g, cells in grid[m].items()), key=lambda t: t[2])
         for m in METHODS
     }
-    scores = {}
+    scores, stable = {}, []
     for g in grid[METHODS[0]]:
         parts = [best_k(grid[m][g])[1] / best[m][2] for m in METHODS]
         ok = all(math.isfinite(p) and p > 0 for p in parts)
         scores[g] = sum(math.log(p) for p in parts) if ok else math.inf
-    shared = min(scores, key=lambda g: (scores[g], -float(g)))
+        if all(v < f0 for m in METHODS for v in grid[m][g].values()):
+            stable.append(g)
+    shared = min(stable or scores, key=lambda g: (scores[g], -float(g)))
     return {
+        "initial_objective": f0,
+        "stable_gammas": [float(g) for g in stable],
         "shared_gamma": float(shared),
         "shared_k": {m: best_k(grid[m][shared])[0] for m in METHODS},
         "shared_scores": scores,
         "tuned": {m: {"gamma": best[m][0], "K": best[m][1]} for m in METHODS},
     }
+
+
+def initial_objective(prob: Problem) -> float:
+    """f(x₀) = f(0) of the problem's training data."""
+    import torch
+
+    from fedhp.config import resolve_config
+    from fedhp.engine.build import build_experiment
+    from fedhp.engine.runner import evaluate_state
+
+    exp = build_experiment(resolve_config(None, [*prob.overrides, "algorithm.name=diht"]))
+    row, _ = evaluate_state(exp, {"global": torch.zeros(exp.model.num_params)})
+    return float(row["objective"])
 
 
 def rounds_to(rows: list[dict[str, float]], target: float) -> int | None:
@@ -367,7 +389,7 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if prob.tune_rounds:
         grid = tune(opts, prob, runs)
-        chosen = choose(grid)
+        chosen = choose(grid, initial_objective(prob))
     else:
         grid = {}
         chosen = {"shared_gamma": prob.gammas[0], "shared_k": {m: prob.ks[0] for m in METHODS}}
