@@ -113,6 +113,7 @@ def test_one_round_equals_the_hand_computation(method: str) -> None:
     if method != "diht":
         opts["local_steps"] = K
     algo = ALGORITHMS.build(opts, "algorithm").build(ctx)
+    assert algo.extra_metrics({}) == {"gamma": GAMMA}
     state = algo.init_state(torch.randn(D))
     assert torch.equal(state["global"], torch.zeros(D))  # x₀ = 0
     for _ in range(2):  # the second round starts from a τ-sparse, non-zero model
@@ -288,3 +289,16 @@ def test_run_writes_objective_and_recovery_columns(tmp_path) -> None:
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
     for col in ("objective", "support_precision", "support_recall", "dist_to_true"):
         assert col in header
+
+
+def test_gamma_auto_is_one_sixth_of_the_inverse_largest_smoothness() -> None:
+    ctx = linreg_context(num_clients=3, seed=2)
+    algo = ALGORITHMS.build({"name": "fedht", "lr": "auto", "tau": TAU}, "algorithm").build(ctx)
+    top = []
+    for c in range(3):
+        lo, hi = int(ctx.fed.train.offsets[c]), int(ctx.fed.train.offsets[c + 1])
+        z = ctx.fed.train.x[lo:hi].double()
+        top.append(float(torch.linalg.eigvalsh(z.T @ z / (hi - lo)).max()))
+    assert algo.gamma == pytest.approx(1 / (6 * 2 * max(top)), rel=1e-3)  # linreg: l = 2 λmax
+    with pytest.raises(ConfigError, match="lr"):
+        ALGORITHMS.build({"name": "fedht", "lr": -1.0}, "algorithm")

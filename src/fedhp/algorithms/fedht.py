@@ -9,11 +9,14 @@ is Fed-HT with one local step. H_τ is per class column for softmax (``sparsity_
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pydantic
 import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.engine.context import RunContext
+from fedhp.engine.objective import client_smoothness
 from fedhp.engine.ops import hard_threshold, weighted_mean
 
 
@@ -22,6 +25,13 @@ class FedHT(Algorithm):
 
     options: FedHTOptions
     client_outputs = ("params",)
+
+    def __init__(self, options: FedHTOptions, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        if options.lr == "auto":  # Thm 3.1 / 4.1: γ = 1/(6 l), l the clients' largest smoothness
+            self.gamma = 1.0 / (6.0 * float(client_smoothness(ctx.model, ctx.fed).max()))
+        else:
+            self.gamma = float(options.lr)
 
     def threshold(self, params: torch.Tensor) -> torch.Tensor:
         """H_τ of every row (per class column where the model has several)."""
@@ -38,12 +48,15 @@ class FedHT(Algorithm):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """K minibatch SGD steps of step size γ; returns the K-th iterates and summed losses."""
         opt = self.options
-        return self.ctx.local_sgd(params, clients, opt.local_steps, opt.batch_size, opt.lr)
+        return self.ctx.local_sgd(params, clients, opt.local_steps, opt.batch_size, self.gamma)
 
     def train(self, state: State, task: Task) -> Update:
         start = task.broadcast["global"].expand(len(task.clients), -1)
         params, loss_sum = self.local_steps(start, task.clients)
         return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0))
+
+    def extra_metrics(self, state: State) -> dict[str, float]:
+        return {"gamma": self.gamma}
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
@@ -63,7 +76,7 @@ class FedIterHT(FedHT):
         opt = self.options
         loss_sum = torch.zeros(len(clients), device=params.device)
         for _ in range(opt.local_steps):
-            params, loss = self.ctx.local_sgd(params, clients, 1, opt.batch_size, opt.lr)
+            params, loss = self.ctx.local_sgd(params, clients, 1, opt.batch_size, self.gamma)
             params = self.threshold(params)
             loss_sum += loss
         return params, loss_sum
@@ -73,10 +86,19 @@ class FedIterHT(FedHT):
 class FedHTOptions(AlgorithmOptions):
     """Fed-HT: K = ``local_steps`` SGD steps of constant ``lr`` (γ); the cloud keeps H_τ(mean)."""
 
-    lr: float = pydantic.Field(1e-3, gt=0, description="constant local step size γ")
+    lr: float | Literal["auto"] = pydantic.Field(  # type: ignore[assignment]
+        1e-3, description="constant local step size γ > 0, or auto: 1/(6·max_i l_i) (Thm 3.1)"
+    )
     batch_size: int = pydantic.Field(32, gt=0)
     local_steps: int = pydantic.Field(5, gt=0, description="K local steps per round")
     tau: int = pydantic.Field(200, gt=0, description="sparsity τ (per class column for softmax)")
+
+    @pydantic.field_validator("lr")
+    @classmethod
+    def _positive(cls, value: float | str) -> float | str:
+        if not isinstance(value, str) and value <= 0:
+            raise ValueError("must be > 0 or 'auto'")
+        return value
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedHT(self, ctx)
