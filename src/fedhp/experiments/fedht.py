@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,9 @@ class Problem:
     tune_rounds: int
     gammas: tuple[float, ...] = PAPER_GRID + EXTENDED
     ks: tuple[int, ...] = KS
-    notes: list[str] = field(default_factory=list)
+    eval_every: int = (
+        1  # full runs: evaluate every n rounds (MNIST/LibSVM: 5, evaluation is costly)
+    )
 
 
 def _common(tau: int, batch: int, clients: int) -> list[str]:
@@ -109,6 +111,7 @@ def problems(opts: ReproOptions, path: str | None = None) -> dict[str, Problem]:
             rounds=200,
             target_round=100,
             tune_rounds=50,
+            eval_every=5,
         ),
         "noiseless": Problem(
             "noiseless",
@@ -144,6 +147,7 @@ def problems(opts: ReproOptions, path: str | None = None) -> dict[str, Problem]:
             rounds=200,
             target_round=100,
             tune_rounds=50,
+            eval_every=5,
         )
     if opts.data_dir is not None:
         out["mnist"].overrides.append(f"dataset.data_dir={opts.data_dir}")
@@ -292,7 +296,7 @@ def compare(
     for m in METHODS:
         gamma, k = settings[m]
         folder = runs / "full" / f"{m}-g{gamma:g}-K{k}"
-        curves[m] = _run(opts, prob, folder, m, gamma, k, prob.rounds, 1)
+        curves[m] = _run(opts, prob, folder, m, gamma, k, prob.rounds, prob.eval_every)
     base = [r for r in curves["diht"] if int(r["round"]) == prob.target_round]
     target = base[0]["objective"] if base else math.inf
     rows = []
@@ -384,6 +388,7 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
     if opts.rounds_given:
         prob.rounds = opts.rounds
         prob.target_round = min(prob.target_round, opts.rounds)
+        prob.tune_rounds = min(prob.tune_rounds, opts.rounds)
     out = opts.out or Path("runs") / "reproduce" / f"fedht-{name}"
     runs = opts.runs or out / "runs"
     out.mkdir(parents=True, exist_ok=True)
@@ -400,7 +405,9 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
     for m in ("fedht", "fediterht"):
         for k in prob.ks:
             folder = runs / "full" / f"{m}-g{gamma:g}-K{k}"
-            k_curves[f"{LABELS[m]} K={k}"] = _run(opts, prob, folder, m, gamma, k, prob.rounds, 1)
+            k_curves[f"{LABELS[m]} K={k}"] = _run(
+                opts, prob, folder, m, gamma, k, prob.rounds, prob.eval_every
+            )
     files = figures(out, prob, curves, shared, k_curves, gamma)
     tuned_rows: list[dict[str, Any]] = []
     if prob.tune_rounds:
