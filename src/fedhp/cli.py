@@ -154,6 +154,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         rounds=args.rounds if args.rounds is not None else 800,
         rounds_given=args.rounds is not None,
         path=args.path,
+        gamma=args.gamma,
         seeds=args.seeds,
         model=args.model,
         out=Path(args.out) if args.out else None,
@@ -222,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--methods", help="comma-separated subset of the reproduction's methods")
     rep.add_argument("--data-dir", help="dataset.data_dir for every run (e.g. CIFAR-10 batches)")
     rep.add_argument("--path", help="fedht-libsvm: the LibSVM file (E2006-tfidf, RCV1, ...)")
+    rep.add_argument(
+        "--gamma", type=float, help="fedht-*: compare at this common γ (K still from the grid)"
+    )
     rep.set_defaults(func=cmd_reproduce)
     from fedhp.flower.deploy_cli import add_parser as add_flower_parser
 

@@ -398,6 +398,10 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
     else:
         grid = {}
         chosen = {"shared_gamma": prob.gammas[0], "shared_k": {m: prob.ks[0] for m in METHODS}}
+    if opts.gamma is not None:  # --gamma: this common γ instead of the rule's choice
+        chosen["shared_gamma"] = opts.gamma
+        cells = {m: grid.get(m, {}).get(f"{opts.gamma:g}") for m in METHODS}
+        chosen["shared_k"] = {m: best_k(c)[0] if c else max(prob.ks) for m, c in cells.items()}
     gamma = chosen["shared_gamma"]
     shared = {m: (gamma, 1 if m == "diht" else chosen["shared_k"][m]) for m in METHODS}
     curves, rows = compare(opts, prob, runs, shared, name)
