@@ -127,11 +127,16 @@ def segment_mean(
 def hard_threshold(params: torch.Tensor, tau: int, groups: int = 1) -> torch.Tensor:
     """H_τ: keep the ``tau`` entries of largest ``|x|`` in each row of ``params [.., P]`` (in each
     of its ``groups`` contiguous blocks of P/groups, e.g. a softmax model's class columns), zero
-    the rest. Ties are broken deterministically: the lowest index wins (a stable sort)."""
+    the rest. Ties are broken deterministically: the lowest index wins (as a stable sort would;
+    computed in linear time with ``kthvalue``)."""
     lead, p = params.shape[:-1], params.shape[-1]
     blocks = params.reshape(*lead, groups, p // groups)
     if tau >= blocks.shape[-1]:
         return params.clone()
-    order = torch.sort(blocks.abs(), dim=-1, descending=True, stable=True).indices
-    mask = torch.zeros_like(blocks, dtype=torch.bool).scatter_(-1, order[..., :tau], True)
+    size = blocks.abs()
+    # the τ-th largest |x| per block, then everything above it plus the lowest-index ties
+    kth = size.kthvalue(size.shape[-1] - tau + 1, dim=-1, keepdim=True).values
+    above, tied = size > kth, size == kth
+    need = tau - above.sum(-1, keepdim=True)
+    mask = above | (tied & (tied.cumsum(-1) <= need))
     return torch.where(mask, blocks, torch.zeros_like(blocks)).reshape(params.shape)
