@@ -176,7 +176,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     opts = ReproOptions(
         dataset=args.dataset,
         setting=args.setting,
-        rounds=args.rounds,
+        rounds=args.rounds if args.rounds is not None else 800,
+        rounds_given=args.rounds is not None,
+        path=args.path,
+        gamma=args.gamma,
         seeds=args.seeds,
         model=args.model,
         out=Path(args.out) if args.out else None,
@@ -231,14 +234,22 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out", required=True, help="PNG to write, e.g. fig.png")
     cmp.add_argument("--no-band", action="store_true", help="no mean ± std band per seed group")
     cmp.set_defaults(func=cmd_compare)
-    rep = sub.add_parser("reproduce", help="reproduce the sFedHP paper's tables and figures")
-    rep.add_argument("name", help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune")
+    rep = sub.add_parser(
+        "reproduce", help="reproduce the sFedHP / Fed-HT papers' tables and figures"
+    )
+    rep.add_argument(
+        "name",
+        help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune | fedht-sim1 | "
+        "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless",
+    )
     rep.add_argument(
         "overrides", nargs="*", metavar="key=value", help="applied to every run (right after NAME)"
     )
     rep.add_argument("--dataset", choices=("mnist", "fmnist", "cifar10"), default="mnist")
     rep.add_argument("--setting", type=int, choices=(1, 2), default=1)
-    rep.add_argument("--rounds", type=int, default=800, help="global rounds T (default 800)")
+    rep.add_argument(
+        "--rounds", type=int, default=None, help="global rounds T (default 800; fedht-*: their own)"
+    )
     rep.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
     rep.add_argument(
         "--model",
@@ -255,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--methods", help="comma-separated subset of the reproduction's methods")
     rep.add_argument("--data-dir", help="dataset.data_dir for every run (e.g. CIFAR-10 batches)")
     add_plugin_option(rep)
+    rep.add_argument("--path", help="fedht-libsvm: the LibSVM file (E2006-tfidf, RCV1, ...)")
+    rep.add_argument(
+        "--gamma", type=float, help="fedht-*: compare at this common γ (K still from the grid)"
+    )
     rep.set_defaults(func=cmd_reproduce)
     from fedhp.flower.deploy_cli import add_parser as add_flower_parser
 

@@ -319,10 +319,11 @@ def plot_curves(
     xlabel: str,
     ylabel: str,
     title: str,
+    logy: bool = False,
 ) -> None:
-    """One line per entry of ``series`` (label -> (x, y)), written as a PNG."""
+    """One line per entry of ``series`` (label -> (x, y)), written as a PNG; ``logy``: log y."""
     lines = [Line(label, list(xs), list(ys)) for label, (xs, ys) in series.items()]
-    plot_lines(lines, out_png, xlabel, ylabel, title)
+    plot_lines(lines, out_png, xlabel, ylabel, title, log_y=logy)
 
 
 ACC_STYLE = {"global": ("tab:blue", "global model"), "personal": ("tab:orange", "personalized")}

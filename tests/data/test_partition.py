@@ -46,6 +46,7 @@ ALL_SCHEMES = [
 def test_registry_names() -> None:
     assert set(PARTITIONERS.names()) == {
         "labels", "shards", "dirichlet", "quantity", "feature_noise", "mixed", "natural",
+        "categories",
     }  # fmt: skip
 
 

@@ -20,7 +20,15 @@ FMNIST_DIR = Path(src.FMNIST_DEFAULT_DIR)
 
 
 def test_registry_names() -> None:
-    assert set(DATASETS.names()) == {"mnist", "fmnist", "cifar10", "synthetic", "libsvm"}
+    assert set(DATASETS.names()) == {
+        "mnist",
+        "fmnist",
+        "cifar10",
+        "synthetic",
+        "libsvm",
+        "fedht_sim",
+        "gaussian_sparse",
+    }
     with pytest.raises(ConfigError, match=r"dataset\.dir: unknown key"):
         DATASETS.build({"name": "mnist", "dir": "/x"}, "dataset")
 

@@ -3,6 +3,7 @@
 from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     centralized,
     fedavg,
+    fedht,
     heurfedamp,
     hierfavg,
     local,

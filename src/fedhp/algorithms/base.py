@@ -98,6 +98,12 @@ class LocalWorkOptions(AlgorithmOptions):
 ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
 
 
+def local_epochs_of(options: AlgorithmOptions) -> int | None:
+    """The ``local_epochs`` budget of options that offer one (plugins may subclass the plain
+    :class:`AlgorithmOptions`: ``local_steps`` only)."""
+    return options.local_epochs if isinstance(options, LocalWorkOptions) else None
+
+
 @dataclass
 class Task:
     """What the cloud sends below it for one round, in the receiver's client/edge indices.
@@ -314,13 +320,13 @@ class Algorithm(ABC):
         ``[C', B]`` in place if given: the new parameters, each client's loss summed over its
         steps, and its step count ``[C']`` (int64)."""
         ctx, opt = self.ctx, self.options
-        assert isinstance(opt, LocalWorkOptions)
         kw = {} if buffers is None else {"buffers": buffers}
-        if opt.local_epochs is not None:
+        epochs = local_epochs_of(opt)
+        if epochs is not None:
             return ctx.local_sgd_epochs(
                 start,
                 clients,
-                opt.local_epochs,
+                epochs,
                 opt.batch_size,
                 opt.lr,
                 extra_grad,
@@ -342,8 +348,8 @@ class Algorithm(ABC):
         """The round's mean local loss (per client: its summed loss over its steps) and, under
         ``local_epochs``, the clients' step counts (mean, min, max)."""
         opt = self.options
-        assert isinstance(opt, LocalWorkOptions) and update.losses is not None
-        if opt.local_epochs is None:
+        assert update.losses is not None
+        if not isinstance(opt, LocalWorkOptions) or opt.local_epochs is None:
             return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
         steps = update.steps
         if steps is None:  # not carried (Flower): a function of the clients' sample counts

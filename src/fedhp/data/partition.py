@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedhp.data.rows import take_rows
 from fedhp.data.types import ClientData, DatasetArrays
 from fedhp.errors import ConfigError, DatasetError
 from fedhp.registry import Registry
@@ -161,9 +162,9 @@ def _take(data: DatasetArrays, idx: np.ndarray) -> tuple[torch.Tensor, torch.Ten
     t = torch.from_numpy(np.asarray(idx, dtype=np.int64))
     is_train = t < ntr
     if bool(is_train.all()):
-        return data.train_x[t], data.train_y[t]
+        return take_rows(data.train_x, t), data.train_y[t]
     if not bool(is_train.any()):
-        return data.test_x[t - ntr], data.test_y[t - ntr]
+        return take_rows(data.test_x, t - ntr), data.test_y[t - ntr]
     x = torch.empty((len(t), *data.train_x.shape[1:]), dtype=data.train_x.dtype)
     y = torch.empty(len(t), dtype=data.train_y.dtype)
     x[is_train], y[is_train] = data.train_x[t[is_train]], data.train_y[t[is_train]]

@@ -12,7 +12,10 @@ class DatasetArrays:
     """A whole dataset held in memory.
 
     ``*_x`` are float32 tensors ``[N, *feature_shape]`` (images as ``[N, C, H, W]``, already
-    scaled/normalized); ``*_y`` are int64 labels ``[N]`` in ``[0, num_classes)``.
+    scaled/normalized; sparse COO ``[N, d]`` for LibSVM files read with ``sparse=true``); ``*_y``
+    are int64 labels ``[N]`` in ``[0, num_classes)`` (float32 targets for regression).
+    ``true_params`` / ``true_support``: the generating model ``[d]`` and its support (bool ``[d]``)
+    where a simulation knows them.
     """
 
     name: str
@@ -23,6 +26,8 @@ class DatasetArrays:
     num_classes: int
     train_owner: torch.Tensor | None = None
     test_owner: torch.Tensor | None = None
+    true_params: torch.Tensor | None = None
+    true_support: torch.Tensor | None = None
 
     @property
     def feature_shape(self) -> tuple[int, ...]:

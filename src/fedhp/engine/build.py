@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -65,6 +65,8 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     partitioner = PARTITIONERS.build(cfg.partition, "partition")
     clients = partitioner.split(data, cfg.federation.num_clients, cfg.seed)
     fed = Federation.from_clients(clients, data.num_classes, device)
+    if data.true_params is not None or data.true_support is not None:
+        fed = replace(fed, true_params=data.true_params, true_support=data.true_support)
     topo_cfg = cfg.federation
     topology = Topology.build(topo_cfg.num_clients, topo_cfg.num_edges, topo_cfg.edge_sizes)
     model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from fedhp.engine.federation import ClientTensors
+from fedhp.engine.federation import ClientTensors, slice_rows
 from fedhp.models.base import BatchedModel
 
 
@@ -56,11 +55,11 @@ def evaluate_shared(
     bufs = None if buffers is None else buffers.unsqueeze(0)
     chunk = model.eval_rows(chunk)
     for start in range(0, data.y.shape[0], chunk):
-        x, y = data.x[start : start + chunk], data.y[start : start + chunk]
+        x, y = slice_rows(data.x, start, start + chunk), data.y[start : start + chunk]
         owner = data.owner[start : start + chunk]
         logits = model.forward(w, x.unsqueeze(0), buffers=bufs)[0]
-        correct.index_add_(0, owner, (logits.argmax(1) == y).double())
-        loss_sum.index_add_(0, owner, F.cross_entropy(logits, y, reduction="none").double())
+        correct.index_add_(0, owner, model.correct(logits, y).double())
+        loss_sum.index_add_(0, owner, model.sample_losses(logits, y).double())
     return ClientEval(correct.cpu(), loss_sum.cpu(), data.counts.double().cpu())
 
 
@@ -82,10 +81,9 @@ def evaluate_personal(
     for start in range(0, data.max_count, width):
         x, y, valid = data.windows(start, min(width, data.max_count - start))
         logits = model.forward(params, x, buffers=buffers)
-        c, b = y.shape
-        losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
-        correct += ((logits.argmax(-1) == y) & valid).double().sum(1)
-        loss_sum += (losses.view(c, b) * valid).double().sum(1)
+        losses = model.sample_losses(logits, y)
+        correct += (model.correct(logits, y) & valid).double().sum(1)
+        loss_sum += (losses * valid).double().sum(1)
     return ClientEval(correct.cpu(), loss_sum.cpu(), data.counts.double().cpu())
 
 

@@ -1,7 +1,9 @@
 """All clients' data resident as tensors: compact (concatenated) storage plus per-client offsets.
 
 Minibatches are gathered by index for all clients at once; nothing is padded in memory, and
-per-client evaluation gathers fixed-width windows with a validity mask.
+per-client evaluation gathers fixed-width windows with a validity mask. Features may be a sparse
+COO tensor ``[N, d]`` (LibSVM data kept sparse): rows are then gathered with :func:`take_rows`.
+Float targets (regression) keep their dtype; class labels are int64.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhp.data.rows import slice_rows, take_rows
 from fedhp.data.types import ClientData
+
+__all__ = ["ClientTensors", "Federation", "slice_rows", "take_rows"]
 
 
 @dataclass(frozen=True)
@@ -40,14 +45,15 @@ class ClientTensors:
         offsets = torch.zeros(len(ys) + 1, dtype=torch.long)
         offsets[1:] = torch.cumsum(counts, 0)
         x = torch.cat(list(xs)).to(device=device, dtype=torch.float32)
-        y = torch.cat(list(ys)).to(device=device, dtype=torch.long)
+        y_cat = torch.cat(list(ys))
+        y = y_cat.to(device=device, dtype=y_cat.dtype if y_cat.is_floating_point() else torch.long)
         owner = torch.repeat_interleave(torch.arange(len(ys)), counts).to(device)
         return ClientTensors(x, y, offsets.to(device), owner)
 
     def gather(self, clients: torch.Tensor, local_idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Rows ``local_idx [C', B]`` (indices within each client) of ``clients [C']``."""
         rows = self.offsets[clients].unsqueeze(1) + local_idx
-        return self.x[rows], self.y[rows]
+        return take_rows(self.x, rows), self.y[rows]
 
     def windows(self, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Positions ``start .. start+width-1`` of every client: ``x [C,W,..]``, ``y``, ``valid``.
@@ -60,18 +66,23 @@ class ClientTensors:
             pos, (counts - 1).clamp(min=0)[:, None]
         )
         rows = rows.clamp(max=max(self.x.shape[0] - 1, 0))
-        return self.x[rows], self.y[rows], valid
+        return take_rows(self.x, rows), self.y[rows], valid
 
 
 @dataclass(frozen=True)
 class Federation:
-    """Every client's train/test/validation data on one device."""
+    """Every client's train/test/validation data on one device.
+
+    ``true_params`` / ``true_support``: the generating model ``[P]`` and its support (bool ``[P]``)
+    where the dataset knows them (the sparse-learning simulations), else None."""
 
     train: ClientTensors
     test: ClientTensors
     val: ClientTensors
     num_classes: int
     feature_shape: tuple[int, ...]
+    true_params: torch.Tensor | None = None
+    true_support: torch.Tensor | None = None
 
     @property
     def num_clients(self) -> int:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from fedhp.engine.federation import slice_rows
 from fedhp.models.base import BatchedModel
 
 ExtraGrad = Callable[[torch.Tensor], torch.Tensor]
@@ -61,7 +62,7 @@ def sgd_steps(
         _sgd_loop(
             model,
             params[s : s + chunk],
-            ((x[s : s + chunk], y[s : s + chunk]) for x, y in batches),
+            ((slice_rows(x, s, s + chunk), y[s : s + chunk]) for x, y in batches),
             lr,
             None,
             None if buffers is None else buffers[s : s + chunk],
@@ -204,3 +205,21 @@ def segment_mean(
     out = torch.zeros(num_segments, params.shape[1], dtype=params.dtype, device=params.device)
     out.index_add_(0, segment, params * w.unsqueeze(1))
     return out / totals.clamp(min=torch.finfo(params.dtype).tiny).unsqueeze(1)
+
+
+def hard_threshold(params: torch.Tensor, tau: int, groups: int = 1) -> torch.Tensor:
+    """H_τ: keep the ``tau`` entries of largest ``|x|`` in each row of ``params [.., P]`` (in each
+    of its ``groups`` contiguous blocks of P/groups, e.g. a softmax model's class columns), zero
+    the rest. Ties are broken deterministically: the lowest index wins (as a stable sort would;
+    computed in linear time with ``kthvalue``)."""
+    lead, p = params.shape[:-1], params.shape[-1]
+    blocks = params.reshape(*lead, groups, p // groups)
+    if tau >= blocks.shape[-1]:
+        return params.clone()
+    size = blocks.abs()
+    # the τ-th largest |x| per block, then everything above it plus the lowest-index ties
+    kth = size.kthvalue(size.shape[-1] - tau + 1, dim=-1, keepdim=True).values
+    above, tied = size > kth, size == kth
+    need = tau - above.sum(-1, keepdim=True)
+    mask = above | (tied & (tied.cumsum(-1) <= need))
+    return torch.where(mask, blocks, torch.zeros_like(blocks)).reshape(params.shape)

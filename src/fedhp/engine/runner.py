@@ -30,6 +30,7 @@ from fedhp.engine.checkpoint import (
 )
 from fedhp.engine.evaluate import ClientEval, density, evaluate_personal, evaluate_shared
 from fedhp.engine.faults import RoundSkipped
+from fedhp.engine.objective import sparse_learning_metrics
 from fedhp.errors import DivergenceError
 from fedhp.reporting import MetricsWriter, plot_run, write_json_atomic, write_yaml_atomic
 
@@ -91,6 +92,9 @@ def evaluate_state(
         train = evaluate_shared(model, w, fed.train, buffers=bufs)
         row.update(global_acc=test.accuracy, global_loss=test.loss, train_loss=train.loss)
         row["density_global"] = density(w, eps)
+        if model.reports_objective:
+            weights = exp.ctx.client_weights(exp.ctx.all_clients)
+            row.update(sparse_learning_metrics(model, w, train, weights, fed, eps))
         for e, acc in enumerate(test.per_group_accuracy(edge_of, topo.num_edges).tolist()):
             row[f"edge{e}_global_acc"] = acc
         for c, acc in enumerate(test.per_client_accuracy().tolist()):

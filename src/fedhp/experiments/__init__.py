@@ -1,4 +1,4 @@
-"""Reproductions of the sFedHP paper's tables and figures (``fedhp reproduce NAME``)."""
+"""Reproductions of the sFedHP and Fed-HT papers' tables and figures (``fedhp reproduce NAME``)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,25 @@ def _tune(opts: ReproOptions) -> Any:
     return tune.reproduce(opts)
 
 
+def _fedht(name: str) -> Callable[[ReproOptions], Any]:
+    def run(opts: ReproOptions) -> Any:
+        from fedhp.experiments import fedht
+
+        return fedht.reproduce(opts, name)
+
+    return run
+
+
 REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "sfedhp-table1": _table1,
     "sfedhp-lambda": _lambda,
     "sfedhp-figures": _figures,
     "sfedhp-tune": _tune,
+    "fedht-sim1": _fedht("sim1"),
+    "fedht-sim2": _fedht("sim2"),
+    "fedht-mnist": _fedht("mnist"),
+    "fedht-libsvm": _fedht("libsvm"),
+    "fedht-noiseless": _fedht("noiseless"),
 }
 
 __all__ = ["REPRODUCTIONS", "ReproOptions"]

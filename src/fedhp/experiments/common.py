@@ -107,6 +107,9 @@ class ReproOptions:
     extra: list[str] = field(default_factory=list)
     quiet: bool = False
     jobs: int = 1
+    path: str | None = None  # fedht-libsvm: the user's LibSVM file
+    rounds_given: bool = False  # --rounds was given (the fedht experiments have their own)
+    gamma: float | None = None  # fedht-*: a common step size instead of the tuned choice
 
     @property
     def key(self) -> tuple[str, int]:

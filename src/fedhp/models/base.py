@@ -174,7 +174,13 @@ def sample_weight_totals(weight: torch.Tensor) -> torch.Tensor:
 
 
 class BatchedModel(ABC):
-    """A model evaluated for many clients at once: ``forward(flat [C,P], x [C,B,...])``."""
+    """A model evaluated for many clients at once: ``forward(flat [C,P], x [C,B,...])``.
+
+    ``reports_objective``: evaluation also logs the training objective (sparse-learning losses,
+    :mod:`fedhp.models.linear`); ``sparsity_groups``: blocks of P thresholded separately by H_τ."""
+
+    reports_objective: bool = False
+    sparsity_groups: int = 1
 
     def __init__(self, reference: nn.Module, feature_shape: tuple[int, ...], num_classes: int):
         self.reference = reference
@@ -275,6 +281,19 @@ class BatchedModel(ABC):
         per_client = weighted_client_mean(losses.view(c, b), weight)
         grads = torch.autograd.grad(per_client.sum(), leaves)
         return per_client.detach(), torch.cat([g.reshape(c, -1) for g in grads], dim=1)
+
+    def sample_losses(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per-sample loss (shape of ``y``) from logits ``[..., K]``: cross-entropy."""
+        k = logits.shape[-1]
+        return F.cross_entropy(logits.reshape(-1, k), y.reshape(-1), reduction="none").view(y.shape)
+
+    def correct(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per-sample correctness (bool, shape of ``y``): the top logit is the label."""
+        return logits.argmax(-1) == y
+
+    def regularizer(self, flat: torch.Tensor) -> torch.Tensor:
+        """Regularization term of each row of ``flat [.., P]`` added to the objective (none)."""
+        return torch.zeros(flat.shape[:-1], dtype=flat.dtype, device=flat.device)
 
     def forward_params(
         self,
