@@ -102,6 +102,31 @@ def test_interrupted_run_resumes_bit_identically(
     same_results(ref, out)
 
 
+PFEDME = ["algorithm.name=pfedme", "algorithm.R=2", "algorithm.K=2"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "kept"),
+    [
+        (PFEDME, False),  # theta_init=round, every client every round: theta restarts
+        ([*PFEDME, "federation.client_fraction=0.5"], True),  # the others keep their theta
+        (["algorithm.name=sfedhp", "algorithm.R=2", "algorithm.K=2"], False),
+    ],
+    ids=["pfedme-round", "pfedme-round-sampled", "sfedhp-round"],
+)
+def test_theta_is_checkpointed_where_a_later_round_reads_it(
+    tmp_path: Path, extra: list[str], kept: bool
+) -> None:
+    ref, out = tmp_path / "ref", tmp_path / "cut"
+    run(ref, *extra, "rounds=4", "checkpoint_every=2")
+    run(out, *extra, "rounds=2", "checkpoint_every=2")
+    assert ("theta" in load_checkpoint(out / CHECKPOINT_FILE)["state"]) == kept
+    torch.manual_seed(12345)
+    run(out, *extra, "rounds=4", "checkpoint_every=2", resume=True)
+    same_results(ref, out)  # final_state.pt holds theta either way
+    assert "theta" in torch.load(out / "final_state.pt", weights_only=True)["state"]
+
+
 def test_same_seed_same_results_other_seed_differs(tmp_path: Path) -> None:
     run(tmp_path / "a", "rounds=3")
     run(tmp_path / "b", "rounds=3")
