@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from fedhp.errors import FedhpError
 
@@ -120,6 +121,16 @@ def _options_line(cls: Any) -> str:
     return ", ".join(parts) if parts else "(no options)"
 
 
+def _choice_lines(cls: Any) -> list[str]:
+    """``name (a|b|c): description`` for each described option with a fixed set of values."""
+    lines = []
+    for name, field in getattr(cls, "model_fields", {}).items():
+        if typing.get_origin(field.annotation) is Literal and field.description:
+            choices = "|".join(str(c) for c in typing.get_args(field.annotation))
+            lines.append(f"{name} ({choices}): {field.description}")
+    return lines
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from fedhp.algorithms import ALGORITHMS
     from fedhp.data import DATASETS, PARTITIONERS
@@ -137,6 +148,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"  {name:14s} {doc}")
             print(f"  {'':14s} options: {_options_line(cls)}")
+            for line in _choice_lines(cls):
+                print(f"  {'':14s}   {line}")
     return 0
 
 

@@ -211,7 +211,7 @@ class SFedHPOptions(AlgorithmOptions):
     gamma2_switch_round: int = pydantic.Field(100, ge=0)
     inner: Literal["gd", "nesterov"] = "gd"
     momentum: float = pydantic.Field(0.9, ge=0, lt=1, description="Nesterov momentum (inner)")
-    theta_init: ThetaInit = theta_init_field("the edge's phi_i (at a round's start phi_i = w)")
+    theta_init: ThetaInit = theta_init_field("the edge's phi_i, equal to w at a round's start")
     all_edges_train: bool = pydantic.Field(
         False,
         description="true: every edge trains and the cloud aggregates its S sampled edges "
