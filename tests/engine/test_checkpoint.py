@@ -195,3 +195,14 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     )
     assert resumed.returncode == 0, resumed.stderr
     same_results(ref, out)
+
+
+def test_checkpoint_keeping_theta_that_this_run_restarts_is_refused(tmp_path: Path) -> None:
+    """A pFedMe checkpoint with theta (as written before theta_init's default became round)."""
+    out = tmp_path / "run"
+    run(out, *PFEDME, "rounds=1", "checkpoint_every=1")
+    data = load_checkpoint(out / CHECKPOINT_FILE)
+    data["state"]["theta"] = torch.zeros(20, data["state"]["global"].numel())
+    torch.save(data, out / CHECKPOINT_FILE)
+    with pytest.raises(runner.CheckpointError, match="keeps theta across rounds"):
+        run(out, *PFEDME, "rounds=2", "checkpoint_every=1", resume=True)

@@ -250,6 +250,12 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
         )
     saved: dict[str, torch.Tensor] = data["state"]
     expected = set(state) - exp.algorithm.round_local_keys()  # the others keep their start value
+    kept = sorted(set(saved) - expected)
+    if kept and set(saved) <= set(state) and expected <= set(saved):
+        raise CheckpointError(
+            f"{path}: keeps {', '.join(kept)} across rounds, which this run restarts every round "
+            "(e.g. written before theta_init's default became round); start the run afresh"
+        )
     if set(saved) != expected:
         raise CheckpointError(
             f"{path}: state keys {sorted(saved)} do not match the algorithm's {sorted(expected)}"
