@@ -118,11 +118,11 @@ def test_theta_is_checkpointed_where_a_later_round_reads_it(
     tmp_path: Path, extra: list[str], kept: bool
 ) -> None:
     ref, out = tmp_path / "ref", tmp_path / "cut"
-    run(ref, *extra, "rounds=4", "checkpoint_every=2")
-    run(out, *extra, "rounds=2", "checkpoint_every=2")
+    run(ref, *extra, "rounds=3", "checkpoint_every=1")
+    run(out, *extra, "rounds=1", "checkpoint_every=1")
     assert ("theta" in load_checkpoint(out / CHECKPOINT_FILE)["state"]) == kept
     torch.manual_seed(12345)
-    run(out, *extra, "rounds=4", "checkpoint_every=2", resume=True)
+    run(out, *extra, "rounds=3", "checkpoint_every=1", resume=True)
     same_results(ref, out)  # final_state.pt holds theta either way
     assert "theta" in torch.load(out / "final_state.pt", weights_only=True)["state"]
 
