@@ -65,6 +65,7 @@ def test_list_shows_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
         "dirichlet",
     ):
         assert word in out
+    assert out.count("theta_init (round|warm|reset): where theta starts") == 2  # pFedMe, sFedHP
 
 
 def test_yaml_config_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 from fedhp.errors import FedhpError
 
@@ -106,6 +107,16 @@ def _options_line(cls: Any) -> str:
     return ", ".join(parts) if parts else "(no options)"
 
 
+def _choice_lines(cls: Any) -> list[str]:
+    """``name (a|b|c): description`` for each described option with a fixed set of values."""
+    lines = []
+    for name, field in getattr(cls, "model_fields", {}).items():
+        if typing.get_origin(field.annotation) is Literal and field.description:
+            choices = "|".join(str(c) for c in typing.get_args(field.annotation))
+            lines.append(f"{name} ({choices}): {field.description}")
+    return lines
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from fedhp.algorithms import ALGORITHMS
     from fedhp.data import DATASETS, PARTITIONERS
@@ -128,6 +139,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {'':14s} options: {_options_line(cls)}")
             if registry is MODELS:
                 print(f"  {'':14s} {_parameter_counts(cls())}")
+            for line in _choice_lines(cls):
+                print(f"  {'':14s}   {line}")
     return 0
 
 

@@ -192,3 +192,66 @@ def test_smoke_mnist(tmp_path: Path, overrides: list[str]) -> None:
     assert summary["final_personal_acc"] > 0.3  # chance: 0.1
     if overrides[0] == "algorithm.name=pfedme":
         assert summary["final_global_acc"] > 0.3
+
+
+def pfedme_hand_round(
+    ctx, opt: PFedMeOptions, w: torch.Tensor, thetas: list[torch.Tensor]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:  # type: ignore[no-untyped-def]
+    """One pFedMe round, client by client, with theta started as ``opt.theta_init`` says."""
+    new_thetas, locals_ = [], []
+    for c, previous in enumerate(thetas):
+        x, y = client_data(ctx, c)
+        th, loc = (previous.clone() if opt.theta_init == "warm" else w.clone()), w.clone()
+        for _ in range(opt.R):
+            if opt.theta_init == "reset":
+                th = w.clone()
+            for _ in range(opt.K):
+                th = th - opt.personal_lr * (mlr_grad(th, x, y) + opt.lam * (th - loc))
+            loc = loc - opt.lr * opt.lam * (loc - th)
+        new_thetas.append(th)
+        locals_.append(loc)
+    return (1 - opt.beta) * w + opt.beta * torch.stack(locals_).mean(0), new_thetas
+
+
+@pytest.mark.parametrize("theta_init", ["round", "warm", "reset"])
+def test_pfedme_theta_init_over_two_rounds(
+    monkeypatch: pytest.MonkeyPatch, theta_init: str
+) -> None:
+    """``round`` (the default, pFedMe's reference code): a client's theta at the start of round
+    t+1 is the global model sent in round t+1, not its theta from round t (``warm``)."""
+    import fedhp.algorithms.pfedme as pfedme
+
+    ctx = tiny_context(edge_sizes=(4,))
+    opt = PFedMeOptions(
+        lam=3.0,
+        K=3,
+        R=2,
+        personal_lr=0.1,
+        lr=0.2,
+        beta=0.8,
+        batch_size=6,
+        theta_init=theta_init,  # type: ignore[arg-type]
+    )
+    algo = opt.build(ctx)
+    state = algo.init_state(init_params())
+    starts: list[torch.Tensor] = []  # theta at each round's first gradient
+    original = pfedme.batched_loss_grad
+
+    def recording(model, theta, x, y):  # type: ignore[no-untyped-def]
+        if len(starts) < rounds_started:
+            starts.append(theta.clone())
+        return original(model, theta, x, y)
+
+    monkeypatch.setattr(pfedme, "batched_loss_grad", recording)
+    w, thetas = state["global"].clone(), list(state["theta"].clone())
+    for rnd in range(2):
+        sent, theta_before = state["global"].clone(), state["theta"].clone()
+        rounds_started = rnd + 1
+        algo.run_round(state, rnd)
+        start = theta_before if theta_init == "warm" else sent.expand(4, -1)
+        torch.testing.assert_close(starts[rnd], start, atol=0, rtol=0)
+        w, thetas = pfedme_hand_round(ctx, opt, w, thetas)
+        torch.testing.assert_close(state["global"], w, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(state["theta"], torch.stack(thetas), atol=1e-5, rtol=1e-4)
+    if theta_init != "warm":  # the sent model differs from round 1's theta: the choice matters
+        assert not torch.allclose(starts[1], theta_before, atol=1e-3)

@@ -24,20 +24,28 @@ def _tr(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def hand_round(
-    ctx, w: torch.Tensor, thetas: list[torch.Tensor], gamma: float, eps: float, reset: bool
+    ctx,
+    w: torch.Tensor,
+    thetas: list[torch.Tensor],
+    gamma: float,
+    eps: float,
+    reset: bool,
+    round_start: bool = False,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:  # type: ignore[no-untyped-def]
-    """Algorithm 1 for one global round, written with plain loops over edges and clients."""
+    """Algorithm 1 for one global round, written with plain loops over edges and clients.
+
+    ``reset``: theta <- phi_i every local round; ``round_start``: at the first local round only."""
     lam1, lam2, rho = OPTS["lam1"], OPTS["lam2"], OPTS["rho"]
     thetas = [t.clone() for t in thetas]
     edge_models = []
     for e in range(ctx.topology.num_edges):
         members = ctx.topology.clients_of(e).tolist()
         w_i, phi_i = _tr(w, eps), _tr(w, eps)
-        for _ in range(int(OPTS["R"])):
+        for r in range(int(OPTS["R"])):
             phi_recv, w_recv = _tr(phi_i, eps), _tr(w_i, eps)
             sent = []
             for c in members:
-                th = phi_recv.clone() if reset else thetas[c]
+                th = phi_recv.clone() if reset or (round_start and r == 0) else thetas[c]
                 x, y = client_data(ctx, c)
                 for _ in range(int(OPTS["K"])):
                     g = mlr_grad(th, x, y) + gamma * torch.tanh(th / rho) + lam1 * (th - phi_recv)
@@ -75,6 +83,42 @@ def test_one_round_matches_hand_computation(gamma: float, eps: float, theta_init
         w0, th0 = hand_round(ctx, w0, th0, gamma, eps, theta_init == "reset")
         torch.testing.assert_close(state["global"], w0, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(state["theta"], torch.stack(th0), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("theta_init", ["round", "warm", "reset"])
+def test_theta_init_over_two_rounds(monkeypatch: pytest.MonkeyPatch, theta_init: str) -> None:
+    """``round`` (the default): a client's theta at the start of round t+1 is the phi_i its edge
+    sends first in round t+1 (the truncated global model), not its theta from round t."""
+    import fedhp.algorithms.sfedhp as sfedhp
+
+    eps = 0.05
+    ctx = tiny_context(edge_sizes=(3, 2), zero_threshold=eps)
+    opt = SFedHPOptions(**OPTS, batch_size=6, theta_init=theta_init)  # type: ignore[arg-type]
+    algo = opt.build(ctx)
+    state = algo.init_state(init_params())
+    starts: list[torch.Tensor] = []  # theta at each round's first gradient
+    original = sfedhp.batched_loss_grad
+
+    def recording(model, theta, x, y):  # type: ignore[no-untyped-def]
+        if len(starts) < rounds_started:
+            starts.append(theta.clone())
+        return original(model, theta, x, y)
+
+    monkeypatch.setattr(sfedhp, "batched_loss_grad", recording)
+    w, thetas = state["global"].clone(), list(state["theta"].clone())
+    for rnd in range(2):
+        sent, theta_before = _tr(state["global"], eps), state["theta"].clone()
+        rounds_started = rnd + 1
+        algo.run_round(state, rnd)
+        start = theta_before if theta_init == "warm" else sent.expand(5, -1)
+        torch.testing.assert_close(starts[rnd], start, atol=0, rtol=0)
+        w, thetas = hand_round(
+            ctx, w, thetas, 0.0, eps, theta_init == "reset", round_start=theta_init == "round"
+        )
+        torch.testing.assert_close(state["global"], w, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(state["theta"], torch.stack(thetas), atol=1e-5, rtol=1e-4)
+    if theta_init != "warm":  # phi differs from round 1's theta: the choice matters
+        assert not torch.allclose(starts[1], theta_before, atol=1e-3)
 
 
 def test_communication_per_link() -> None:
@@ -189,7 +233,14 @@ def test_nesterov_inner_solver_matches_hand() -> None:
     """``inner: nesterov``: PyTorch's Nesterov SGD on the theta-subproblem (momentum reset every
     local round), for one round against a per-client loop."""
     ctx = tiny_context(edge_sizes=(3, 2))
-    opt = SFedHPOptions(**OPTS, batch_size=6, gamma1=0.05, gamma2=0.05, inner="nesterov")  # type: ignore[arg-type]
+    opt = SFedHPOptions(
+        **OPTS,  # type: ignore[arg-type]
+        batch_size=6,
+        gamma1=0.05,
+        gamma2=0.05,
+        inner="nesterov",
+        theta_init="warm",  # the hand loop continues from the perturbed thetas
+    )
     lam1, lam2, rho, mom = opt.lam1_value, opt.lam2_value, opt.rho, opt.momentum
     algo = opt.build(ctx)
     state = algo.init_state(init_params())
@@ -217,7 +268,7 @@ def test_nesterov_inner_solver_matches_hand() -> None:
         edge_models.append(w_i)
     expected = (1 - opt.beta) * w + opt.beta * torch.stack(edge_models).mean(0)
     gd_state = {k: v.clone() for k, v in state.items()}  # the same round with plain GD
-    gd = SFedHPOptions(**OPTS, batch_size=6, gamma1=0.05, gamma2=0.05)  # type: ignore[arg-type]
+    gd = SFedHPOptions(**OPTS, batch_size=6, gamma1=0.05, gamma2=0.05, theta_init="warm")  # type: ignore[arg-type]
     gd.build(tiny_context()).run_round(gd_state, 0)
     algo.run_round(state, 0)
     torch.testing.assert_close(state["theta"], torch.stack(thetas), atol=1e-5, rtol=1e-4)

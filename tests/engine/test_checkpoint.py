@@ -117,6 +117,31 @@ def test_interrupted_run_resumes_bit_identically(
     same_results(ref, out)
 
 
+PFEDME = ["algorithm.name=pfedme", "algorithm.R=2", "algorithm.K=2"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "kept"),
+    [
+        (PFEDME, False),  # theta_init=round, every client every round: theta restarts
+        ([*PFEDME, "federation.client_fraction=0.5"], True),  # the others keep their theta
+        (["algorithm.name=sfedhp", "algorithm.R=2", "algorithm.K=2"], False),
+    ],
+    ids=["pfedme-round", "pfedme-round-sampled", "sfedhp-round"],
+)
+def test_theta_is_checkpointed_where_a_later_round_reads_it(
+    tmp_path: Path, extra: list[str], kept: bool
+) -> None:
+    ref, out = tmp_path / "ref", tmp_path / "cut"
+    run(ref, *extra, "rounds=3", "checkpoint_every=1")
+    run(out, *extra, "rounds=1", "checkpoint_every=1")
+    assert ("theta" in load_checkpoint(out / CHECKPOINT_FILE)["state"]) == kept
+    torch.manual_seed(12345)
+    run(out, *extra, "rounds=3", "checkpoint_every=1", resume=True)
+    same_results(ref, out)  # final_state.pt holds theta either way
+    assert "theta" in torch.load(out / "final_state.pt", weights_only=True)["state"]
+
+
 def test_same_seed_same_results_other_seed_differs(tmp_path: Path) -> None:
     run(tmp_path / "a", "rounds=3")
     run(tmp_path / "b", "rounds=3")
@@ -220,3 +245,14 @@ def test_checkpoint_holds_no_wall_clock_and_resume_continues_the_seconds(tmp_pat
     (a / CHECKPOINT_TIME_FILE).write_text(json.dumps(timing))
     summary = run(a, *short[1:], "rounds=3", resume=True)
     assert summary["rounds"] == 3 and 1000.0 < float(summary["seconds"]) < 1000.0 + 600  # type: ignore[arg-type]
+
+
+def test_checkpoint_keeping_theta_that_this_run_restarts_is_refused(tmp_path: Path) -> None:
+    """A pFedMe checkpoint with theta (as written before theta_init's default became round)."""
+    out = tmp_path / "run"
+    run(out, *PFEDME, "rounds=1", "checkpoint_every=1")
+    data = load_checkpoint(out / CHECKPOINT_FILE)
+    data["state"]["theta"] = torch.zeros(20, data["state"]["global"].numel())
+    torch.save(data, out / CHECKPOINT_FILE)
+    with pytest.raises(runner.CheckpointError, match="keeps theta across rounds"):
+        run(out, *PFEDME, "rounds=2", "checkpoint_every=1", resume=True)

@@ -74,10 +74,16 @@ def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, 
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def build_experiment_state_keys(args: list[str]) -> list[str]:
+def build_state_keys(args: list[str]) -> set[str]:
     """The in-process state's keys for these arguments."""
     exp = small_experiment(*args)
-    return list(exp.algorithm.init_state(exp.model.init_params(0)))
+    return set(exp.algorithm.init_state(exp.model.init_params(0)))
+
+
+def checkpointed_state_keys(args: list[str]) -> set[str]:
+    """The keys of the in-process state that a checkpoint holds for these arguments (all but the
+    entries no later round reads)."""
+    return build_state_keys(args) - small_experiment(*args).algorithm.round_local_keys()
 
 
 def _messages(driver: FlowerDriver) -> list[tuple[str, int, int]]:
@@ -278,7 +284,8 @@ def test_sparse_models_travel_sparse(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "extra"),
     [
-        ("sfedhp", ()),
+        ("sfedhp", ()),  # theta restarts every round: not checkpointed, not restored
+        ("sfedhp", ("algorithm.theta_init=warm",)),
         ("hierfavg", ()),
         # Half the clients per round, one per node: some nodes' first message after the resume
         # is an evaluate message, which must install the checkpoint's rows too.
@@ -295,12 +302,14 @@ def test_resume_matches_an_uninterrupted_run(
     run_flower_local(tmp_path / "whole", args)
     run_flower_local(tmp_path / "cut", [*args, "rounds=2"])
     checkpoint = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
-    inprocess_keys = set(build_experiment_state_keys(args))
-    assert set(checkpoint["state"]) == inprocess_keys  # node-held entries included
+    keys = checkpointed_state_keys(args)
+    assert set(checkpoint["state"]) == keys  # node-held entries included
+    assert ("theta" in keys) == (name == "pfedme" or "algorithm.theta_init=warm" in extra)
     _, driver = run_flower_local(tmp_path / "cut", args, resume=True)
     assert_same_metrics(tmp_path / "whole", tmp_path / "cut")
     a = torch.load(tmp_path / "whole" / FINAL_STATE_FILE, weights_only=True)["state"]
     b = torch.load(tmp_path / "cut" / FINAL_STATE_FILE, weights_only=True)["state"]
+    assert set(a) == set(b) == set(build_state_keys(args))  # theta too: the personalized models
     assert all(torch.equal(a[k], b[k]) for k in a)
     sent = _messages(driver)
     assert sent[0][:2] == ("train", 2)  # resumed at round 3

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pydantic
 import torch
@@ -96,6 +96,19 @@ class LocalWorkOptions(AlgorithmOptions):
 
 
 ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
+
+ThetaInit = Literal["round", "warm", "reset"]
+"""Where a personalized model theta starts (pFedMe, sFedHP); see :func:`theta_init_field`."""
+
+
+def theta_init_field(received: str) -> Any:
+    """The ``theta_init`` option; ``received`` names the model a client receives."""
+    return pydantic.Field(
+        "round",
+        description=f"where theta starts, from the received model ({received}): round: <- it at "
+        "the start of every global round, warm across its local rounds (pFedMe's reference "
+        "code); warm: kept across global rounds; reset: <- it at every local round",
+    )
 
 
 def local_epochs_of(options: AlgorithmOptions) -> int | None:
@@ -375,6 +388,12 @@ class Algorithm(ABC):
     def personal_models(self, state: State) -> torch.Tensor | None:
         """Each client's personalized model ``[C, P]`` (None where the method has none)."""
         return None
+
+    def round_local_keys(self) -> frozenset[str]:
+        """Node-held state entries no round reads before rebuilding them (e.g. a theta restarted
+        every round while every client takes part in every round): checkpoints leave them out
+        and a resumed run does not send them to the Flower nodes. Default: none."""
+        return frozenset()
 
     def extra_metrics(self, state: State) -> dict[str, float]:
         """Method-specific values logged at evaluation rounds (e.g. densities)."""

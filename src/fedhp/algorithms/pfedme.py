@@ -1,10 +1,13 @@
 """pFedMe (Dinh, Tran, Nguyen, NeurIPS 2020): personalized FL with Moreau envelopes (flat).
 
 Per local round each client draws ONE minibatch and takes ``K`` steps
-``theta <- theta - plr (grad f(theta; D) + lam (theta - w_loc) [+ l2 theta])`` (theta warm-started),
-then ``w_loc <- w_loc - lr lam (w_loc - theta)``. After ``R`` local rounds the cloud sets
-``w <- (1 - beta) w + beta mean(w_loc)`` over the sampled clients. The personalized model is
-``theta`` (the reference code's reported "personalized" accuracy evaluates ``w_loc``; we do not).
+``theta <- theta - plr (grad f(theta; D) + lam (theta - w_loc) [+ l2 theta])``, then
+``w_loc <- w_loc - lr lam (w_loc - theta)``; ``w_loc`` and, by default (``theta_init=round``, as
+the reference code's ``set_parameters``), ``theta`` start from the received global model every
+global round, ``theta`` staying warm across that round's local rounds. After ``R`` local rounds
+the cloud sets ``w <- (1 - beta) w + beta mean(w_loc)`` over the sampled clients. The personalized
+model is ``theta`` (the reference code's reported "personalized" accuracy evaluates ``w_loc``; we
+do not).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from fedhp.algorithms.base import (
     RowKind,
     State,
     Task,
+    ThetaInit,
     Update,
+    theta_init_field,
 )
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
@@ -45,11 +50,14 @@ class PFedMe(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
         clients = task.clients
-        local = task.broadcast["global"].expand(len(clients), -1).clone()
-        theta = state["theta"][clients].clone()
+        received = task.broadcast["global"].expand(len(clients), -1)
+        local = received.clone()
+        theta = state["theta"][clients].clone() if opt.theta_init == "warm" else received.clone()
         draw = ctx.batches(clients, opt.batch_size)
         losses = []
         for _ in range(opt.R):
+            if opt.theta_init == "reset":
+                theta = received.clone()
             x, y = draw()
             for _ in range(opt.K):
                 loss, grad = batched_loss_grad(ctx.model, theta, x, y)
@@ -74,6 +82,12 @@ class PFedMe(Algorithm):
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["theta"]
 
+    def round_local_keys(self) -> frozenset[str]:
+        """theta, where every round restarts it for every client."""
+        ctx = self.ctx
+        every = ctx.samples_every_client() and not ctx.simulates_failures()
+        return frozenset({"theta"}) if every and self.options.theta_init != "warm" else frozenset()
+
 
 @ALGORITHMS.register("pfedme")
 class PFedMeOptions(AlgorithmOptions):
@@ -87,6 +101,7 @@ class PFedMeOptions(AlgorithmOptions):
     personal_lr: float = pydantic.Field(0.05, gt=0, description="theta step size")
     beta: float = pydantic.Field(1.0, gt=0, le=2, description="server mixing weight")
     l2: float = pydantic.Field(0.0, ge=0, description="the reference's hidden L2 on theta")
+    theta_init: ThetaInit = theta_init_field("the global model w received this round")
 
     def gradient_evaluations(self) -> int:
         return self.R * self.K

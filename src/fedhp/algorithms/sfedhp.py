@@ -26,7 +26,9 @@ from fedhp.algorithms.base import (
     RowKind,
     State,
     Task,
+    ThetaInit,
     Update,
+    theta_init_field,
 )
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.comm import count_nonzero
@@ -141,15 +143,15 @@ class SFedHP(Algorithm):
         theta = state["theta"][clients]
         draw = ctx.batches(clients, opt.batch_size)
         losses = []
-        for _ in range(opt.R):
+        for r in range(opt.R):
             # Edge -> clients: the edge personalized model (prox centre) and the edge global model.
             phi_sent, w_sent = truncate(phi_edge, eps), truncate(w_edge, eps)
             for sent in (phi_sent, w_sent):  # one broadcast per edge: count once, bill per client
                 nnz = count_nonzero(sent, eps)[recv_seg]
                 ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=recv_ids)
             phi_recv, w_recv = phi_sent[seg], w_sent[seg]
-            if opt.theta_init == "reset":
-                theta = phi_recv.clone()
+            if opt.theta_init == "reset" or (opt.theta_init == "round" and r == 0):
+                theta = phi_recv.clone()  # the received model: the edge's phi_i (w at r = 0)
             x, y = draw()
             theta, loss = self.solve_theta(theta, phi_recv, x, y, gamma1)
             losses.append(loss)
@@ -177,6 +179,15 @@ class SFedHP(Algorithm):
 
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["theta"]
+
+    def round_local_keys(self) -> frozenset[str]:
+        """theta, where every round restarts it for every client and the sparse schedule does not
+        read its density before the next round."""
+        opt, ctx = self.options, self.ctx
+        every = (opt.all_edges_train or ctx.samples_every_edge()) and not ctx.simulates_failures()
+        if opt.theta_init == "warm" or opt.sparse_schedule or not every:
+            return frozenset()
+        return frozenset({"theta"})
 
     def extra_metrics(self, state: State) -> dict[str, float]:
         return {
@@ -212,9 +223,7 @@ class SFedHPOptions(AlgorithmOptions):
     gamma2_switch_round: int = pydantic.Field(100, ge=0)
     inner: Literal["gd", "nesterov"] = "gd"
     momentum: float = pydantic.Field(0.9, ge=0, lt=1, description="Nesterov momentum (inner)")
-    theta_init: Literal["warm", "reset"] = pydantic.Field(
-        "warm", description="warm: keep theta across rounds; reset: theta <- phi_i each local round"
-    )
+    theta_init: ThetaInit = theta_init_field("the edge's phi_i, equal to w at a round's start")
     all_edges_train: bool = pydantic.Field(
         False,
         description="true: every edge trains and the cloud aggregates its S sampled edges "

@@ -67,6 +67,19 @@ class RunContext:
         """For each of ``clients``, the position of its edge in the sorted ``edges``."""
         return torch.searchsorted(edges, self.topology.edge_of_client.to(self.device)[clients])
 
+    def simulates_failures(self) -> bool:
+        """Failures (dropouts, stragglers, edge failures) are drawn each round."""
+        return self.faults is not None and self.faults.enabled
+
+    def samples_every_client(self) -> bool:
+        """:meth:`sample_clients` samples all clients (before failures)."""
+        return max(1, round(self.client_fraction * self.num_clients)) >= self.num_clients
+
+    def samples_every_edge(self) -> bool:
+        """:meth:`sample_edges` samples all edges (before failures)."""
+        n = self.topology.num_edges
+        return (self.edges_per_round or n) >= n
+
     def begin_round(self, rnd: int) -> RoundFaults | None:
         """Draw round ``rnd``'s failures (called by the runner before ``run_round``).
 

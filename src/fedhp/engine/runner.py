@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -53,9 +54,10 @@ class RoundDriver(Protocol):
         """The part of ``state`` the cloud keeps (the rest lives below it). ``restored``: the
         state comes from a checkpoint, so the nodes must be given their part of it."""
 
-    def full_state(self, state: State) -> State | None:
-        """The whole algorithm state (the cloud's ``state`` plus what the nodes hold), for a
-        checkpoint; None if some node could not provide its part."""
+    def full_state(self, state: State, skip: frozenset[str] = frozenset()) -> State | None:
+        """The whole algorithm state (the cloud's ``state`` plus what the nodes hold, less the
+        node-held entries in ``skip``), for a checkpoint; None if some node could not provide
+        its part."""
 
     def run_round(self, state: State, rnd: int) -> Row:
         """Run round ``rnd`` on ``state`` (the cloud's), like ``Algorithm.run_round``."""
@@ -288,9 +290,16 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
             f"{path}: already at round {data['round']}, beyond rounds={exp.cfg.rounds}"
         )
     saved: dict[str, torch.Tensor] = data["state"]
-    if set(saved) != set(state):
+    expected = set(state) - exp.algorithm.round_local_keys()  # the others keep their start value
+    kept = sorted(set(saved) - expected)
+    if kept and set(saved) <= set(state) and expected <= set(saved):
         raise CheckpointError(
-            f"{path}: state keys {sorted(saved)} do not match the algorithm's {sorted(state)}"
+            f"{path}: keeps {', '.join(kept)} across rounds, which this run restarts every round "
+            "(e.g. written before theta_init's default became round); start the run afresh"
+        )
+    if set(saved) != expected:
+        raise CheckpointError(
+            f"{path}: state keys {sorted(saved)} do not match the algorithm's {sorted(expected)}"
         )
     for key, value in saved.items():
         if value.shape != state[key].shape or value.dtype != state[key].dtype:
@@ -308,14 +317,30 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
     )
 
 
+def _write_checkpoint(
+    exp: Experiment, out_dir: Path, snap: Snapshot, config: dict[str, Any]
+) -> None:
+    """Write ``snap`` without the state entries no later round reads."""
+    skip = exp.algorithm.round_local_keys()
+    state = {k: v for k, v in snap.state.items() if k not in skip}
+    save_checkpoint(out_dir / CHECKPOINT_FILE, dataclasses.replace(snap, state=state), config)
+
+
 def _save_checkpoint(
-    out_dir: Path, snap: Snapshot, config: dict[str, Any], driver: RoundDriver | None
+    exp: Experiment,
+    out_dir: Path,
+    snap: Snapshot,
+    config: dict[str, Any],
+    driver: RoundDriver | None,
+    last: bool,
 ) -> State | None:
     """Write ``snap``; under a driver with the nodes' part of the state fetched from them (no
-    checkpoint this time if a node cannot give it: the previous one stays). Returns the whole
-    state written (None if none)."""
+    checkpoint this time if a node cannot give it: the previous one stays; the round-local
+    entries only for the ``last`` round's final state). Returns the state fetched (None if
+    none)."""
     if driver is not None:
-        full = driver.full_state(snap.state)
+        skip = frozenset() if last else exp.algorithm.round_local_keys()
+        full = driver.full_state(snap.state, skip)
         if full is None:
             print(
                 f"fedhp: round {snap.round}: no checkpoint (a node did not return its state); "
@@ -323,8 +348,8 @@ def _save_checkpoint(
                 file=sys.stderr,
             )
             return None
-        snap = Snapshot(snap.round, full, snap.rng, snap.ledger, snap.rows, snap.seconds)
-    save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)
+        snap = dataclasses.replace(snap, state=full)
+    _write_checkpoint(exp, out_dir, snap, config)
     return snap.state
 
 
@@ -444,7 +469,9 @@ def run_experiment(
         )
         saved = None
         if out_dir is not None and due:
-            saved = _save_checkpoint(out_dir, snap, config, driver)
+            saved = _save_checkpoint(
+                exp, out_dir, snap, config, driver, last=rounds_done == cfg.rounds
+            )
     bar.close()
     if board is not None:
         board.close()
@@ -468,7 +495,7 @@ def run_experiment(
         if error is not None and cfg.checkpoint_every and driver is None:
             # The last good state (under a driver the nodes are past it: keep the checkpoint
             # of the last round they were asked for).
-            save_checkpoint(out_dir / CHECKPOINT_FILE, snap, config)
+            _write_checkpoint(exp, out_dir, snap, config)
         if error is None:
             save_final_state(out_dir / FINAL_STATE_FILE, final, rounds_done)
         write_json_atomic(out_dir / "summary.json", summary)

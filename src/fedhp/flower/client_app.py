@@ -16,6 +16,7 @@ from fedhp.algorithms import State
 from fedhp.flower.messages import (
     EVAL_PREFIX,
     EVALUATE_AFTER,
+    QUERY_KEYS,
     RESTORE_PREFIX,
     STATE_PREFIX,
     Content,
@@ -64,15 +65,18 @@ def _load_state(context: Context, rt: NodeRuntime, config_text: str) -> State:
 
 def _restored_state(msg: Content, rt: NodeRuntime) -> State | None:
     """The node's rows of a checkpoint, when the cloud sends them (the first message after a
-    resume); checked against the node's own initial state."""
+    resume); checked against the node's own initial state. A checkpoint may leave out entries
+    no round reads before rebuilding them (``Algorithm.round_local_keys``)."""
     sent = {
         k[len(RESTORE_PREFIX) :]: v for k, v in msg.arrays.items() if k.startswith(RESTORE_PREFIX)
     }
     if not sent:
         return None
     initial = rt.initial_state()
-    if set(sent) != set(initial):
-        raise RuntimeError(f"fedhp: restore rows {sorted(sent)}, expected {sorted(initial)}")
+    if not set(sent) <= set(initial):
+        raise RuntimeError(
+            f"fedhp: restore rows {sorted(sent)}, expected (some of) {sorted(initial)}"
+        )
     for key, value in sent.items():
         if value.shape != initial[key].shape or value.dtype != initial[key].dtype:
             raise RuntimeError(f"fedhp: restore rows {key!r} have the wrong shape or dtype")
@@ -96,10 +100,14 @@ def handle(kind: str, content: RecordDict, context: Context) -> RecordDict:
         raise RuntimeError("fedhp: message without a shard index")
     rt = node_runtime(config_text, shard)
     restored = _restored_state(msg, rt)
-    state = restored if restored is not None else _load_state(context, rt, config_text)
+    state = _load_state(context, rt, config_text)
+    if restored is not None:
+        state.update(restored)
     if kind == "query":
         _save_state(context, state, rt, config_text)
-        rows = {f"{STATE_PREFIX}{k}": state[k] for k in rt.algorithm.held_keys}
+        asked = msg.meta.get(QUERY_KEYS)
+        keys = str(asked).split(",") if asked is not None else list(rt.algorithm.held_keys)
+        rows = {f"{STATE_PREFIX}{k}": state[k] for k in keys}
         return to_record(rows, {}, rt.cfg.flower.sparse_wire)
     if kind == "train":
         out = rt.train(state, msg)

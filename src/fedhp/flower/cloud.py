@@ -31,6 +31,7 @@ from fedhp.engine.runner import Row, evaluate_state, is_eval_round
 from fedhp.flower.messages import (
     EVAL_PREFIX,
     EVALUATE_AFTER,
+    QUERY_KEYS,
     RESTORE_PREFIX,
     STATE_PREFIX,
     Content,
@@ -140,23 +141,28 @@ class FlowerDriver:
         out = {k: v for k, v in state.items() if k not in self.algo.held_keys}
         for key in self.algo.held_keys:
             out[NNZ_PREFIX + key] = self.algo.row_nonzeros(state, key)
-        if restored and self.algo.held_keys:
-            self._restore = {k: state[k].detach().cpu().clone() for k in self.algo.held_keys}
+        kept = [k for k in self.algo.held_keys if k not in self.algo.round_local_keys()]
+        if restored and kept:
+            self._restore = {k: state[k].detach().cpu().clone() for k in kept}
             self._to_restore = {shard.index for shard in self.shards}
         return out
 
-    def full_state(self, state: State) -> State | None:
-        """The cloud's ``state`` with the node-held rows asked from every node (a ``query``
-        message); None, logged, if a node does not return them."""
+    def full_state(self, state: State, skip: frozenset[str] = frozenset()) -> State | None:
+        """The cloud's ``state`` with the node-held rows (less those in ``skip``) asked from every
+        node (a ``query`` message); None, logged, if a node does not return them."""
         full = {k: v for k, v in state.items() if not k.startswith(NNZ_PREFIX)}
-        if not self.algo.held_keys:
+        keys = {k: kind for k, kind in self.algo.held_keys.items() if k not in skip}
+        if not keys:
             return full
+        meta: dict[str, int | float | str] = {"round": self._round}
+        if len(keys) < len(self.algo.held_keys):
+            meta[QUERY_KEYS] = ",".join(keys)
         requests = {
-            shard.index: self._request(shard, {}, {"round": self._round, "shard": shard.index})
+            shard.index: self._request(shard, {}, {**meta, "shard": shard.index})
             for shard in self.shards
         }
         replies = self.transport.exchange("query", self._round, requests)
-        rows = {k: self._node_rows(k) for k in self.algo.held_keys}
+        rows = {k: self._node_rows(k) for k in keys}
         complete = True
         for shard in self.shards:
             content = self._usable(shard.index, replies.get(shard.index), "no checkpoint")
@@ -164,8 +170,8 @@ class FlowerDriver:
                 complete = False
                 continue
             try:
-                expect_keys(content.arrays, {STATE_PREFIX + k for k in self.algo.held_keys})
-                for key, kind in self.algo.held_keys.items():
+                expect_keys(content.arrays, {STATE_PREFIX + k for k in keys})
+                for key, kind in keys.items():
                     ids = shard.clients if kind == "client" else shard.edges
                     value = expect(
                         content.arrays,
@@ -272,8 +278,8 @@ class FlowerDriver:
         if shard.index not in self.configured:
             meta["config"] = self.config_text
         if shard.index in self._to_restore:
-            for key, kind in self.algo.held_keys.items():
-                ids = shard.clients if kind == "client" else shard.edges
+            for key in self._restore:
+                ids = shard.clients if self.algo.held_keys[key] == "client" else shard.edges
                 arrays[RESTORE_PREFIX + key] = self._restore[key][ids]
         return to_record(arrays, meta, self.exp.cfg.flower.sparse_wire)
 

@@ -55,6 +55,7 @@ EVALUATE_AFTER = "evaluate_after"
 EVAL_PREFIX = "v."
 RESTORE_PREFIX = "r."
 STATE_PREFIX = "n."
+QUERY_KEYS = "keys"  # a query's comma-separated node-held state keys to return (absent: all)
 SPARSE_MIN_WIDTH = 64
 MAX_DECODED_VALUES = 2**30  # a claimed shape beyond this (4 GiB of fp32) is malformed
 ENC, LEN, SHAPE = "#enc", "#len", "#shape"
