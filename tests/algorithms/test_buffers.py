@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedhp.engine.evaluate import evaluate_personal, evaluate_shared
 from fedhp.engine.ops import weighted_mean
+from fedhp.engine.runner import evaluate_state
 from fedhp.errors import ConfigError
 from tests.conftest import small_experiment
 
@@ -75,3 +77,25 @@ def test_personalized_methods_refuse_bn_models_in_one_line(name: str) -> None:
     with pytest.raises(ConfigError, match="batch_norm=false") as err:
         small_experiment(*BN, f"algorithm.name={name}")
     assert "\n" not in str(err.value)
+
+
+def test_local_buffers_give_fedbn_personalized_accuracy() -> None:
+    """``buffers=local``: the personalized model of client c is the global model with c's own
+    running statistics, evaluated on c's own test data, and the global model sent to every
+    client for it is billed on the evaluation link."""
+    exp = small_experiment(*BN, "algorithm.local_steps=2", "algorithm.buffers=local")
+    algo, ctx, model = exp.algorithm, exp.ctx, exp.model
+    state = algo.init_state(model.init_params(0))
+    algo.run_round(state, 0)
+    row, clients = evaluate_state(exp, state)
+    w, own = state["global"], state["client_buffers"]
+    expected = evaluate_personal(model, w.expand(ctx.num_clients, -1), ctx.fed.test, buffers=own)
+    assert row["personal_acc"] == pytest.approx(expected.accuracy)
+    per_client = [c["personal_acc"] for c in clients]
+    assert per_client == pytest.approx(expected.per_client_accuracy().tolist())
+    shared = evaluate_shared(model, w, ctx.fed.test, buffers=state["global_buffers"])
+    assert row["personal_acc"] != pytest.approx(shared.accuracy)  # own statistics matter
+    assert algo.evaluation_needs_global and algo.evaluates_on_nodes
+    plain = small_experiment(*BN, "algorithm.local_steps=2")
+    assert plain.algorithm.personal_models(state) is None
+    assert not plain.algorithm.evaluation_needs_global

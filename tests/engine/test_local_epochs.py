@@ -18,6 +18,7 @@ from fedhp.engine.ops import prox_grad, weighted_sgd_steps
 from fedhp.engine.reference import reference_client_sgd
 from fedhp.engine.sampler import BatchSampler
 from fedhp.errors import ConfigError
+from fedhp.models import MODELS
 from fedhp.models.base import BatchedModel
 from fedhp.models.zoo import MLP, BatchedMLP, CNNOptions, DNNOptions
 from fedhp.topology import Topology
@@ -30,6 +31,7 @@ from tests.flower.helpers import (
 )
 
 COUNTS = (5, 13, 27, 1)
+TINY_VGG_BN = {"name": "vgg", "cfg": [4, "M", 8, "M"], "batch_norm": True}
 SHAPE = (1, 8, 8)
 CLASSES = 3
 
@@ -135,22 +137,43 @@ def test_weighted_loss_and_grad_match_autograd_on_valid_samples(kind: str) -> No
     assert (plain_grad - ones_grad).abs().max().item() < 1e-6
 
 
-@pytest.mark.parametrize(("kind", "chunked"), [("dnn", False), ("dnn", True), ("cnn", False)])
+def build_kind(kind: str) -> BatchedModel:
+    if kind == "dnn":
+        return DNNOptions(hidden=[16]).build(SHAPE, CLASSES)
+    if kind == "cnn":
+        return CNNOptions().build(SHAPE, CLASSES)
+    return MODELS.build(TINY_VGG_BN, "model").build(SHAPE, CLASSES)
+
+
+@pytest.mark.parametrize(
+    ("kind", "chunked", "direct"),
+    [
+        ("dnn", False, False),
+        ("dnn", True, False),
+        ("cnn", False, False),
+        ("vgg-bn", False, False),
+        ("vgg-bn", True, False),
+        ("vgg-bn", True, True),
+    ],
+)
 def test_local_epochs_match_per_client_reference_loop(
-    kind: str, chunked: bool, monkeypatch: pytest.MonkeyPatch
+    kind: str, chunked: bool, direct: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Unequal clients (partial last batches) against a loop of real smaller batches: for
+    BatchNorm, parameters and running statistics come from the real samples only; ``direct``:
+    one client per chunk run without vmap, as the engine runs large models."""
     if chunked:  # one client per chunk: finished clients' steps are skipped, not computed
         monkeypatch.setattr("fedhp.engine.ops.CACHE_FLOATS", 1)
-    model = (
-        DNNOptions(hidden=[16]).build(SHAPE, CLASSES)
-        if kind == "dnn"
-        else CNNOptions().build(SHAPE, CLASSES)
-    )
+    if direct:
+        monkeypatch.setattr("fedhp.models.base.DIRECT_MIN_PARAMS", 1)
+    model = build_kind(kind)
     ctx = unequal_context(model)
     clients = ctx.all_clients
     start = torch.stack([model.init_params(s) for s in range(len(COUNTS))])
+    buffers = model.init_buffers().expand(len(COUNTS), -1).clone() if model.num_buffers else None
+    ref_buffers = None if buffers is None else buffers.clone()
     state = ctx.generator.get_state()
-    params, loss_sum, steps = ctx.local_sgd_epochs(start, clients, 2, 6, 0.1)
+    params, loss_sum, steps = ctx.local_sgd_epochs(start, clients, 2, 6, 0.1, buffers=buffers)
     ctx.generator.set_state(state)
     plan = ctx.sampler.epochs(clients, 6, 2)
     assert torch.equal(steps, plan.steps)
@@ -165,8 +188,11 @@ def test_local_epochs_match_per_client_reference_loop(
                 own.append((x_c[keep], y_c[keep]))
         assert len(own) == int(steps[c])
         batches.append(own)
-    reference = reference_client_sgd(model, start, batches, 0.1)
+    reference = reference_client_sgd(model, start, batches, 0.1, buffers=ref_buffers)
     assert (params - reference).abs().max().item() < 1e-5
+    if buffers is not None and ref_buffers is not None:
+        assert (buffers - ref_buffers).abs().max().item() < 1e-5
+        assert (buffers - model.init_buffers()).abs().max().item() > 1e-3
     assert (params - start).abs().max().item() > 1e-3
     assert bool((loss_sum > 0).all())
 

@@ -24,6 +24,7 @@ BN = (
     ("name", "extra"),
     [
         ("fedavg", ()),
+        ("fedavg", ("algorithm.buffers=local", "flower.nodes=2")),  # FedBN: evaluated on nodes
         ("hierfavg", ("algorithm.buffers=local", "flower.nodes=2")),  # node-held client_buffers
         ("local", ()),
     ],

@@ -131,6 +131,32 @@ def test_feature_taps(cfg: dict[str, object], shape: tuple[int, ...]) -> None:
     assert grad[0].abs().sum() > 0 and grad[1].abs().sum() > 0
 
 
+@pytest.mark.parametrize("direct", [False, True])
+def test_weighted_batch_statistics_leave_padding_out(
+    direct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training-mode taps with per-sample weights (0 = padding): the real samples' outputs and
+    the updated running statistics equal PyTorch's BatchNorm on the real samples alone."""
+    if direct:  # one client without vmap, as the engine runs large models
+        monkeypatch.setattr("fedhp.models.base.DIRECT_MIN_PARAMS", 1)
+    model = build(TINY_VGG_BN, (3, 8, 8))
+    clients = 1 if direct else 2
+    flat = torch.stack([model.init_params(s) for s in range(clients)])
+    x = torch.randn(clients, 5, 3, 8, 8)
+    weight = torch.tensor([[1.0, 1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0, 1.0]])[:clients]
+    bufs = model.init_buffers().expand(clients, -1).clone()
+    logits, feats = model.forward_with_features(flat, x, buffers=bufs, train=True, weight=weight)
+    for c in range(clients):
+        keep = weight[c] > 0
+        module = model.make_module(flat[c]).train()
+        assert isinstance(module, FeatureNet)
+        ref_logits, ref_feats = module(x[c][keep], features=True)
+        torch.testing.assert_close(logits[c][keep], ref_logits, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(feats[c][keep], ref_feats, atol=1e-5, rtol=1e-4)
+        expected = model.buffer_layout.flatten_module(module)
+        torch.testing.assert_close(bufs[c], expected, atol=1e-5, rtol=1e-4)
+
+
 def test_cnn2_dropout_is_off_by_default_and_random_when_on() -> None:
     x = torch.randn(2, 4, 1, 28, 28)
     off = build({"name": "cnn2"}, (1, 28, 28))

@@ -290,8 +290,25 @@ class Algorithm(ABC):
         return state.get("global_buffers")
 
     def personal_buffers(self, state: State) -> torch.Tensor | None:
-        """Running statistics ``[C, B]`` of the personalized models (None without BatchNorm)."""
-        return None
+        """Running statistics ``[C, B]`` of the personalized models (None without BatchNorm);
+        FedBN-style (:attr:`personal_from_buffers`): each client's own."""
+        return state.get("client_buffers") if self.personal_from_buffers else None
+
+    @property
+    def personal_from_buffers(self) -> bool:
+        """FedBN-style evaluation: with ``buffers=local`` a flat method's personalized model of
+        client c is the global model normalized with c's own running statistics."""
+        return self.buffers_local and "client_buffers" in self.buffer_node_keys()
+
+    @property
+    def evaluates_on_nodes(self) -> bool:
+        """The personalized models are evaluated where their node state lives (Flower nodes)."""
+        return self.personal_on_node or self.personal_from_buffers
+
+    @property
+    def evaluation_needs_global(self) -> bool:
+        """Evaluating the personalized models needs the global model sent to every client."""
+        return self.personal_needs_global or self.personal_from_buffers
 
     @abstractmethod
     def init_state(self, init_params: torch.Tensor) -> State:
@@ -386,8 +403,10 @@ class Algorithm(ABC):
         return state.get("global")
 
     def personal_models(self, state: State) -> torch.Tensor | None:
-        """Each client's personalized model ``[C, P]`` (None where the method has none)."""
-        return None
+        """Each client's personalized model ``[C, P]`` (None where the method has none; the
+        global model for every client under :attr:`personal_from_buffers`)."""
+        w = self.global_model(state) if self.personal_from_buffers else None
+        return None if w is None else w.expand(self.ctx.num_clients, -1)
 
     def round_local_keys(self) -> frozenset[str]:
         """Node-held state entries no round reads before rebuilding them (e.g. a theta restarted

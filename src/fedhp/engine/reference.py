@@ -57,16 +57,23 @@ def reference_client_sgd(
     params: torch.Tensor,
     batches: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
     lr: float,
+    *,
+    buffers: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Client by client: SGD on client c's own minibatches ``batches[c]`` (any number, any
-    sizes: e.g. local epochs with a partial last batch); returns ``[C, P]``."""
+    sizes: e.g. local epochs with a partial last batch); returns ``[C, P]``. ``buffers [C, B]``
+    (BatchNorm running statistics), if given, start each module in training mode and receive its
+    final ones (in place)."""
     out = []
     for c in range(params.shape[0]):
-        module = model.make_module(params[c])
+        module = model.make_module(params[c], None if buffers is None else buffers[c])
+        module.train()
         opt = torch.optim.SGD(module.parameters(), lr=lr)
         for x, y in batches[c]:
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(module(x), y).backward()
             opt.step()
         out.append(model.layout.flatten_module(module))
+        if buffers is not None:
+            buffers[c] = model.buffer_layout.flatten_module(module)
     return torch.stack(out)

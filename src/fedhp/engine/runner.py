@@ -265,7 +265,7 @@ def _charge_evaluation(exp: Experiment, state: State, rnd: int) -> None:
     (Per-FedAvg) sends that model to every client: bill it on the ``client_cloud_eval`` link."""
     ctx, algo = exp.ctx, exp.algorithm
     w = algo.global_model(state)
-    if not (algo.personal_needs_global and is_eval_round(exp.cfg, rnd)) or w is None:
+    if not (algo.evaluation_needs_global and is_eval_round(exp.cfg, rnd)) or w is None:
         return
     clients = ctx.all_clients
     ctx.ledger.record(

@@ -193,8 +193,8 @@ class FlowerDriver:
         self._round = rnd
         self._early, self._early_round = {}, rnd
         evaluate_after = (
-            self.algo.personal_on_node
-            and not self.algo.personal_needs_global
+            self.algo.evaluates_on_nodes
+            and not self.algo.evaluation_needs_global
             and is_eval_round(self.exp.cfg, rnd)
         )
         task = self.algo.plan(state, rnd)
@@ -256,7 +256,7 @@ class FlowerDriver:
         return stats
 
     def evaluate(self, state: State) -> tuple[Row, list[Row]]:
-        personal = self._personal(state) if self.algo.personal_on_node else None
+        personal = self._personal(state) if self.algo.evaluates_on_nodes else None
         return evaluate_state(self.exp, state, personal)
 
     def close(self) -> None:
@@ -387,7 +387,7 @@ class FlowerDriver:
         """Every node's evaluation of its clients' personalized models (those sent with this
         round's train replies, the others asked for now); assembled for all clients."""
         early = self._early if self._early_round == self._round else {}
-        w = self.algo.global_model(state) if self.algo.personal_needs_global else None
+        w = self.algo.global_model(state) if self.algo.evaluation_needs_global else None
         requests: dict[int, RecordDict] = {}
         for shard in self.shards:
             if shard.index in early:

@@ -16,8 +16,10 @@ forward/backward.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from math import prod
 
@@ -110,22 +112,68 @@ class _VmapBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm whose running-statistics update works under ``torch.func.vmap`` (the built-in
     one's batching rule does not write the update back into batched buffers). Normalization is
     ``F.batch_norm``'s; the update is PyTorch's: ``r <- (1 - m) r + m stat`` with the unbiased
-    batch variance. Swapped in for ``BatchNorm1d/2d`` on the vectorized path only."""
+    batch variance. Swapped in for ``BatchNorm1d/2d`` on the vectorized path only.
+
+    ``sample_weight [N]`` (set by :func:`sample_weights` for one call): training-mode statistics
+    over the samples weighted by it, so that padding (weight 0, e.g. a partial last batch) is
+    left out exactly as a smaller batch would leave it out."""
+
+    sample_weight: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training and self.track_running_stats:
             return F.batch_norm(
                 x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
             )
+        if self.sample_weight is not None:
+            return self._weighted(x, self.sample_weight)
         if self.track_running_stats and self.running_mean is not None:
             assert self.running_var is not None and self.momentum is not None
             dims = [0, *range(2, x.dim())]
             n = x.numel() // x.shape[1]
             with torch.no_grad():
                 var, mean = torch.var_mean(x, dims, correction=1 if n > 1 else 0)
-                self.running_mean.mul_(1 - self.momentum).add_(mean, alpha=self.momentum)
-                self.running_var.mul_(1 - self.momentum).add_(var, alpha=self.momentum)
+                self._update_running(mean, var)
         return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+
+    def _update_running(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
+        assert self.running_mean is not None and self.running_var is not None
+        assert self.momentum is not None
+        self.running_mean.mul_(1 - self.momentum).add_(mean, alpha=self.momentum)
+        self.running_var.mul_(1 - self.momentum).add_(unbiased_var, alpha=self.momentum)
+
+    def _weighted(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """Batch normalization with statistics weighted by ``w [N]`` (per sample; spatial
+        positions share their sample's weight)."""
+        dims = [0, *range(2, x.dim())]
+        shape = (1, -1, *[1] * (x.dim() - 2))
+        wx = w.reshape(-1, *[1] * (x.dim() - 1)).to(x.dtype)
+        total = (w.sum() * (x[0, 0].numel())).clamp(min=torch.finfo(x.dtype).tiny)
+        mean = (x * wx).sum(dims) / total
+        centred = x - mean.reshape(shape)
+        var = (centred.square() * wx).sum(dims) / total
+        if self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                unbiased = torch.where(total > 1, var * total / (total - 1).clamp(min=1e-12), var)
+                self._update_running(mean, unbiased)
+        out = centred * torch.rsqrt(var + self.eps).reshape(shape)
+        if self.weight is not None and self.bias is not None:
+            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return out
+
+
+@contextlib.contextmanager
+def sample_weights(module: nn.Module, weight: torch.Tensor | None) -> Iterator[None]:
+    """Within the block, the :class:`_VmapBatchNorm` layers of ``module`` take their training
+    statistics over the samples weighted by ``weight [N]`` (None: every sample counts)."""
+    layers = [m for m in module.modules() if isinstance(m, _VmapBatchNorm)]
+    for m in layers:
+        m.sample_weight = weight
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.sample_weight = None
 
 
 def vmappable(module: nn.Module) -> nn.Module:
@@ -158,6 +206,14 @@ class FeatureNet(nn.Module):
         h = self.embed(x)
         out = self.head(h)
         return (out, h) if features else out
+
+
+def batch_norm_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """``weight [C, B]`` as BatchNorm's per-sample statistic weights, or None when every sample
+    counts fully (all ones: PyTorch's own fused batch norm is then used, bit for bit)."""
+    if weight is None or bool((weight == 1).all()):
+        return None
+    return weight
 
 
 def weighted_client_mean(losses: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
@@ -245,9 +301,13 @@ class BatchedModel(ABC):
         *,
         buffers: torch.Tensor | None = None,
         train: bool = False,
+        weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[C, B, K]`` and the penultimate features ``[C, B, H]`` (the head's input) in
-        one differentiable forward, e.g. for feature-norm penalties or representations."""
+        one differentiable forward, e.g. for feature-norm penalties or representations.
+
+        ``weight [C, B]`` (optional, training mode): per-sample weights of the BatchNorm batch
+        statistics (padding has weight 0); models without BatchNorm ignore it."""
 
     def loss_and_grad(
         self,
@@ -275,7 +335,9 @@ class BatchedModel(ABC):
             for s in self.layout.specs
         ]
         params = {s.name: leaf for s, leaf in zip(self.layout.specs, leaves, strict=True)}
-        logits = self.forward_params(params, x, buffers=buffers, train=True)
+        logits = self.forward_params(
+            params, x, buffers=buffers, train=True, weight=batch_norm_weight(weight)
+        )
         c, b = logits.shape[0], logits.shape[1]
         losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
         per_client = weighted_client_mean(losses.view(c, b), weight)
@@ -302,8 +364,12 @@ class BatchedModel(ABC):
         *,
         buffers: torch.Tensor | None = None,
         train: bool = False,
+        weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Like :meth:`forward`, from per-parameter tensors ``name -> [C, *shape]``."""
+        """Like :meth:`forward`, from per-parameter tensors ``name -> [C, *shape]``.
+
+        ``weight [C, B]``: per-sample weights of BatchNorm's batch statistics (see
+        :meth:`forward_with_features`); this generic form has no BatchNorm and ignores them."""
         flat = torch.cat([params[s.name].reshape(x.shape[0], -1) for s in self.layout.specs], 1)
         return self.forward(flat, x, buffers=buffers, train=train)
 
@@ -369,8 +435,9 @@ class VmapModel(BatchedModel):
         *,
         buffers: torch.Tensor | None = None,
         train: bool = False,
+        weight: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        out = self._call(params, x, buffers, train, False)
+        out = self._call(params, x, buffers, train, False, weight)
         assert isinstance(out, torch.Tensor)
         return out
 
@@ -381,10 +448,13 @@ class VmapModel(BatchedModel):
         *,
         buffers: torch.Tensor | None = None,
         train: bool = False,
+        weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(self.reference, FeatureNet):
             raise TypeError(f"{type(self.reference).__name__} has no features/head split")
-        out = self._call(self.layout.unflatten(flat), x, buffers, train, True)
+        out = self._call(
+            self.layout.unflatten(flat), x, buffers, train, True, batch_norm_weight(weight)
+        )
         assert isinstance(out, tuple)
         return out
 
@@ -395,8 +465,11 @@ class VmapModel(BatchedModel):
         buffers: torch.Tensor | None,
         train: bool,
         features: bool,
+        weight: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         kwargs = {"features": True} if features else {}
+        if weight is not None and self.num_buffers and train:
+            return self._call_weighted(params, x, buffers, weight, kwargs)
         if x.shape[0] == 1 and self.num_params >= DIRECT_MIN_PARAMS:
             return self._call_one(params, x, buffers, train, kwargs)
         module = self.functional
@@ -415,6 +488,42 @@ class VmapModel(BatchedModel):
             return torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
 
         return torch.func.vmap(one_bn, randomness="different")(params, bufs, x)
+
+    def _call_weighted(
+        self,
+        params: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        buffers: torch.Tensor | None,
+        weight: torch.Tensor,
+        kwargs: dict[str, bool],
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Training-mode forward whose BatchNorm statistics weight each client's samples by
+        ``weight [C, B]`` (one client without vmap, as in :meth:`_call_one`)."""
+        module = self.functional
+        module.train(True)
+        bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
+
+        def one(
+            p: dict[str, torch.Tensor],
+            b: dict[str, torch.Tensor],
+            xb: torch.Tensor,
+            wb: torch.Tensor,
+        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            with sample_weights(module, wb):
+                out = torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
+            return out
+
+        if x.shape[0] == 1 and self.num_params >= DIRECT_MIN_PARAMS:
+            out = one(
+                {k: v[0] for k, v in params.items()},
+                {k: v[0] for k, v in bufs.items()},
+                x[0],
+                weight[0],
+            )
+            if isinstance(out, tuple):
+                return out[0].unsqueeze(0), out[1].unsqueeze(0)
+            return out.unsqueeze(0)
+        return torch.func.vmap(one, randomness="different")(params, bufs, x, weight)
 
     def _call_one(
         self,

@@ -81,6 +81,7 @@ class LinearModel(BatchedModel):
         *,
         buffers: torch.Tensor | None = None,
         train: bool = False,
+        weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and the features the single linear layer reads: the (dense) inputs."""
         features = x.to_dense() if x.is_sparse else x

@@ -93,6 +93,7 @@ class BatchedMLP(BatchedModel):
         *,
         buffers: torch.Tensor | None = None,
         train: bool = False,
+        weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[C, B, K]`` and the penultimate features ``[C, B, H]`` (the last layer's
         input), differentiable, for feature-level penalties such as feature-norm regularization."""
