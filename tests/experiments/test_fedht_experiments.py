@@ -100,3 +100,16 @@ def test_libsvm_problem_from_the_file(tmp_path: Path) -> None:
     assert "model.name=logreg" in logistic and "dataset.sparse=true" in logistic
     assert "partition.category=kmeans" in logistic
     assert "model.name=linreg" in fedht.problems(opts, str(real))["libsvm"].overrides
+
+
+def test_parallel_runs_give_the_sequential_results(tmp_path: Path, capsys) -> None:
+    """``--jobs 2`` runs the experiment's runs in worker processes: same table, same lines."""
+    args = ["reproduce", "fedht-noiseless", "dataset.dim=50", "dataset.samples=20", "--rounds", "4"]
+    tables, lines = [], []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}"
+        assert main([*args, "--jobs", jobs, "--out", str(out)]) == 0
+        tables.append(json.loads((out / "table.json").read_text())["rows"])
+        lines.append([ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("fedht ")])
+        assert len(list((out / "runs" / "full").iterdir())) == 3  # noiseless: one K
+    assert tables[0] == tables[1] and lines[0] == lines[1] and len(lines[0]) == 3

@@ -12,7 +12,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,29 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     return summary
 
 
+def map_runs(
+    tasks: Sequence[tuple[list[str], Path]], jobs: int, run: Callable[..., Any] = run_config
+) -> Iterator[tuple[Path, Any, float]]:
+    """Run ``run(overrides, folder)`` for every task; yields ``(folder, result, seconds)`` as
+    runs finish. Sequential with ``jobs <= 1``, else that many at once in spawned worker
+    processes (``seconds`` then counts from the start of the batch)."""
+    if jobs > 1 and len(tasks) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        start = time.perf_counter()
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(run, ov, folder): folder for ov, folder in tasks}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result(), time.perf_counter() - start
+        return
+    for overrides, folder in tasks:
+        start = time.perf_counter()
+        result = run(overrides, folder)
+        yield folder, result, time.perf_counter() - start
+
+
 def run_jobs(
     jobs: Sequence[Job], opts: ReproOptions, runs_dir: Path, run: Callable[..., Any] = run_config
 ) -> dict[str, dict[str, Any]]:
@@ -289,25 +312,10 @@ def run_jobs(
         how = "reused" if summary.get("reused") else how
         _log(opts, f"[{len(done)}/{len(tasks)}] {key} seed {seed}: {how} {accs}")
 
-    if opts.jobs > 1 and len(tasks) > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        ctx = multiprocessing.get_context("spawn")
-        start = time.perf_counter()
-        with ProcessPoolExecutor(max_workers=opts.jobs, mp_context=ctx) as pool:
-            futures = {
-                pool.submit(run, ov, folder): (key, seed, folder) for key, seed, ov, folder in tasks
-            }
-            from concurrent.futures import as_completed
-
-            for fut in as_completed(futures):
-                key, seed, folder = futures[fut]
-                finish(key, seed, folder, fut.result(), time.perf_counter() - start)
-    else:
-        for key, seed, overrides, folder in tasks:
-            start = time.perf_counter()
-            finish(key, seed, folder, run(overrides, folder), time.perf_counter() - start)
+    by_folder = {folder: (key, seed) for key, seed, _, folder in tasks}
+    for folder, summary, sec in map_runs([(ov, f) for _, _, ov, f in tasks], opts.jobs, run):
+        key, seed = by_folder[folder]
+        finish(key, seed, folder, summary, sec)
     results: dict[str, dict[str, Any]] = {}
     for job in jobs:
         summaries = [done[(job.key, seed)] for seed in range(opts.seeds)]

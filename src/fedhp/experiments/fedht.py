@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import ReproOptions, markdown_table, run_config, write_table
+from fedhp.experiments.common import (
+    ReproOptions,
+    map_runs,
+    markdown_table,
+    run_config,
+    write_table,
+)
 from fedhp.experiments.figures import read_metrics
 from fedhp.reporting import plot_curves, write_json_atomic
 
@@ -168,6 +174,38 @@ def _log(opts: ReproOptions, text: str) -> None:
         print(text, flush=True, file=__import__("sys").stderr)
 
 
+RunSpec = tuple[str, float, int, int, int]
+"""(method, γ, K, rounds, eval_every) of one run."""
+
+
+def _folder(runs: Path, stage: str, spec: RunSpec) -> Path:
+    method, gamma, k = spec[:3]
+    return runs / stage / f"{method}-g{gamma:g}-K{k}"
+
+
+def _overrides(opts: ReproOptions, prob: Problem, spec: RunSpec) -> list[str]:
+    method, gamma, k, rounds, every = spec
+    return [
+        *prob.overrides,
+        f"algorithm.name={method}",
+        f"algorithm.lr={gamma}",
+        f"rounds={rounds}",
+        f"eval_every={every}",
+        f"threads={opts.threads}",
+        *([] if method == "diht" else [f"algorithm.local_steps={k}"]),
+        *opts.extra,
+    ]
+
+
+def _prefetch(
+    opts: ReproOptions, prob: Problem, runs: Path, stage: str, specs: list[RunSpec]
+) -> None:
+    """Run ``specs`` (``--jobs`` at once); later :func:`_run` calls reuse the finished runs."""
+    tasks = list({_folder(runs, stage, s): _overrides(opts, prob, s) for s in specs}.items())
+    for _ in map_runs([(ov, folder) for folder, ov in tasks], opts.jobs):
+        pass
+
+
 def _run(
     opts: ReproOptions,
     prob: Problem,
@@ -179,17 +217,7 @@ def _run(
     every: int,
 ) -> list[dict[str, float]]:
     """One run (reused if done before); its metrics rows (empty if it diverged at once)."""
-    overrides = [
-        *prob.overrides,
-        f"algorithm.name={method}",
-        f"algorithm.lr={gamma}",
-        f"rounds={rounds}",
-        f"eval_every={every}",
-        f"threads={opts.threads}",
-        *([] if method == "diht" else [f"algorithm.local_steps={k}"]),
-        *opts.extra,
-    ]
-    run_config(overrides, folder)
+    run_config(_overrides(opts, prob, (method, gamma, k, rounds, every)), folder)
     return read_metrics(folder)
 
 
@@ -203,6 +231,13 @@ def final_objective(rows: list[dict[str, float]], rounds: int) -> float:
 def tune(opts: ReproOptions, prob: Problem, runs: Path) -> dict[str, dict[str, dict[str, float]]]:
     """method -> f"{γ:g}" -> f"{K}" -> final objective after ``tune_rounds`` rounds."""
     grid: dict[str, dict[str, dict[str, float]]] = {}
+    specs = [
+        (method, gamma, k, prob.tune_rounds, prob.tune_rounds)
+        for method in METHODS
+        for gamma in prob.gammas
+        for k in ((1,) if method == "diht" else prob.ks)
+    ]
+    _prefetch(opts, prob, runs, "tune", specs)
     for method in METHODS:
         for gamma in prob.gammas:
             for k in (1,) if method == "diht" else prob.ks:
@@ -405,6 +440,11 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
         chosen["shared_k"] = {m: best_k(c)[0] if c else max(prob.ks) for m, c in cells.items()}
     gamma = chosen["shared_gamma"]
     shared = {m: (gamma, 1 if m == "diht" else chosen["shared_k"][m]) for m in METHODS}
+    full = [(m, *shared[m]) for m in METHODS]
+    full += [(m, gamma, k) for m in ("fedht", "fediterht") for k in prob.ks]
+    if prob.tune_rounds:
+        full += [(m, chosen["tuned"][m]["gamma"], chosen["tuned"][m]["K"]) for m in METHODS]
+    _prefetch(opts, prob, runs, "full", [(*f, prob.rounds, prob.eval_every) for f in full])
     curves, rows = compare(opts, prob, runs, shared, name)
     k_curves = {}
     for m in ("fedht", "fediterht"):
