@@ -20,6 +20,7 @@ BASE = ("progress=false", "eval_every=1", "checkpoint_every=0", "threads=1", "mo
 FAST = {
     "fedavg": ("algorithm.local_steps=3",),
     "fedprox": ("algorithm.local_steps=3",),
+    "scaffold": ("algorithm.local_steps=3",),
     "hierfavg": ("algorithm.kappa1=2", "algorithm.kappa2=2"),
     "sfedhp": ("algorithm.R=3", "algorithm.K=2"),
     "pfedme": ("algorithm.R=3", "algorithm.K=2"),

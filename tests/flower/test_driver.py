@@ -58,6 +58,9 @@ P_MLR = 7850  # 784 * 10 + 10
         ("perfedavg", ("comm.zero_threshold=1e-2",)),  # evaluation adapts the truncated model
         ("heurfedamp", ("federation.client_fraction=0.5",)),
         ("local", ()),
+        # node-held client control variates, reused across rounds by the sampled clients
+        ("scaffold", ("federation.client_fraction=0.5", "flower.nodes=2")),
+        ("fednova", ("algorithm.local_epochs=1", "partition.name=dirichlet")),  # unequal steps
     ],
 )
 def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, ...]) -> None:

@@ -4,11 +4,13 @@ from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     centralized,
     fedavg,
     fedht,
+    fednova,
     heurfedamp,
     hierfavg,
     local,
     perfedavg,
     pfedme,
+    scaffold,
     sfedhp,
 )
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update

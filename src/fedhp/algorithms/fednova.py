@@ -1,0 +1,75 @@
+"""FedNova (Wang et al., NeurIPS 2020): normalized averaging of clients that take different
+numbers of local steps.
+
+Client i runs τ_i local SGD steps from x (under ``local_epochs``: ⌈n_i / B⌉ per epoch, its
+own count) to y_i. Its normalized update is d_i = (x − y_i) / a_i with a_i = ‖a_i‖₁ of its
+accumulation vector: τ_i for plain SGD, and with local momentum ρ
+
+    a_i = [τ_i − ρ (1 − ρ^τ_i) / (1 − ρ)] / (1 − ρ)                  (:func:`momentum_norm`)
+
+The cloud steps x ← x − τ_eff Σ_i p_i d_i with τ_eff = Σ_i p_i a_i (p_i the aggregation
+weights, normalized). With equal step counts this is FedAvg. fedhp's local SGD has no momentum
+(ρ = 0), so a_i = τ_i; ``momentum_norm`` is what a momentum variant would use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update
+from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhp.engine.context import RunContext
+from fedhp.engine.ops import weighted_mean
+
+
+def momentum_norm(steps: torch.Tensor, momentum: float = 0.0) -> torch.Tensor:
+    """FedNova's a_i for ``steps [n]`` local steps of SGD with heavy-ball ``momentum`` ρ (the
+    total weight each step's gradient receives in the final displacement, summed)."""
+    tau = steps.to(torch.float64)
+    if momentum == 0.0:
+        return tau
+    rho = momentum
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+
+
+def normalized_average(
+    x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """FedNova's new global model from ``x [P]``, the clients' ``y [n, P]``, their ``a [n]`` and
+    aggregation ``weights [n]``."""
+    p = (weights / weights.sum()).to(torch.float64)
+    a = a.to(torch.float64)
+    tau_eff = float((p * a).sum())
+    coef = (p / a.clamp(min=1e-12)).to(y.dtype)  # p_i / a_i
+    return x - tau_eff * (coef.unsqueeze(1) * (x - y)).sum(0)
+
+
+class FedNova(FedAvg):
+    """FedAvg's local work; the cloud averages the clients' step-normalized updates."""
+
+    options: FedNovaOptions
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        clients = task.clients
+        bufs = update.per_client.get("buffers")
+        up = ctx.send("client_cloud", "up", self.wire(update.per_client["params"], bufs), clients)
+        y, bufs = self.unwire(up, bufs is not None)
+        steps = update.steps
+        if steps is None:  # not carried (Flower): a function of the clients' sample counts
+            steps = opt.step_counts(ctx.fed.train.counts[clients])
+        weights = ctx.client_weights(clients)
+        a = momentum_norm(steps.to(y.device))
+        state["global"] = normalized_average(state["global"], y, a, weights)
+        if bufs is not None:
+            state["global_buffers"] = weighted_mean(bufs, weights)
+        return self.local_work_stats(task, update)
+
+
+@ALGORITHMS.register("fednova")
+class FedNovaOptions(FedAvgOptions):
+    """FedNova: FedAvg's local SGD (``local_steps`` or ``local_epochs``), then normalized
+    averaging by each client's real step count (plain SGD: a_i = τ_i)."""
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return FedNova(self, ctx)
