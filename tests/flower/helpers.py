@@ -21,6 +21,7 @@ FAST = {
     "fedavg": ("algorithm.local_steps=3",),
     "fedprox": ("algorithm.local_steps=3",),
     "scaffold": ("algorithm.local_steps=3",),
+    "moon": ("algorithm.local_steps=3",),
     "hierfavg": ("algorithm.kappa1=2", "algorithm.kappa2=2"),
     "sfedhp": ("algorithm.R=3", "algorithm.K=2"),
     "pfedme": ("algorithm.R=3", "algorithm.K=2"),

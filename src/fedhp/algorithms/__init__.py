@@ -8,6 +8,7 @@ from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     heurfedamp,
     hierfavg,
     local,
+    moon,
     perfedavg,
     pfedme,
     scaffold,

@@ -23,7 +23,7 @@ import torch
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
-from fedhp.engine.ops import ExtraGrad
+from fedhp.engine.ops import ExtraGrad, LossGrad
 from fedhp.errors import ConfigError
 from fedhp.registry import Registry
 
@@ -343,14 +343,18 @@ class Algorithm(ABC):
         *,
         mask: torch.Tensor | None = None,
         buffers: torch.Tensor | None = None,
+        loss_grad: LossGrad | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The round's local SGD of ``clients`` from ``start`` (rows) under the options'
         ``local_steps`` or ``local_epochs`` (:class:`LocalWorkOptions`), on the sub-models of
         ``mask [C', P]`` if given (:mod:`fedhp.models.masks`), updating BatchNorm ``buffers``
-        ``[C', B]`` in place if given: the new parameters, each client's loss summed over its
-        steps, and its step count ``[C']`` (int64)."""
+        ``[C', B]`` in place if given, on the method's own objective ``loss_grad`` if given
+        (:data:`fedhp.engine.ops.LossGrad`): the new parameters, each client's loss summed over
+        its steps, and its step count ``[C']`` (int64)."""
         ctx, opt = self.ctx, self.options
-        kw = {} if buffers is None else {"buffers": buffers}
+        kw: dict[str, Any] = {} if buffers is None else {"buffers": buffers}
+        if loss_grad is not None:
+            kw["loss_grad"] = loss_grad
         epochs = local_epochs_of(opt)
         if epochs is not None:
             return ctx.local_sgd_epochs(

@@ -7,7 +7,7 @@ import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import ExtraGrad, prox_grad, weighted_mean
+from fedhp.engine.ops import ExtraGrad, LossGrad, prox_grad, weighted_mean
 
 
 class FedAvg(Algorithm):
@@ -25,6 +25,10 @@ class FedAvg(Algorithm):
         for FedAvg)."""
         return None
 
+    def local_loss_grad(self, state: State, task: Task) -> LossGrad | None:
+        """The clients' own local objective replacing the model's loss (none for FedAvg)."""
+        return None
+
     def plan(self, state: State, rnd: int) -> Task:
         return self.plan_broadcast_global(state)
 
@@ -35,7 +39,11 @@ class FedAvg(Algorithm):
         sent = task.broadcast.get("global_buffers")
         bufs = self.start_buffers(state, task.clients, None if sent is None else sent.expand(n, -1))
         params, loss_sum, steps = self.local_update(
-            start, task.clients, self.local_extra_grad(w), buffers=bufs
+            start,
+            task.clients,
+            self.local_extra_grad(w),
+            buffers=bufs,
+            loss_grad=self.local_loss_grad(state, task),
         )
         per_client = {"params": params}
         if bufs is not None:  # uploaded in both modes: the global model is evaluated with them

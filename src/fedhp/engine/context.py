@@ -11,7 +11,7 @@ import torch
 from fedhp.comm import CommLedger, truncate
 from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
-from fedhp.engine.ops import ExtraGrad, sgd_steps, weighted_sgd_steps
+from fedhp.engine.ops import ExtraGrad, LossGrad, sgd_steps, weighted_sgd_steps
 from fedhp.engine.sampler import BatchSampler
 from fedhp.models.base import BatchedModel
 from fedhp.topology import Topology
@@ -220,9 +220,11 @@ class RunContext:
         extra_grad: ExtraGrad | None = None,
         *,
         buffers: torch.Tensor | None = None,
+        loss_grad: LossGrad | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``steps`` minibatch SGD steps of ``clients`` (rows of ``params``), all at once;
-        ``buffers`` (their BatchNorm running statistics ``[C', B]``) are updated in place."""
+        ``buffers`` (their BatchNorm running statistics ``[C', B]``) are updated in place;
+        ``loss_grad`` replaces the model's loss (:data:`fedhp.engine.ops.LossGrad`)."""
         return sgd_steps(
             self.model,
             params,
@@ -231,6 +233,7 @@ class RunContext:
             lr,
             extra_grad,
             buffers=buffers,
+            loss_grad=loss_grad,
         )
 
     def local_sgd_epochs(
@@ -244,6 +247,7 @@ class RunContext:
         *,
         mask: torch.Tensor | None = None,
         buffers: torch.Tensor | None = None,
+        loss_grad: LossGrad | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``epochs`` passes of each of ``clients`` over its own shuffled data, all at once.
 
@@ -270,6 +274,7 @@ class RunContext:
             mask=mask,
             active=active,
             buffers=buffers,
+            loss_grad=loss_grad,
         )
         return params, loss_sum, plan.steps
 
@@ -284,6 +289,7 @@ class RunContext:
         *,
         mask: torch.Tensor,
         buffers: torch.Tensor | None = None,
+        loss_grad: LossGrad | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Like :meth:`local_sgd` (the same minibatches) on the sub-models selected by ``mask``
         ``[C', P]``: masked parameters and gradients are zero (:func:`weighted_sgd_steps`)."""
@@ -294,7 +300,15 @@ class RunContext:
             return x, y, None
 
         return weighted_sgd_steps(
-            self.model, params, batch, steps, lr, extra_grad, mask=mask, buffers=buffers
+            self.model,
+            params,
+            batch,
+            steps,
+            lr,
+            extra_grad,
+            mask=mask,
+            buffers=buffers,
+            loss_grad=loss_grad,
         )
 
 

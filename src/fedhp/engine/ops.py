@@ -13,6 +13,11 @@ from fedhp.models.base import BatchedModel
 ExtraGrad = Callable[[torch.Tensor], torch.Tensor]
 """Maps parameters ``[C, P]`` to an additive gradient term ``[C, P]`` (prox, penalties)."""
 
+LossGrad = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+"""A replacement for the model's ``loss_and_grad(params [C, P], x, y, *, buffers=, weight=)``:
+per-client loss ``[C]`` and gradient ``[C, P]`` of a method's own local objective (e.g. MOON's
+contrastive term). Always called with all the call's clients at once (no client chunking)."""
+
 
 def batched_loss_grad(
     model: BatchedModel,
@@ -42,6 +47,7 @@ def sgd_steps(
     extra_grad: ExtraGrad | None = None,
     *,
     buffers: torch.Tensor | None = None,
+    loss_grad: LossGrad | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once; ``batch()`` yields each step's ``(x, y)``.
 
@@ -54,9 +60,11 @@ def sgd_steps(
     """
     params = params.detach().clone()
     num_clients = params.shape[0]
-    chunk = client_chunk(params.shape[1], num_clients) if extra_grad is None else num_clients
+    whole = extra_grad is not None or loss_grad is not None
+    chunk = num_clients if whole else client_chunk(params.shape[1], num_clients)
     if chunk >= num_clients:
-        return _sgd_loop(model, params, (batch() for _ in range(steps)), lr, extra_grad, buffers)
+        drawn = (batch() for _ in range(steps))
+        return _sgd_loop(model, params, drawn, lr, extra_grad, buffers, loss_grad)
     batches = [batch() for _ in range(steps)]
     parts = [
         _sgd_loop(
@@ -88,6 +96,7 @@ def weighted_sgd_steps(
     mask: torch.Tensor | None = None,
     active: torch.Tensor | None = None,
     buffers: torch.Tensor | None = None,
+    loss_grad: LossGrad | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once on minibatches with per-sample weights (local
     epochs: a partial last batch, clients of unequal size), optionally on masked sub-models.
@@ -103,11 +112,14 @@ def weighted_sgd_steps(
     clients is active skips the step (exactly: their updates would be masked anyway).
     ``buffers [C, B]`` (BatchNorm running statistics, writable) are passed to the model's
     ``loss_and_grad`` chunk by chunk and updated in place, except a frozen client's, which are
-    restored after the step.
+    restored after the step. ``loss_grad`` replaces the model's ``loss_and_grad`` (all clients in
+    one chunk then).
     """
     params = params.detach().clone() if mask is None else params.detach() * mask
     num_clients = params.shape[0]
-    chunk = client_chunk(params.shape[1], num_clients) if extra_grad is None else num_clients
+    whole = extra_grad is not None or loss_grad is not None
+    chunk = num_clients if whole else client_chunk(params.shape[1], num_clients)
+    loss_and_grad = model.loss_and_grad if loss_grad is None else loss_grad
     parts = []
     for start in range(0, num_clients, chunk):
         rows = slice(start, min(start + chunk, num_clients))
@@ -118,13 +130,13 @@ def weighted_sgd_steps(
                 continue
             x, y, weight = batch(step, rows)
             if buffers is None:
-                loss, grad = model.loss_and_grad(part, x, y, weight=weight)
+                loss, grad = loss_and_grad(part, x, y, weight=weight)
             else:
                 bufs = buffers[rows]
                 idle = None if weight is None else weight.sum(1) == 0
                 kept = None if idle is None else bufs[idle].clone()
                 kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
-                loss, grad = model.loss_and_grad(part, x, y, weight=weight, **kw)
+                loss, grad = loss_and_grad(part, x, y, weight=weight, **kw)
                 if idle is not None and kept is not None:
                     bufs[idle] = kept
             if extra_grad is not None:
@@ -157,10 +169,15 @@ def _sgd_loop(
     lr: float,
     extra_grad: ExtraGrad | None,
     buffers: torch.Tensor | None = None,
+    loss_grad: LossGrad | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     loss_sum = torch.zeros(params.shape[0], device=params.device)
     for x, y in batches:
-        loss, grad = batched_loss_grad(model, params, x, y, buffers=buffers)
+        if loss_grad is None:
+            loss, grad = batched_loss_grad(model, params, x, y, buffers=buffers)
+        else:
+            kw = {} if buffers is None else {"buffers": buffers}
+            loss, grad = loss_grad(params.detach(), x, y, **kw)
         if extra_grad is not None:
             grad.add_(extra_grad(params))
         params.add_(grad, alpha=-lr)

@@ -1,0 +1,102 @@
+"""MOON (Li, He, Song, CVPR 2021): model-contrastive federated learning.
+
+FedAvg whose local objective adds a contrastive term on the model's representation z (fedhp's
+feature tap: the penultimate features, ``forward_with_features``; MOON's networks end their
+representation with a projection head, fedhp uses the model's own last hidden layer):
+
+    ℓ = CE(w; x, y) + μ · ℓ_con,
+    ℓ_con = −log( exp(sim(z, z_glob)/τ) / (exp(sim(z, z_glob)/τ) + exp(sim(z, z_prev)/τ)) ),
+
+sim the cosine similarity, z_glob the representation of x under the received global model,
+z_prev under the client's own model from the last round it took part in (``prev``, client state;
+the initial global model before that). Both are fixed (no gradient). ``mu`` is MOON's own option
+(the reference code shares FedProx's ``--mu``); ``temperature`` is τ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+import torch
+import torch.nn.functional as F
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update
+from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhp.engine.context import RunContext
+from fedhp.engine.ops import LossGrad
+from fedhp.models.base import BatchedModel, weighted_client_mean
+
+
+def contrastive_loss(
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """MOON's per-sample ℓ_con ``[..]`` from representations ``[.., H]``."""
+    pos = F.cosine_similarity(z, z_glob, dim=-1) / temperature
+    neg = F.cosine_similarity(z, z_prev, dim=-1) / temperature
+    return -torch.log_softmax(torch.stack((pos, neg), dim=-1), dim=-1)[..., 0]
+
+
+def moon_loss_grad(
+    model: BatchedModel,
+    global_params: torch.Tensor,
+    prev: torch.Tensor,
+    mu: float,
+    temperature: float,
+) -> LossGrad:
+    """The clients' MOON objective and its gradient (rows align with ``prev [n, P]``)."""
+
+    def loss_grad(
+        params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, weight: Any = None, **_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = params.shape[0]
+        with torch.no_grad():
+            _lg, z_glob = model.forward_with_features(global_params.expand(n, -1), x)
+            _lp, z_prev = model.forward_with_features(prev, x)
+        flat = params.detach().clone().requires_grad_(True)
+        logits, z = model.forward_with_features(flat, x, train=True)
+        k = logits.shape[-1]
+        ce = F.cross_entropy(logits.reshape(-1, k), y.reshape(-1), reduction="none").view(y.shape)
+        per_sample = ce + mu * contrastive_loss(z, z_glob, z_prev, temperature)
+        per_client = weighted_client_mean(per_sample, weight)
+        (grad,) = torch.autograd.grad(per_client.sum(), flat)
+        return per_client.detach(), grad
+
+    return loss_grad
+
+
+class Moon(FedAvg):
+    """MOON: FedAvg's rounds with the model-contrastive local objective."""
+
+    options: MoonOptions
+    node_keys = {"prev": "client"}
+
+    def init_state(self, init_params: torch.Tensor) -> State:
+        state = super().init_state(init_params)
+        state["prev"] = init_params.expand(self.ctx.num_clients, -1).clone()
+        return state
+
+    def local_loss_grad(self, state: State, task: Task) -> LossGrad | None:
+        opt = self.options
+        prev = state["prev"][task.clients]
+        return moon_loss_grad(
+            self.ctx.model, task.broadcast["global"], prev, opt.mu, opt.temperature
+        )
+
+    def train(self, state: State, task: Task) -> Update:
+        update = super().train(state, task)
+        state["prev"][task.clients] = update.per_client["params"]
+        return update
+
+
+@ALGORITHMS.register("moon")
+class MoonOptions(FedAvgOptions):
+    """MOON: FedAvg + mu * model-contrastive loss on the penultimate features (temperature tau)."""
+
+    mu: float = pydantic.Field(1.0, ge=0, description="weight of the contrastive term (MOON's own)")
+    temperature: float = pydantic.Field(0.5, gt=0, description="contrastive temperature tau")
+
+    supports_buffers = False  # the fixed global/previous models' statistics are not specified
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return Moon(self, ctx)
