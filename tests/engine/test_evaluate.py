@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -60,3 +61,25 @@ def test_evaluate_state_reports_each_clients_own_model() -> None:
     assert row["edge0_personal_acc"] == sum(correct[:3]) / sum(N_TEST[:3])
     assert row["edge1_personal_acc"] == sum(correct[3:]) / sum(N_TEST[3:])
     assert "global_acc" not in row
+
+
+def test_balanced_accuracy_is_the_mean_of_per_class_accuracies() -> None:
+    """The global model on an unbalanced union of test sets: the mean over classes of each
+    class's accuracy, by hand from a plain loop — not the micro-averaged accuracy."""
+    from fedhp.engine.evaluate import evaluate_shared
+
+    ctx = tiny_context(edge_sizes=(3, 2), n_test=N_TEST, seed=1)
+    w = distinct_models(1)[0]
+    result = evaluate_shared(ctx.model, w, ctx.fed.test, chunk=4)
+    hits: dict[int, list[bool]] = {}
+    for c in range(5):
+        x, y = client_test(ctx, c)
+        wm = w[: FEATURES * CLASSES].view(CLASSES, FEATURES)
+        pred = (x @ wm.T + w[FEATURES * CLASSES :]).argmax(1)
+        for label, ok in zip(y.tolist(), (pred == y).tolist(), strict=True):
+            hits.setdefault(label, []).append(ok)
+    per_class = [sum(v) / len(v) for v in hits.values()]
+    assert result.balanced_accuracy == pytest.approx(sum(per_class) / len(per_class))
+    sizes = [len(v) for v in hits.values()]
+    assert len(set(sizes)) > 1  # unbalanced, so the two averages differ in general
+    assert result.balanced_accuracy != pytest.approx(result.accuracy)

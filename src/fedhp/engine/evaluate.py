@@ -17,6 +17,18 @@ class ClientEval:
     correct: torch.Tensor
     loss_sum: torch.Tensor
     count: torch.Tensor
+    class_correct: torch.Tensor | None = None  # [K] correct predictions per true class
+    class_count: torch.Tensor | None = None  # [K] samples per true class
+
+    @property
+    def balanced_accuracy(self) -> float | None:
+        """Mean over the classes present of their accuracy (None without class counts)."""
+        if self.class_correct is None or self.class_count is None:
+            return None
+        present = self.class_count > 0
+        if not bool(present.any()):
+            return None
+        return float((self.class_correct[present] / self.class_count[present]).mean())
 
     @property
     def accuracy(self) -> float:
@@ -54,13 +66,21 @@ def evaluate_shared(
     w = params.unsqueeze(0)
     bufs = None if buffers is None else buffers.unsqueeze(0)
     chunk = model.eval_rows(chunk)
+    classes = model.num_classes if not data.y.is_floating_point() and model.num_classes > 1 else 0
+    class_correct = torch.zeros(classes, dtype=torch.float64, device=params.device)
+    class_count = torch.zeros_like(class_correct)
     for start in range(0, data.y.shape[0], chunk):
         x, y = slice_rows(data.x, start, start + chunk), data.y[start : start + chunk]
         owner = data.owner[start : start + chunk]
         logits = model.forward(w, x.unsqueeze(0), buffers=bufs)[0]
-        correct.index_add_(0, owner, model.correct(logits, y).double())
+        hits = model.correct(logits, y).double()
+        correct.index_add_(0, owner, hits)
         loss_sum.index_add_(0, owner, model.sample_losses(logits, y).double())
-    return ClientEval(correct.cpu(), loss_sum.cpu(), data.counts.double().cpu())
+        if classes:
+            class_correct.index_add_(0, y, hits)
+            class_count.index_add_(0, y, torch.ones_like(hits))
+    per_class = (class_correct.cpu(), class_count.cpu()) if classes else (None, None)
+    return ClientEval(correct.cpu(), loss_sum.cpu(), data.counts.double().cpu(), *per_class)
 
 
 @torch.no_grad()

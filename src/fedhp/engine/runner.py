@@ -93,6 +93,8 @@ def evaluate_state(
         test = evaluate_shared(model, w, split, buffers=bufs)
         train = evaluate_shared(model, w, fed.train, buffers=bufs)
         row.update(global_acc=test.accuracy, global_loss=test.loss, train_loss=train.loss)
+        if test.balanced_accuracy is not None:  # mean of per-class accuracies (FNR-FL, NIID-Bench)
+            row["global_balanced_acc"] = test.balanced_accuracy
         row["density_global"] = density(w, eps)
         if model.reports_objective:
             weights = exp.ctx.client_weights(exp.ctx.all_clients)
