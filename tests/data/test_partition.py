@@ -219,6 +219,48 @@ def test_feature_noise_scale(dh) -> None:
     assert float(clients[4].test_x.abs().max()) == 0.0
 
 
+def test_resampled_noise_is_fresh_at_every_access_and_never_evaluated(dh) -> None:
+    """NIID-Bench feature skew: stored features stay clean; every gather of the same training
+    rows adds new noise of client i's std σ·i/(n−1); evaluation windows see clean data."""
+    from fedhp.engine.federation import Federation
+
+    data = dh.make_data(400, 10)
+    data = type(data)(
+        name="wide",
+        train_x=torch.zeros(len(data.train_y), 200),
+        train_y=data.train_y,
+        test_x=torch.zeros(len(data.test_y), 200),
+        test_y=data.test_y,
+        num_classes=10,
+    )
+    cfg = {"name": "feature_noise", "noise": 0.5, "resample": True}
+    cfg["scale_by"] = "num_clients_minus_1"
+    clients = split_dataset(data, cfg, 5, seed=0)
+    assert [c.train_noise_std for c in clients] == pytest.approx([0.5 * i / 4 for i in range(5)])
+    assert all(float(c.train_x.abs().max()) == 0.0 for c in clients)  # stored clean
+    fed = Federation.from_clients(clients, 10)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.arange(50).expand(5, -1)
+    first, _ = fed.train.gather(torch.arange(5), idx, g)
+    second, _ = fed.train.gather(torch.arange(5), idx, g)
+    assert float(first[0].abs().max()) == 0.0  # client 0 is clean
+    for i in range(1, 5):
+        assert float(first[i].std()) == pytest.approx(0.5 * i / 4, rel=0.05)
+        assert not torch.equal(first[i], second[i])  # fresh noise at every access
+    x, _, _ = fed.train.windows(0, 10)  # what evaluation reads
+    assert float(x.abs().max()) == 0.0
+    with pytest.raises(ValueError, match="generator"):
+        fed.train.gather(torch.arange(5), idx)
+
+
+def test_label_skew_with_resampled_noise(small) -> None:
+    plain = split_dataset(small, {"name": "dirichlet", "alpha": 0.5}, 10, seed=2)
+    noisy = split_dataset(small, {"name": "dirichlet", "alpha": 0.5, "noise": 0.1}, 10, seed=2)
+    for i, (a, b) in enumerate(zip(plain, noisy, strict=True)):
+        assert torch.equal(a.train_y, b.train_y) and torch.equal(a.train_x, b.train_x)
+        assert b.train_noise_std == pytest.approx(0.1 * i / 9) and a.train_noise_std == 0.0
+
+
 # --------------------------------------------------------------------------------------- natural
 
 

@@ -131,3 +131,19 @@ def test_perfedavg_evaluation_traffic_is_billed_on_its_own_line(tmp_path) -> Non
     assert comm["messages_client_cloud_down"] == 3 * c  # training traffic unchanged
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "round_bytes_client_cloud_eval" in header and "cum_bytes_client_cloud_eval" in header
+
+
+def test_resampled_feature_noise_runs_are_deterministic() -> None:
+    """Fresh noise per access comes from the run's generator: the same seed gives the same
+    model, and the noise really enters training (differs from the clean split)."""
+    from tests.conftest import small_experiment
+
+    args = ["partition.name=feature_noise", "partition.noise=0.5", "algorithm.local_steps=3"]
+    models = []
+    for extra in (["partition.resample=true"], ["partition.resample=true"], ["partition.noise=0"]):
+        exp = small_experiment(*args, *extra)
+        state = exp.algorithm.init_state(exp.model.init_params(0))
+        exp.algorithm.run_round(state, 0)
+        models.append(state["global"])
+    assert torch.equal(models[0], models[1])
+    assert not torch.equal(models[0], models[2])

@@ -98,7 +98,7 @@ class PerFedAvg(Algorithm):
         """Each client's copy of ``w`` after one ``alpha`` step on a training minibatch."""
         self.eval_generator.manual_seed(EVAL_SEED)
         idx = self.eval_sampler.draw(clients, self.options.batch_size)
-        x, y = self.ctx.fed.train.gather(clients, idx)
+        x, y = self.ctx.fed.train.gather(clients, idx, self.ctx.generator)
         start = w.expand(len(clients), -1)
         with torch.enable_grad():  # evaluation may run under no_grad
             _, grad = batched_loss_grad(self.ctx.model, start, x, y)

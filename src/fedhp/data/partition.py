@@ -10,6 +10,7 @@ with ``test_per_client`` every client gets exactly that many test samples in its
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import numpy as np
@@ -388,9 +389,21 @@ class DirichletPartitioner(_WithLabelMixTest):
     alpha: float = Field(0.5, gt=0)
     min_samples: int = Field(10, ge=0)
     max_retries: int = Field(1000, gt=0)
+    noise: float = Field(
+        0.0,
+        ge=0,
+        description="label + feature skew: client i's training features get fresh Gaussian "
+        "noise of std noise·i/(n−1) at every access (NIID-Bench); 0: none",
+    )
 
     def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
-        """Dirichlet label-skew split."""
+        """Dirichlet label-skew split (plus resampled feature noise with ``noise`` > 0)."""
+        clients = self._label_skew(data, num_clients, seed)
+        if self.noise > 0:
+            return with_resampled_noise(clients, self.noise, max(num_clients - 1, 1))
+        return clients
+
+    def _label_skew(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         y = _labels(data.train_y)
         _check_num_clients(num_clients, len(y))
         rng = np.random.default_rng(seed)
@@ -462,6 +475,14 @@ class QuantityPartitioner(_WithTest):
 # --------------------------------------------------------------------------------- feature noise
 
 
+def with_resampled_noise(clients: list[ClientData], noise: float, denom: int) -> list[ClientData]:
+    """``clients`` whose training features get fresh Gaussian noise of std ``noise·i/denom``
+    (client i) at every access (NIID-Bench's feature skew; clean validation and test sets)."""
+    return [
+        dataclasses.replace(c, train_noise_std=noise * i / denom) for i, c in enumerate(clients)
+    ]
+
+
 @PARTITIONERS.register("feature_noise")
 class FeatureNoisePartitioner(_WithTest):
     """IID split where client i's features get fixed Gaussian noise of std ``noise·i/D``.
@@ -475,6 +496,11 @@ class FeatureNoisePartitioner(_WithTest):
     noise: float = Field(0.1, ge=0)
     scale_by: Literal["num_clients", "num_clients_minus_1"] = "num_clients"
     noisy_test: bool = True
+    resample: bool = Field(
+        False,
+        description="NIID-Bench / FNR-FL: fresh noise at every access of a training sample "
+        "(validation and test stay clean); false: noise drawn once",
+    )
 
     def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         """IID split plus per-client noise."""
@@ -487,6 +513,8 @@ class FeatureNoisePartitioner(_WithTest):
         train, val = self._carve(data, train, rng)
         clients = _build(data, train, [np.sort(t) for t in test], val)
         denom = num_clients if self.scale_by == "num_clients" else max(num_clients - 1, 1)
+        if self.resample:
+            return with_resampled_noise(clients, self.noise, denom)
         gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
         noisy = []
         for i, c in enumerate(clients):

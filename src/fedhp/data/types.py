@@ -44,6 +44,9 @@ class ClientData:
     test_y: torch.Tensor
     val_x: torch.Tensor
     val_y: torch.Tensor
+    train_noise_std: float = 0.0
+    """Std of Gaussian noise added to this client's training features afresh at every access
+    (NIID-Bench's feature skew; :meth:`fedhp.engine.federation.ClientTensors.gather`); 0: none."""
 
     @property
     def num_train(self) -> int:

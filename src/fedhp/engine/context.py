@@ -205,7 +205,7 @@ class RunContext:
 
         def draw() -> tuple[torch.Tensor, torch.Tensor]:
             idx = self.sampler.draw(clients, batch_size)
-            x, y = self.fed.train.gather(clients, idx)
+            x, y = self.fed.train.gather(clients, idx, self.generator)
             return x, y
 
         return draw
@@ -260,7 +260,7 @@ class RunContext:
         plan = self.sampler.epochs(clients, batch_size, epochs)
 
         def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            x, y = self.fed.train.gather(clients[rows], plan.index[step, rows])
+            x, y = self.fed.train.gather(clients[rows], plan.index[step, rows], self.generator)
             return x, y, plan.weight[step, rows]
 
         active = (plan.weight.sum(2) > 0).cpu()
@@ -296,7 +296,7 @@ class RunContext:
         index = [self.sampler.draw(clients, batch_size) for _ in range(steps)]
 
         def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
-            x, y = self.fed.train.gather(clients[rows], index[step][rows])
+            x, y = self.fed.train.gather(clients[rows], index[step][rows], self.generator)
             return x, y, None
 
         return weighted_sgd_steps(

@@ -27,6 +27,7 @@ class ClientTensors:
     y: torch.Tensor  # [N] int64
     offsets: torch.Tensor  # [C + 1] int64: client c owns rows offsets[c] .. offsets[c+1]-1
     owner: torch.Tensor  # [N] int64: the client of each row
+    noise_std: torch.Tensor | None = None  # [C]: resampled feature noise per client (or none)
 
     @property
     def counts(self) -> torch.Tensor:
@@ -39,7 +40,10 @@ class ClientTensors:
 
     @staticmethod
     def from_parts(
-        xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor], device: torch.device
+        xs: Sequence[torch.Tensor],
+        ys: Sequence[torch.Tensor],
+        device: torch.device,
+        noise_std: Sequence[float] = (),
     ) -> ClientTensors:
         counts = torch.tensor([int(y.shape[0]) for y in ys], dtype=torch.long)
         offsets = torch.zeros(len(ys) + 1, dtype=torch.long)
@@ -48,12 +52,33 @@ class ClientTensors:
         y_cat = torch.cat(list(ys))
         y = y_cat.to(device=device, dtype=y_cat.dtype if y_cat.is_floating_point() else torch.long)
         owner = torch.repeat_interleave(torch.arange(len(ys)), counts).to(device)
-        return ClientTensors(x, y, offsets.to(device), owner)
+        std = None
+        if any(v > 0 for v in noise_std):
+            std = torch.tensor(list(noise_std), dtype=torch.float32, device=device)
+        return ClientTensors(x, y, offsets.to(device), owner, std)
 
-    def gather(self, clients: torch.Tensor, local_idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Rows ``local_idx [C', B]`` (indices within each client) of ``clients [C']``."""
+    def gather(
+        self,
+        clients: torch.Tensor,
+        local_idx: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Rows ``local_idx [C', B]`` (indices within each client) of ``clients [C']``.
+
+        With per-client ``noise_std`` (NIID-Bench feature skew), every access adds fresh
+        Gaussian noise of client c's std to its rows, drawn from ``generator`` (the run's
+        checkpointed one, so runs stay deterministic and resumable)."""
         rows = self.offsets[clients].unsqueeze(1) + local_idx
-        return take_rows(self.x, rows), self.y[rows]
+        x = take_rows(self.x, rows)
+        if self.noise_std is not None:
+            if generator is None:
+                raise ValueError("gather: this split adds resampled noise; pass the generator")
+            std = self.noise_std[clients].view(-1, *[1] * (x.dim() - 1))
+            noise = torch.randn(
+                x.shape, generator=generator, dtype=x.dtype, device=generator.device
+            )
+            x = x + std * noise.to(x.device)
+        return x, self.y[rows]
 
     def windows(self, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Positions ``start .. start+width-1`` of every client: ``x [C,W,..]``, ``y``, ``valid``.
@@ -95,7 +120,10 @@ class Federation:
         dev = torch.device(device)
         return Federation(
             train=ClientTensors.from_parts(
-                [c.train_x for c in clients], [c.train_y for c in clients], dev
+                [c.train_x for c in clients],
+                [c.train_y for c in clients],
+                dev,
+                [c.train_noise_std for c in clients],
             ),
             test=ClientTensors.from_parts(
                 [c.test_x for c in clients], [c.test_y for c in clients], dev

@@ -67,6 +67,7 @@ def _save(path: Path, data: NodeData) -> None:
     for i, client in enumerate(clients):
         for name in _FIELDS:
             blob[f"{i}.{name}"] = getattr(client, name).contiguous()
+        blob[f"{i}.train_noise_std"] = torch.tensor(client.train_noise_std)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(blob, tmp)
@@ -77,7 +78,13 @@ def _load(path: Path) -> NodeData | None:
     try:
         blob = torch.load(path, weights_only=True, mmap=True)
         n, num_classes, max_count, min_count = (int(v) for v in blob["meta"])
-        clients = [ClientData(**{f: blob[f"{i}.{f}"] for f in _FIELDS}) for i in range(n)]
+        clients = [
+            ClientData(
+                **{f: blob[f"{i}.{f}"] for f in _FIELDS},
+                train_noise_std=float(blob[f"{i}.train_noise_std"]),
+            )
+            for i in range(n)
+        ]
     except Exception:  # noqa: BLE001  (unreadable or foreign file: rebuild it)
         return None
     return clients, num_classes, max_count, min_count
