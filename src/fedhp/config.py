@@ -46,6 +46,19 @@ class CommConfig(pydantic.BaseModel):
     zero_threshold: float = pydantic.Field(0.0, ge=0)
 
 
+class PublicConfig(pydantic.BaseModel):
+    """A public dataset D_pub for the server-side methods that need one (FNR-FL): class-balanced,
+    ``per_class`` samples of every class, carved out of the training pool before partitioning
+    (``holdout``: disjoint from every client's data and every evaluation set) or taken from the
+    test pool (``test``: the FNR-FL authors' protocol, a train-on-test leak that methods refuse
+    unless told otherwise)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    per_class: int = pydantic.Field(0, ge=0, description="samples per class (0: no D_pub)")
+    source: Literal["holdout", "test"] = "holdout"
+
+
 class FaultsConfig(pydantic.BaseModel):
     """Simulated failures, drawn independently each round from their own seeded stream (see
     :mod:`fedhp.engine.faults`)."""
@@ -96,6 +109,7 @@ class RunConfig(pydantic.BaseModel):
     model: dict[str, Any]
     algorithm: dict[str, Any]
     comm: CommConfig = CommConfig()
+    public: PublicConfig = PublicConfig()
     faults: FaultsConfig = FaultsConfig()
     backend: Literal["inprocess", "flower-sim"] = "inprocess"
     flower: FlowerConfig = FlowerConfig()

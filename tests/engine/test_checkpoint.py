@@ -256,3 +256,15 @@ def test_checkpoint_keeping_theta_that_this_run_restarts_is_refused(tmp_path: Pa
     torch.save(data, out / CHECKPOINT_FILE)
     with pytest.raises(runner.CheckpointError, match="keeps theta across rounds"):
         run(out, *PFEDME, "rounds=2", "checkpoint_every=1", resume=True)
+
+
+def test_configs_written_before_new_top_level_keys_still_match() -> None:
+    """A run folder's config.yaml from before a top-level section existed (``public``,
+    ``tensorboard``, ...) equals today's resolution of the same run: reproductions reuse it and
+    --resume accepts its checkpoint."""
+    from fedhp.config import config_to_dict, resolve_config
+    from fedhp.engine.checkpoint import with_added_defaults
+
+    today = config_to_dict(resolve_config(None, ["rounds=3"]))
+    old = {k: v for k, v in today.items() if k not in ("public", "tensorboard", "flower")}
+    assert with_added_defaults(old) == today

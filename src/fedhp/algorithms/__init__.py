@@ -5,6 +5,7 @@ from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     fedavg,
     fedht,
     fednova,
+    fnrfl,
     heurfedamp,
     hierfavg,
     local,

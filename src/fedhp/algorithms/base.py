@@ -418,6 +418,10 @@ class Algorithm(ABC):
         and a resumed run does not send them to the Flower nodes. Default: none."""
         return frozenset()
 
+    def summary_notes(self) -> dict[str, Any]:
+        """Method-specific entries for summary.json (e.g. a warning flag). Default: none."""
+        return {}
+
     def extra_metrics(self, state: State) -> dict[str, float]:
         """Method-specific values logged at evaluation rounds (e.g. densities)."""
         return {}

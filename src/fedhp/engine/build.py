@@ -10,6 +10,8 @@ from fedhp.algorithms import ALGORITHMS, Algorithm, AlgorithmOptions
 from fedhp.comm import CommLedger
 from fedhp.config import RunConfig
 from fedhp.data import DATASETS, PARTITIONERS
+from fedhp.data.public import PublicData, carve_public
+from fedhp.data.types import ClientData, DatasetArrays
 from fedhp.engine.context import RunContext
 from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
@@ -55,18 +57,27 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def partition_data(cfg: RunConfig) -> tuple[DatasetArrays, list[ClientData], PublicData | None]:
+    """Load the dataset, carve D_pub out of it (``public``), partition the rest among the
+    clients: the one code path of the in-process engine and the Flower nodes."""
+    data = DATASETS.build(cfg.dataset, "dataset").load()
+    data, public = carve_public(data, cfg.public.per_class, cfg.public.source, cfg.seed)
+    partitioner = PARTITIONERS.build(cfg.partition, "partition")
+    return data, list(partitioner.split(data, cfg.federation.num_clients, cfg.seed)), public
+
+
 def build_experiment(cfg: RunConfig) -> Experiment:
     """Load and partition the data, build topology, model, ledger and algorithm."""
     check_components(cfg)
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
-    data = DATASETS.build(cfg.dataset, "dataset").load()
-    partitioner = PARTITIONERS.build(cfg.partition, "partition")
-    clients = partitioner.split(data, cfg.federation.num_clients, cfg.seed)
+    data, clients, public = partition_data(cfg)
     fed = Federation.from_clients(clients, data.num_classes, device)
     if data.true_params is not None or data.true_support is not None:
         fed = replace(fed, true_params=data.true_params, true_support=data.true_support)
+    if public is not None:
+        fed = replace(fed, public=public)
     topo_cfg = cfg.federation
     topology = Topology.build(topo_cfg.num_clients, topo_cfg.num_edges, topo_cfg.edge_sizes)
     model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)

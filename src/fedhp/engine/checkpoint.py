@@ -190,15 +190,16 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
     """``saved`` (a resolved configuration written earlier) with the top-level keys added since
-    (``backend``, ``flower``, ``plugins``, ``tensorboard``) at their defaults, so it compares
-    equal to the same run's configuration resolved today."""
-    from fedhp.config import FlowerConfig
+    (``backend``, ``flower``, ``plugins``, ``tensorboard``, ``public``) at their defaults, so it
+    compares equal to the same run's configuration resolved today."""
+    from fedhp.config import FlowerConfig, PublicConfig
 
     added = {
         "backend": "inprocess",
         "flower": FlowerConfig().model_dump(mode="json"),
         "plugins": [],
         "tensorboard": False,
+        "public": PublicConfig().model_dump(mode="json"),
     }
     return {**{k: v for k, v in added.items() if k not in saved}, **saved}
 

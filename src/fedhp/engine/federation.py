@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhp.data.public import PublicData
 from fedhp.data.rows import slice_rows, take_rows
 from fedhp.data.types import ClientData
 
@@ -108,6 +109,7 @@ class Federation:
     feature_shape: tuple[int, ...]
     true_params: torch.Tensor | None = None
     true_support: torch.Tensor | None = None
+    public: PublicData | None = None  # D_pub (``public`` config section), where asked for
 
     @property
     def num_clients(self) -> int:

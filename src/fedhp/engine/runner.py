@@ -220,7 +220,8 @@ def summarize(exp: Experiment, rows: list[Row], seconds: float, rounds_done: int
         "gradient_evaluations_per_round": exp.options.gradient_evaluations(),
     }
     summary.update(local_work_summary(exp))
-    for key in ("global_acc", "personal_acc"):
+    summary.update(exp.algorithm.summary_notes())
+    for key in ("global_acc", "personal_acc", "global_balanced_acc"):
         values = [(r["round"], r[key]) for r in rows if key in r]
         if values:
             best_round, best = max(values, key=lambda rv: rv[1])

@@ -21,9 +21,8 @@ import yaml
 from fedhp.algorithms import ALGORITHMS, Algorithm, State, Task
 from fedhp.comm import CommLedger, count_nonzero
 from fedhp.config import RunConfig, validate_config
-from fedhp.data import DATASETS, PARTITIONERS
 from fedhp.data.types import ClientData
-from fedhp.engine.build import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET
+from fedhp.engine.build import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET, partition_data
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import evaluate_personal
 from fedhp.engine.federation import Federation
@@ -132,14 +131,13 @@ _PARTITIONS: dict[str, tuple[list[ClientData], int]] = {}
 def _partition(cfg: RunConfig) -> tuple[list[ClientData], int]:
     """Every client's data as the in-process engine partitions it (cached per process for the
     nodes it hosts; a process hosts one run at a time)."""
-    key = json.dumps([cfg.dataset, cfg.partition, cfg.federation.num_clients, cfg.seed])
+    key = json.dumps(
+        [cfg.dataset, cfg.partition, cfg.federation.num_clients, cfg.seed, cfg.public.model_dump()]
+    )
     if key not in _PARTITIONS:
         _PARTITIONS.clear()
-        data = DATASETS.build(cfg.dataset, "dataset").load()
-        clients = PARTITIONERS.build(cfg.partition, "partition").split(
-            data, cfg.federation.num_clients, cfg.seed
-        )
-        _PARTITIONS[key] = (list(clients), data.num_classes)
+        data, clients, _ = partition_data(cfg)
+        _PARTITIONS[key] = (clients, data.num_classes)
     return _PARTITIONS[key]
 
 
@@ -167,6 +165,7 @@ def build_node(cfg: RunConfig, shard_index: int) -> NodeRuntime:
         "num_clients": fedcfg.num_clients,
         "seed": cfg.seed,
         "clients": shard.clients.tolist(),
+        "public": cfg.public.model_dump(),
     }
     hosted, num_classes, max_count, min_count = cached_node_data(
         spec, lambda: _node_data(cfg, shard), cfg.flower.node_cache
