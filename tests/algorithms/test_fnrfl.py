@@ -149,3 +149,15 @@ def test_test_overlap_refused_unless_allowed_then_marked(tmp_path: Path) -> None
     exp = small_experiment(*FNR, "public.source=test", "algorithm.allow_test_leak=true", "rounds=1")
     run_experiment(exp, tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text())["test_leak"] is True
+
+
+@pytest.mark.parametrize("base", ["scaffold", "fednova", "moon"])
+def test_wraps_the_other_flat_methods(base: str) -> None:
+    """X+FNR-FL: X's own state rides along (SCAFFOLD's control variates, MOON's previous
+    models) and the refinement still happens."""
+    exp = small_experiment(*FNR, f"algorithm.base={base}", "algorithm.p=0.25")
+    state = exp.algorithm.init_state(exp.model.init_params(0))
+    base_keys = set(exp.algorithm.base.init_state(exp.model.init_params(0)))  # type: ignore[attr-defined]
+    assert set(state) == base_keys
+    stats = exp.algorithm.run_round(state, 0)
+    assert stats["fnr_refined"] == 5 and bool(torch.isfinite(state["global"]).all())

@@ -62,6 +62,7 @@ P_MLR = 7850  # 784 * 10 + 10
         ("scaffold", ("federation.client_fraction=0.5", "flower.nodes=2")),
         ("fednova", ("algorithm.local_epochs=1", "partition.name=dirichlet")),  # unequal steps
         ("moon", ("federation.client_fraction=0.5", "flower.nodes=2")),  # node-held prev models
+        ("fnrfl", ("algorithm.base=scaffold", "flower.nodes=2")),  # refinement at the cloud
     ],
 )
 def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, ...]) -> None:

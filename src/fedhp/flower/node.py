@@ -11,6 +11,7 @@ model are cached per process, and the node's part of the data on disk
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import yaml
 from fedhp.algorithms import ALGORITHMS, Algorithm, State, Task
 from fedhp.comm import CommLedger, count_nonzero
 from fedhp.config import RunConfig, validate_config
+from fedhp.data.public import PublicData
 from fedhp.data.types import ClientData
 from fedhp.engine.build import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET, partition_data
 from fedhp.engine.context import RunContext
@@ -125,10 +127,10 @@ def _local(ids: torch.Tensor, hosted: torch.Tensor, what: str) -> torch.Tensor:
     return pos
 
 
-_PARTITIONS: dict[str, tuple[list[ClientData], int]] = {}
+_PARTITIONS: dict[str, tuple[list[ClientData], int, PublicData | None]] = {}
 
 
-def _partition(cfg: RunConfig) -> tuple[list[ClientData], int]:
+def _partition(cfg: RunConfig) -> tuple[list[ClientData], int, PublicData | None]:
     """Every client's data as the in-process engine partitions it (cached per process for the
     nodes it hosts; a process hosts one run at a time)."""
     key = json.dumps(
@@ -136,13 +138,13 @@ def _partition(cfg: RunConfig) -> tuple[list[ClientData], int]:
     )
     if key not in _PARTITIONS:
         _PARTITIONS.clear()
-        data, clients, _ = partition_data(cfg)
-        _PARTITIONS[key] = (clients, data.num_classes)
+        data, clients, public = partition_data(cfg)
+        _PARTITIONS[key] = (clients, data.num_classes, public)
     return _PARTITIONS[key]
 
 
 def _node_data(cfg: RunConfig, shard: Shard) -> NodeData:
-    clients, num_classes = _partition(cfg)
+    clients, num_classes, _ = _partition(cfg)
     counts = [c.num_train for c in clients]
     hosted = [clients[i] for i in shard.clients.tolist()]
     return hosted, num_classes, max(counts), min(counts)
@@ -171,6 +173,8 @@ def build_node(cfg: RunConfig, shard_index: int) -> NodeRuntime:
         spec, lambda: _node_data(cfg, shard), cfg.flower.node_cache
     )
     fed = Federation.from_clients(hosted, num_classes)
+    if cfg.public.per_class:  # D_pub is public: every node has it (not in the node cache)
+        fed = dataclasses.replace(fed, public=_partition(cfg)[2])
     model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)
     generator = torch.Generator(device="cpu").manual_seed(cfg.seed + ENGINE_SEED_OFFSET)
     sampler = BatchSampler(
