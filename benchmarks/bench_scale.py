@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any
 
+from bench_engine import matmul_peak_gflops  # same directory: run as a script
+
 MNIST_SHARDS = ["dataset.name=mnist", "partition.name=shards", "partition.shard_size=3"]
 # 100,000 natively federated clients: FedProx's Synthetic(1, 1) at dimension 20 (the default 60
 # would hold ~11 GB of features: its client sizes are lognormal(4, 2) + min_samples, mean ~450).
@@ -48,20 +50,6 @@ CONFIGS: dict[str, tuple[str, str, int, float, list[str]]] = {
     "fedavg-mlr-100k-0.01": ("fedavg", "mlr", 100000, 0.01, [*SYNTHETIC, *FEDAVG, *MLR]),
     "fedavg-mlr-100k": ("fedavg", "mlr", 100000, 1.0, [*SYNTHETIC, *FEDAVG, *MLR]),
 }
-
-
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 GFLOP/s of an n x n matmul."""
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best / 1e9
 
 
 def train_flops_per_sample(model: Any, batch: int = 20) -> float:

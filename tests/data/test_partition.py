@@ -197,9 +197,10 @@ def test_quantity_sizes_skewed_labels_iid(small) -> None:
     assert sum(len(c.test_y) for c in clients) == 500
 
 
-def test_feature_noise_scale(dh) -> None:
+def zero_features(dh):  # type: ignore[no-untyped-def]
+    """400 samples per class of 200 all-zero features: any nonzero value is noise."""
     data = dh.make_data(400, 10)
-    data = type(data)(
+    return type(data)(
         name="wide",
         train_x=torch.zeros(len(data.train_y), 200),
         train_y=data.train_y,
@@ -207,6 +208,10 @@ def test_feature_noise_scale(dh) -> None:
         test_y=data.test_y,
         num_classes=10,
     )
+
+
+def test_feature_noise_scale(dh) -> None:
+    data = zero_features(dh)
     clients = split_dataset(data, {"name": "feature_noise", "noise": 0.5}, 5, seed=0)
     for i, c in enumerate(clients):
         assert float(c.train_x.std()) == pytest.approx(0.5 * i / 5, abs=0.01)
@@ -224,15 +229,7 @@ def test_resampled_noise_is_fresh_at_every_access_and_never_evaluated(dh) -> Non
     rows adds new noise of client i's std σ·i/(n−1); evaluation windows see clean data."""
     from fedhp.engine.federation import Federation
 
-    data = dh.make_data(400, 10)
-    data = type(data)(
-        name="wide",
-        train_x=torch.zeros(len(data.train_y), 200),
-        train_y=data.train_y,
-        test_x=torch.zeros(len(data.test_y), 200),
-        test_y=data.test_y,
-        num_classes=10,
-    )
+    data = zero_features(dh)
     cfg = {"name": "feature_noise", "noise": 0.5, "resample": True}
     cfg["scale_by"] = "num_clients_minus_1"
     clients = split_dataset(data, cfg, 5, seed=0)
