@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from bench_engine import matmul_peak_gflops  # same directory: run as a script
@@ -71,8 +71,10 @@ def train_flops_per_sample(model: Any, batch: int = 20) -> float:
 
 
 def rss_gb() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """Peak resident memory of this process image so far (VmHWM; ``ru_maxrss`` would include
+    the parent's peak, which Linux carries across execve)."""
+    status = Path("/proc/self/status").read_text().split("VmHWM:")[1]
+    return int(status.split()[0]) / 2**20
 
 
 def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
