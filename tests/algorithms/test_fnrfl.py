@@ -34,7 +34,7 @@ def test_class_avg_norms_by_hand() -> None:
     norms, acc = class_avg_norms(model, params, x, y, 10)
     for c in range(2):
         net = model.make_module(params[c]).eval()
-        feats = net.embed(x)  # type: ignore[operator]
+        feats = net.embed(x).detach()  # type: ignore[operator]
         for k in range(10):
             sel = y == k
             if sel.any():
