@@ -204,6 +204,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         extra=[*args.overrides, *_plugin_overrides(args.plugin)],
         jobs=args.jobs,
+        quick=args.quick,
+        leak=args.leak,
+        skews=args.skews.split(",") if args.skews else None,
     )
     REPRODUCTIONS[args.name](opts)
     return 0
@@ -248,12 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--no-band", action="store_true", help="no mean ± std band per seed group")
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser(
-        "reproduce", help="reproduce the sFedHP / Fed-HT papers' tables and figures"
+        "reproduce", help="reproduce the sFedHP / Fed-HT / FNR-FL papers' tables and figures"
     )
     rep.add_argument(
         "name",
         help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune | fedht-sim1 | "
-        "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless",
+        "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless | fnrfl-table2",
     )
     rep.add_argument(
         "overrides", nargs="*", metavar="key=value", help="applied to every run (right after NAME)"
@@ -266,9 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
     rep.add_argument(
         "--model",
-        choices=("dnn", "dnn-500-200", "mlr", "cnn", "vgg"),
+        choices=("dnn", "dnn-500-200", "mlr", "cnn", "vgg", "resnet18", "vgg11", "small"),
         default=None,
-        help="default: dnn (784-100-10) for MNIST/FMNIST, vgg for CIFAR-10",
+        help="default: dnn (784-100-10) for MNIST/FMNIST, vgg for CIFAR-10; fnrfl-table2: "
+        "resnet18 | vgg11 | small (default resnet18, --quick: small)",
     )
     rep.add_argument("--out", help="folder for table.md/table.json/figures")
     rep.add_argument("--runs", help="folder of the individual runs (default OUT/runs; reused)")
@@ -282,6 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--path", help="fedht-libsvm: the LibSVM file (E2006-tfidf, RCV1, ...)")
     rep.add_argument(
         "--gamma", type=float, help="fedht-*: compare at this common γ (K still from the grid)"
+    )
+    rep.add_argument(
+        "--quick", action="store_true", help="fnrfl-table2: a short CPU run (data subset, E = 2)"
+    )
+    rep.add_argument(
+        "--leak", action="store_true", help="fnrfl-table2: the authors' protocol (D_pub = test set)"
+    )
+    rep.add_argument(
+        "--skews", help="fnrfl-table2: comma-separated feature,label,quantity,label+feature,mixed"
     )
     rep.set_defaults(func=cmd_reproduce)
     from fedhp.flower.deploy_cli import add_parser as add_flower_parser

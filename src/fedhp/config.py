@@ -59,6 +59,16 @@ class PublicConfig(pydantic.BaseModel):
     source: Literal["holdout", "test"] = "holdout"
 
 
+class SubsampleConfig(pydantic.BaseModel):
+    """A seeded, class-stratified subset of the dataset, taken before D_pub and partitioning:
+    quick runs of big models on a CPU (every class keeps its share, largest remainder)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    train: int | None = pydantic.Field(None, gt=0, description="training samples kept (all)")
+    test: int | None = pydantic.Field(None, gt=0, description="test samples kept (all)")
+
+
 class FaultsConfig(pydantic.BaseModel):
     """Simulated failures, drawn independently each round from their own seeded stream (see
     :mod:`fedhp.engine.faults`)."""
@@ -110,6 +120,7 @@ class RunConfig(pydantic.BaseModel):
     algorithm: dict[str, Any]
     comm: CommConfig = CommConfig()
     public: PublicConfig = PublicConfig()
+    subsample: SubsampleConfig = SubsampleConfig()
     faults: FaultsConfig = FaultsConfig()
     backend: Literal["inprocess", "flower-sim"] = "inprocess"
     flower: FlowerConfig = FlowerConfig()

@@ -56,7 +56,9 @@ def test_local_buffers_stay_with_each_client() -> None:
     assert totals["params_client_cloud_up"] == n * (model.num_params + model.num_buffers)
 
 
-@pytest.mark.parametrize("name", ["hierfavg", "local", "centralized", "fedprox"])
+@pytest.mark.parametrize(
+    "name", ["hierfavg", "local", "centralized", "fedprox", "moon", "scaffold", "fednova"]
+)
 def test_other_flat_methods_train_bn_models(name: str) -> None:
     exp = small_experiment(
         *BN,

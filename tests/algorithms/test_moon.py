@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from fedhp.algorithms.moon import contrastive_loss, moon_loss_grad
-from fedhp.errors import ConfigError
 from tests.algorithms.test_buffers import BN
 from tests.conftest import small_experiment
 
@@ -88,7 +87,29 @@ def test_contrastive_term_acts_once_previous_and_global_differ() -> None:
     assert float((locals_[0] - locals_[1]).abs().max()) > 1e-4
 
 
-def test_refuses_batchnorm_models_in_one_line() -> None:
-    with pytest.raises(ConfigError) as err:
-        small_experiment("algorithm.name=moon", *BN)
-    assert "\n" not in str(err.value)
+def test_batchnorm_mu_zero_is_fedavg_with_partial_batches() -> None:
+    """A BatchNorm VGG under local epochs (a partial last batch): μ = 0 MOON equals FedAvg,
+    parameters and averaged running statistics (padding left out of the batch statistics)."""
+    epochs = ["algorithm.local_epochs=1", "algorithm.batch_size=7"]
+    moon = small_experiment("algorithm.name=moon", "algorithm.mu=0", *BN, *epochs)
+    avg = small_experiment("algorithm.name=fedavg", *BN, *epochs)
+    states = [e.algorithm.init_state(e.model.init_params(0)) for e in (moon, avg)]
+    for e, state in zip((moon, avg), states, strict=True):
+        e.algorithm.run_round(state, 0)
+    for key in ("global", "global_buffers"):
+        torch.testing.assert_close(states[0][key], states[1][key], atol=1e-5, rtol=0)
+    assert float((states[1]["global_buffers"] - avg.model.init_buffers()).abs().max()) > 1e-3
+
+
+def test_batchnorm_previous_statistics_are_the_clients_own() -> None:
+    exp = small_experiment("algorithm.name=moon", "federation.client_fraction=0.5", *BN, *STEPS)
+    algo = exp.algorithm
+    state = algo.init_state(exp.model.init_params(0))
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    torch.testing.assert_close(state["prev_buffers"][task.clients], update.per_client["buffers"])
+    others = torch.ones(exp.ctx.num_clients, dtype=torch.bool)
+    others[task.clients] = False
+    assert torch.equal(state["prev_buffers"][others][0], exp.model.init_buffers())
+    task = algo.plan(state, 1)  # round 1 trains with the contrastive term on BN statistics
+    assert torch.isfinite(algo.train(state, task).per_client["params"]).all()

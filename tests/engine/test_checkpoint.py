@@ -266,5 +266,7 @@ def test_configs_written_before_new_top_level_keys_still_match() -> None:
     from fedhp.engine.checkpoint import with_added_defaults
 
     today = config_to_dict(resolve_config(None, ["rounds=3"]))
-    old = {k: v for k, v in today.items() if k not in ("public", "tensorboard", "flower")}
+    old = {
+        k: v for k, v in today.items() if k not in ("public", "subsample", "tensorboard", "flower")
+    }
     assert with_added_defaults(old) == today

@@ -9,8 +9,11 @@ representation with a projection head, fedhp uses the model's own last hidden la
 
 sim the cosine similarity, z_glob the representation of x under the received global model,
 z_prev under the client's own model from the last round it took part in (``prev``, client state;
-the initial global model before that). Both are fixed (no gradient). ``mu`` is MOON's own option
-(the reference code shares FedProx's ``--mu``); ``temperature`` is τ.
+the initial global model before that). Both are fixed (no gradient) and run in eval mode, as in
+MOON's code: BatchNorm models normalize z_glob with the global running statistics (under
+``buffers=local``: the client's own) and z_prev with the client's statistics from that round;
+the trained model uses its batch statistics (padding excluded) and updates the client's. ``mu``
+is MOON's own option (the reference code shares FedProx's ``--mu``); ``temperature`` is τ.
 """
 
 from __future__ import annotations
@@ -43,18 +46,30 @@ def moon_loss_grad(
     prev: torch.Tensor,
     mu: float,
     temperature: float,
+    global_buffers: torch.Tensor | None = None,
+    prev_buffers: torch.Tensor | None = None,
 ) -> LossGrad:
-    """The clients' MOON objective and its gradient (rows align with ``prev [n, P]``)."""
+    """The clients' MOON objective and its gradient (rows align with ``prev [n, P]``);
+    ``global_buffers`` (``[B]`` or ``[n, B]``) and ``prev_buffers [n, B]``: the fixed models'
+    BatchNorm statistics (BatchNorm models)."""
 
     def loss_grad(
-        params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, weight: Any = None, **_: Any
+        params: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        weight: Any = None,
+        buffers: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = params.shape[0]
+        glob_bufs = None if global_buffers is None else global_buffers.expand(n, -1)
         with torch.no_grad():
-            _lg, z_glob = model.forward_with_features(global_params.expand(n, -1), x)
-            _lp, z_prev = model.forward_with_features(prev, x)
+            _lg, z_glob = model.forward_with_features(
+                global_params.expand(n, -1), x, buffers=glob_bufs
+            )
+            _lp, z_prev = model.forward_with_features(prev, x, buffers=prev_buffers)
         flat = params.detach().clone().requires_grad_(True)
-        logits, z = model.forward_with_features(flat, x, train=True)
+        logits, z = model.forward_with_features(flat, x, buffers=buffers, train=True, weight=weight)
         k = logits.shape[-1]
         ce = F.cross_entropy(logits.reshape(-1, k), y.reshape(-1), reduction="none").view(y.shape)
         per_sample = ce + mu * contrastive_loss(z, z_glob, z_prev, temperature)
@@ -69,23 +84,38 @@ class Moon(FedAvg):
     """MOON: FedAvg's rounds with the model-contrastive local objective."""
 
     options: MoonOptions
-    node_keys = {"prev": "client"}
+    node_keys = {"prev": "client", "prev_buffers": "client"}
 
     def init_state(self, init_params: torch.Tensor) -> State:
         state = super().init_state(init_params)
         state["prev"] = init_params.expand(self.ctx.num_clients, -1).clone()
+        model = self.ctx.model
+        if model.num_buffers:
+            init = model.init_buffers().to(init_params.device)
+            state["prev_buffers"] = init.expand(self.ctx.num_clients, -1).clone()
         return state
 
     def local_loss_grad(self, state: State, task: Task) -> LossGrad | None:
         opt = self.options
-        prev = state["prev"][task.clients]
+        clients = task.clients
+        prev_bufs = state["prev_buffers"][clients] if "prev_buffers" in state else None
+        # the global model's statistics; under buffers=local none are sent: the client's own
+        glob_bufs = task.broadcast.get("global_buffers", prev_bufs)
         return moon_loss_grad(
-            self.ctx.model, task.broadcast["global"], prev, opt.mu, opt.temperature
+            self.ctx.model,
+            task.broadcast["global"],
+            state["prev"][clients],
+            opt.mu,
+            opt.temperature,
+            glob_bufs,
+            prev_bufs,
         )
 
     def train(self, state: State, task: Task) -> Update:
         update = super().train(state, task)
         state["prev"][task.clients] = update.per_client["params"]
+        if "prev_buffers" in state:
+            state["prev_buffers"][task.clients] = update.per_client["buffers"]
         return update
 
 
@@ -96,7 +126,7 @@ class MoonOptions(FedAvgOptions):
     mu: float = pydantic.Field(1.0, ge=0, description="weight of the contrastive term (MOON's own)")
     temperature: float = pydantic.Field(0.5, gt=0, description="contrastive temperature tau")
 
-    supports_buffers = False  # the fixed global/previous models' statistics are not specified
+    supports_buffers = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return Moon(self, ctx)

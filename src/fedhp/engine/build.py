@@ -11,6 +11,7 @@ from fedhp.comm import CommLedger
 from fedhp.config import RunConfig
 from fedhp.data import DATASETS, PARTITIONERS
 from fedhp.data.public import PublicData, carve_public
+from fedhp.data.subsample import subsample
 from fedhp.data.types import ClientData, DatasetArrays
 from fedhp.engine.context import RunContext
 from fedhp.engine.faults import FaultModel
@@ -58,9 +59,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def partition_data(cfg: RunConfig) -> tuple[DatasetArrays, list[ClientData], PublicData | None]:
-    """Load the dataset, carve D_pub out of it (``public``), partition the rest among the
-    clients: the one code path of the in-process engine and the Flower nodes."""
+    """Load the dataset, keep the ``subsample`` asked for, carve D_pub out of it (``public``),
+    partition the rest among the clients: the one code path of the in-process engine and the
+    Flower nodes."""
     data = DATASETS.build(cfg.dataset, "dataset").load()
+    data = subsample(data, cfg.subsample.train, cfg.subsample.test, cfg.seed)
     data, public = carve_public(data, cfg.public.per_class, cfg.public.source, cfg.seed)
     partitioner = PARTITIONERS.build(cfg.partition, "partition")
     return data, list(partitioner.split(data, cfg.federation.num_clients, cfg.seed)), public

@@ -1,4 +1,5 @@
-"""Reproductions of the sFedHP and Fed-HT papers' tables and figures (``fedhp reproduce NAME``)."""
+"""Reproductions of the sFedHP, Fed-HT and FNR-FL papers' tables and figures
+(``fedhp reproduce NAME``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ def _fedht(name: str) -> Callable[[ReproOptions], Any]:
     return run
 
 
+def _fnrfl(opts: ReproOptions) -> Any:
+    from fedhp.experiments import fnrfl
+
+    return fnrfl.reproduce(opts)
+
+
 REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "sfedhp-table1": _table1,
     "sfedhp-lambda": _lambda,
@@ -51,6 +58,7 @@ REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "fedht-mnist": _fedht("mnist"),
     "fedht-libsvm": _fedht("libsvm"),
     "fedht-noiseless": _fedht("noiseless"),
+    "fnrfl-table2": _fnrfl,
 }
 
 __all__ = ["REPRODUCTIONS", "ReproOptions"]

@@ -110,6 +110,9 @@ class ReproOptions:
     path: str | None = None  # fedht-libsvm: the user's LibSVM file
     rounds_given: bool = False  # --rounds was given (the fedht experiments have their own)
     gamma: float | None = None  # fedht-*: a common step size instead of the tuned choice
+    quick: bool = False  # fnrfl-table2: a short CPU run (subset of the data, fewer epochs)
+    leak: bool = False  # fnrfl-table2: the authors' train-on-test protocol
+    skews: list[str] | None = None  # fnrfl-table2: which NIID-Bench skews
 
     @property
     def key(self) -> tuple[str, int]:

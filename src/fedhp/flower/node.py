@@ -168,6 +168,7 @@ def build_node(cfg: RunConfig, shard_index: int) -> NodeRuntime:
         "seed": cfg.seed,
         "clients": shard.clients.tolist(),
         "public": cfg.public.model_dump(),
+        "subsample": cfg.subsample.model_dump(),
     }
     hosted, num_classes, max_count, min_count = cached_node_data(
         spec, lambda: _node_data(cfg, shard), cfg.flower.node_cache

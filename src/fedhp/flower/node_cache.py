@@ -7,9 +7,9 @@ later messages memory-map it.
 
 Location: ``$FEDHP_CACHE_DIR/nodes`` (default ``~/.cache/fedhp/nodes``); ``flower.node_cache:
 false`` turns it off. The file name is a digest of everything the partition depends on: the
-dataset and partition options, number of clients, seed, the node's client ids, ``$FEDHP_DATA_DIR``,
-fedhp's version and the source of its data modules. Replacing dataset files in place under the
-same path is not detected: delete the folder then.
+dataset, subsample and partition options, number of clients, seed, the node's client ids,
+``$FEDHP_DATA_DIR``, fedhp's version and the source of its data modules. Replacing dataset files
+in place under the same path is not detected: delete the folder then.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from fedhp import __version__
-from fedhp.data import partition, sources
+from fedhp.data import partition, sources, subsample
 from fedhp.data.sources import ENV_DATA_DIR
 from fedhp.data.types import ClientData
 
@@ -47,7 +47,7 @@ def cache_dir() -> Path:
 def cache_key(spec: dict[str, Any]) -> str:
     """A digest of ``spec`` (JSON-able), the data environment and the data code."""
     code = hashlib.sha256()
-    for module in (partition, sources):
+    for module in (partition, sources, subsample):
         code.update(Path(str(module.__file__)).read_bytes())
     full = {
         "spec": spec,

@@ -1,0 +1,61 @@
+"""``subsample``: a seeded, class-stratified subset of a dataset's training and test pools, taken
+before D_pub is carved and the clients are partitioned (quick runs of large models on a CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from fedhp.data.partition import apportion
+from fedhp.data.types import DatasetArrays
+from fedhp.errors import DatasetError
+
+SUBSAMPLE_SEED_OFFSET = 104_729
+
+
+def stratified_indices(y: torch.Tensor, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` sorted row indices of ``y``, every class keeping its share (largest remainder);
+    regression targets (float ``y``) give a plain random subset."""
+    n = int(y.shape[0])
+    if size > n:
+        raise DatasetError(f"subsample: {size} samples asked, the pool holds {n}; lower it")
+    if y.is_floating_point():
+        return np.sort(rng.choice(n, size, replace=False))
+    labels = y.numpy()
+    classes, counts = np.unique(labels, return_counts=True)
+    picked = [
+        rng.choice(np.flatnonzero(labels == k), int(m), replace=False)
+        for k, m in zip(classes, apportion(size, counts.astype(np.float64)), strict=True)
+    ]
+    return np.sort(np.concatenate(picked))
+
+
+def _rows(t: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
+    return None if t is None else t.index_select(0, idx)
+
+
+def subsample(data: DatasetArrays, train: int | None, test: int | None, seed: int) -> DatasetArrays:
+    """``data`` keeping ``train`` training and ``test`` test samples (None: all of that pool)."""
+    if train is None and test is None:
+        return data
+    rng = np.random.default_rng(seed + SUBSAMPLE_SEED_OFFSET)
+    out = data
+    if train is not None:
+        idx = torch.from_numpy(stratified_indices(data.train_y, train, rng))
+        out = dataclasses.replace(
+            out,
+            train_x=data.train_x.index_select(0, idx),
+            train_y=data.train_y[idx],
+            train_owner=_rows(data.train_owner, idx),
+        )
+    if test is not None:
+        idx = torch.from_numpy(stratified_indices(data.test_y, test, rng))
+        out = dataclasses.replace(
+            out,
+            test_x=data.test_x.index_select(0, idx),
+            test_y=data.test_y[idx],
+            test_owner=_rows(data.test_owner, idx),
+        )
+    return out
