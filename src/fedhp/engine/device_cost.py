@@ -1,0 +1,57 @@
+"""FedLPS's heterogeneity and cost model: device capability levels and simulated round times.
+
+A client of capability z computes at z · 727 GFLOP/s (z = 1: the paper's full device) and moves
+bytes at 14.0 MB/s up and 110.6 MB/s down (the authors' code; MB = 10⁶ bytes). Its round time is
+T_k = training FLOPs / (z · peak) + bytes up / up rate + bytes down / down rate (Eq. 14 with
+α = 1 and the download counted, which the paper's formula leaves out); a synchronous round lasts
+as long as its slowest selected client (Eq. 18).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+CAPABILITY_LEVELS = (1.0, 1 / 2, 1 / 4, 1 / 8, 1 / 16)
+PEAK_FLOPS = 727e9
+UP_BYTES_PER_S = 14.0e6
+DOWN_BYTES_PER_S = 110.6e6
+
+
+def draw_capabilities(
+    num_clients: int, generator: torch.Generator, levels: tuple[float, ...] = CAPABILITY_LEVELS
+) -> torch.Tensor:
+    """Each client's capability z ``[num_clients]`` drawn uniformly from ``levels`` (FedLPS's
+    "Fix" draws once; "Dyn" draws again every round)."""
+    idx = torch.randint(len(levels), (num_clients,), generator=generator)
+    return torch.tensor(levels, dtype=torch.float64)[idx]
+
+
+@dataclass(frozen=True)
+class DeviceCost:
+    """Compute and link rates of the cost model (defaults: the FedLPS code's)."""
+
+    peak_flops: float = PEAK_FLOPS
+    up_bytes_per_s: float = UP_BYTES_PER_S
+    down_bytes_per_s: float = DOWN_BYTES_PER_S
+
+    def client_seconds(
+        self,
+        train_flops: torch.Tensor,
+        capability: torch.Tensor,
+        bytes_up: torch.Tensor,
+        bytes_down: torch.Tensor,
+    ) -> torch.Tensor:
+        """T_k ``[C]`` (float64 seconds) of each client's round."""
+        compute = train_flops.double() / (capability.double() * self.peak_flops)
+        return (
+            compute
+            + bytes_up.double() / self.up_bytes_per_s
+            + bytes_down.double() / (self.down_bytes_per_s)
+        )
+
+    @staticmethod
+    def round_seconds(client_seconds: torch.Tensor) -> float:
+        """A synchronous round's time: its slowest client's (0 for an empty round)."""
+        return float(client_seconds.max()) if client_seconds.numel() else 0.0
