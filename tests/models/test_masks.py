@@ -204,3 +204,69 @@ def test_row_only_masks_keep_the_next_layers_inputs_alive() -> None:
     units[0, :4] = True
     assert int(masked_flops(dnn, units, structural=False)[0]) == 2 * 4 * 64 + 2 * 3 * 10
     assert int(masked_flops(dnn, units)[0]) == 2 * 4 * 64 + 2 * 3 * 4
+
+
+def test_masks_from_scores_keep_the_top_units_per_layer() -> None:
+    """FedLPS: per layer, max(1, round(s·J)) units (half up) with the highest scores; ties to
+    the lower index; the output layer is not a unit group."""
+    from fedhp.models.masks import unit_mask_from_scores
+
+    dnn = DNNOptions(hidden=[7, 5]).build(SHAPE, CLASSES)
+    scores = torch.tensor(
+        [
+            [0.1, 0.9, 0.5, 0.5, 0.3, 0.8, 0.0, 5.0, 4.0, 3.0, 2.0, 1.0],
+            [0.0] * 12,
+        ]
+    )
+    mask = unit_mask_from_scores(dnn, scores, torch.tensor([0.5, 0.01]))
+    assert mask.shape == (2, 12)
+    # client 0, s = 0.5: round(3.5) = 4 of 7 -> 0.9, 0.8, 0.5 (idx 2), 0.5 (idx 3); 3 of 5
+    assert (
+        mask[0].tolist() == [False, True, True, True, False, True, False] + [True] * 3 + [False] * 2
+    )
+    # client 1, tiny s: one unit per layer, all scores tied -> the first
+    assert mask[1].tolist() == [True] + [False] * 6 + [True] + [False] * 4
+    full = unit_mask_from_scores(dnn, scores, torch.tensor([1.0, 1.0]))
+    assert bool(full.all())
+
+
+def test_unit_weight_norms_and_the_mask_gradient_match_autograd() -> None:
+    from fedhp.models.masks import unit_mask_grad, unit_weight_norms
+
+    dnn = DNNOptions(hidden=[7, 5]).build(SHAPE, CLASSES)
+    params = torch.stack([dnn.init_params(s) for s in (0, 1)])
+    views = dnn.layout.unflatten(params)
+    norms = unit_weight_norms(dnn, params)
+    expected = torch.cat(
+        [views["layers.0.weight"].abs().sum(-1), views["layers.1.weight"].abs().sum(-1)], dim=1
+    )
+    torch.testing.assert_close(norms, expected)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, *SHAPE, generator=g)
+    y = torch.randint(0, CLASSES, (2, 6), generator=g)
+    m = (torch.rand(2, 12, generator=g) < 0.7).float()
+    pm = param_mask(dnn, m)
+    for structural in (True, False):
+        mv = m.clone().requires_grad_(True)
+        parts = []
+        for spec in dnn.layout.specs:  # a differentiable parameter mask, spec by spec
+            rows = {"layers.0": mv[:, :7], "layers.1": mv[:, 7:]}
+            group = spec.name.rsplit(".", 1)[0]
+            masked = group in rows and (structural or spec.name.endswith("weight"))
+            if masked:
+                t = rows[group].reshape(2, -1, *([1] * (len(spec.shape) - 1)))
+                parts.append(t.expand(2, *spec.shape).reshape(2, -1))
+            else:
+                parts.append(torch.ones(2, spec.numel))
+        dpm = torch.cat(parts, dim=1)
+        if structural:
+            torch.testing.assert_close(dpm.detach(), pm)  # the same mask as param_mask's
+        logits = dnn.forward(params * dpm, x)  # the loss, differentiated through the mask
+        ce = F.cross_entropy(logits.reshape(-1, CLASSES), y.reshape(-1), reduction="none")
+        (auto,) = torch.autograd.grad(ce.view(2, 6).mean(1).sum(), mv)
+        pm_s = param_mask(dnn, m, structural)
+        _, grad_s = dnn.loss_and_grad(params * pm_s, x, y)
+        torch.testing.assert_close(
+            unit_mask_grad(dnn, params, grad_s, structural), auto, atol=1e-5, rtol=1e-4
+        )

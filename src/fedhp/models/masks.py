@@ -165,3 +165,51 @@ def masked_flops(
         for h in handles:
             h.remove()
     return torch.tensor(flops, dtype=torch.int64)
+
+
+def _unit_rows(
+    model: BatchedModel, flat: torch.Tensor, structural: bool
+) -> list[list[torch.Tensor]]:
+    """For each group, its unit-indexed tensors of ``flat [C, P]`` as ``[C, J, -1]`` views."""
+    specs = {s.name: s for s in model.layout.specs}
+    c = flat.shape[0]
+    out = []
+    for g in unit_groups(model):
+        names = (g.weight, *g.extras) if structural else (g.weight,)
+        out.append([model.layout.view(flat, specs[n]).reshape(c, g.size, -1) for n in names])
+    return out
+
+
+def unit_weight_norms(model: BatchedModel, params: torch.Tensor) -> torch.Tensor:
+    """|ω|_J ``[C, U]``: the sum of the absolute weights of every unit's weight row (FedLPS)."""
+    return torch.cat([rows[0].abs().sum(-1) for rows in _unit_rows(model, params, False)], dim=1)
+
+
+def unit_mask_grad(
+    model: BatchedModel, params: torch.Tensor, grad: torch.Tensor, structural: bool = True
+) -> torch.Tensor:
+    """∂L/∂m ``[C, U]`` of a loss L(ω ⊙ m) from ``grad [C, P]``, the gradient at the masked
+    parameters: Σ ω·g over each unit's masked entries (the straight-through estimator's signal
+    for unit scores)."""
+    prod = params * grad
+    parts = [sum(t.sum(-1) for t in rows) for rows in _unit_rows(model, prod, structural)]
+    return torch.cat([p for p in parts if isinstance(p, torch.Tensor)], dim=1)
+
+
+def unit_mask_from_scores(
+    model: BatchedModel, scores: torch.Tensor, ratio: torch.Tensor
+) -> torch.Tensor:
+    """Bool ``[C, U]``: in every layer, the max(1, round(s·J)) units with the highest ``scores``
+    (round half up; ties → the lower unit index) for each client's keep ratio ``ratio [C]``."""
+    c = scores.shape[0]
+    out = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    start = 0
+    for g in unit_groups(model):
+        block = scores[:, start : start + g.size]
+        keep = torch.floor(ratio.double() * g.size + 0.5).clamp(min=1, max=g.size).long()
+        order = torch.sort(block, dim=1, descending=True, stable=True).indices
+        rank = torch.empty_like(order)
+        rank.scatter_(1, order, torch.arange(g.size, device=scores.device).expand(c, -1))
+        out[:, start : start + g.size] = rank < keep.to(scores.device).unsqueeze(1)
+        start += g.size
+    return out
