@@ -16,10 +16,13 @@ from tests.engine.test_local_epochs import COUNTS, unequal_context
 STEPS = ["algorithm.local_steps=3", "algorithm.batch_size=5"]
 
 
-def test_zero_control_variates_one_client_is_plain_sgd() -> None:
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_zero_control_variates_one_client_is_plain_sgd(momentum: float) -> None:
     """With c = c_i = 0 (the start) and one client, a round is that client's plain SGD: the
-    same global model as FedAvg's round from the same seed."""
+    same global model as FedAvg's round from the same seed — with local momentum too (the
+    correction is a gradient term, inside the momentum)."""
     one = ["federation.num_clients=1", "federation.num_edges=1", *STEPS]
+    one.append(f"algorithm.momentum={momentum}")
     sc = small_experiment("algorithm.name=scaffold", *one)
     fa = small_experiment("algorithm.name=fedavg", *one)
     s_state = sc.algorithm.init_state(sc.model.init_params(0))

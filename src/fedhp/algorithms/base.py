@@ -23,7 +23,7 @@ import torch
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
-from fedhp.engine.ops import ExtraGrad, LossGrad
+from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad
 from fedhp.errors import ConfigError
 from fedhp.registry import Registry
 
@@ -73,6 +73,12 @@ class LocalWorkOptions(AlgorithmOptions):
 
     local_epochs: int | None = pydantic.Field(
         None, gt=0, description="local epochs per round instead of local_steps"
+    )
+    momentum: float = pydantic.Field(
+        0.0, ge=0, lt=1, description="local SGD momentum (PyTorch's; velocity reset each round)"
+    )
+    weight_decay: float = pydantic.Field(
+        0.0, ge=0, description="local SGD weight decay (PyTorch's: added to the gradient)"
     )
 
     @pydantic.model_validator(mode="after")
@@ -355,6 +361,8 @@ class Algorithm(ABC):
         kw: dict[str, Any] = {} if buffers is None else {"buffers": buffers}
         if loss_grad is not None:
             kw["loss_grad"] = loss_grad
+        if isinstance(opt, LocalWorkOptions) and (opt.momentum or opt.weight_decay):
+            kw["optimizer"] = LocalOptimizer(opt.momentum, opt.weight_decay)
         epochs = local_epochs_of(opt)
         if epochs is not None:
             return ctx.local_sgd_epochs(

@@ -8,8 +8,8 @@ accumulation vector: τ_i for plain SGD, and with local momentum ρ
     a_i = [τ_i − ρ (1 − ρ^τ_i) / (1 − ρ)] / (1 − ρ)                  (:func:`momentum_norm`)
 
 The cloud steps x ← x − τ_eff Σ_i p_i d_i with τ_eff = Σ_i p_i a_i (p_i the aggregation
-weights, normalized). With equal step counts this is FedAvg. fedhp's local SGD has no momentum
-(ρ = 0), so a_i = τ_i; ``momentum_norm`` is what a momentum variant would use.
+weights, normalized). With equal step counts this is FedAvg. ρ is the ``momentum`` option of
+the local SGD (0: a_i = τ_i); weight decay counts as part of the gradient, as in FedNova's code.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class FedNova(FedAvg):
         if steps is None:  # not carried (Flower): a function of the clients' sample counts
             steps = opt.step_counts(ctx.fed.train.counts[clients])
         weights = ctx.client_weights(clients)
-        a = momentum_norm(steps.to(y.device))
+        a = momentum_norm(steps.to(y.device), opt.momentum)
         state["global"] = normalized_average(state["global"], y, a, weights)
         if bufs is not None:
             state["global_buffers"] = weighted_mean(bufs, weights)

@@ -37,7 +37,15 @@ from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel
 
 EVAL_ROWS = 256
-LOCAL_WORK_KEYS = ("lr", "batch_size", "local_steps", "local_epochs", "buffers")
+LOCAL_WORK_KEYS = (
+    "lr",
+    "batch_size",
+    "local_steps",
+    "local_epochs",
+    "buffers",
+    "momentum",
+    "weight_decay",
+)
 
 
 @torch.no_grad()

@@ -11,7 +11,13 @@ import torch
 from fedhp.comm import CommLedger, truncate
 from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
-from fedhp.engine.ops import ExtraGrad, LossGrad, sgd_steps, weighted_sgd_steps
+from fedhp.engine.ops import (
+    ExtraGrad,
+    LocalOptimizer,
+    LossGrad,
+    sgd_steps,
+    weighted_sgd_steps,
+)
 from fedhp.engine.sampler import BatchSampler
 from fedhp.models.base import BatchedModel
 from fedhp.topology import Topology
@@ -221,6 +227,7 @@ class RunContext:
         *,
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
+        optimizer: LocalOptimizer | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``steps`` minibatch SGD steps of ``clients`` (rows of ``params``), all at once;
         ``buffers`` (their BatchNorm running statistics ``[C', B]``) are updated in place;
@@ -234,6 +241,7 @@ class RunContext:
             extra_grad,
             buffers=buffers,
             loss_grad=loss_grad,
+            optimizer=optimizer,
         )
 
     def local_sgd_epochs(
@@ -248,6 +256,7 @@ class RunContext:
         mask: torch.Tensor | None = None,
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
+        optimizer: LocalOptimizer | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``epochs`` passes of each of ``clients`` over its own shuffled data, all at once.
 
@@ -275,6 +284,7 @@ class RunContext:
             active=active,
             buffers=buffers,
             loss_grad=loss_grad,
+            optimizer=optimizer,
         )
         return params, loss_sum, plan.steps
 
@@ -290,6 +300,7 @@ class RunContext:
         mask: torch.Tensor,
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
+        optimizer: LocalOptimizer | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Like :meth:`local_sgd` (the same minibatches) on the sub-models selected by ``mask``
         ``[C', P]``: masked parameters and gradients are zero (:func:`weighted_sgd_steps`)."""
@@ -309,6 +320,7 @@ class RunContext:
             mask=mask,
             buffers=buffers,
             loss_grad=loss_grad,
+            optimizer=optimizer,
         )
 
 

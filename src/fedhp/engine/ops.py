@@ -4,6 +4,7 @@ weighted (segment) averages and broadcasts over the client dimension."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +18,45 @@ LossGrad = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 """A replacement for the model's ``loss_and_grad(params [C, P], x, y, *, buffers=, weight=)``:
 per-client loss ``[C]`` and gradient ``[C, P]`` of a method's own local objective (e.g. MOON's
 contrastive term). Always called with all the call's clients at once (no client chunking)."""
+
+
+@dataclass(frozen=True)
+class LocalOptimizer:
+    """PyTorch's SGD beyond the plain step: heavy-ball ``momentum`` (dampening 0, no Nesterov;
+    the velocity starts at zero every round) and L2 ``weight_decay`` added to the gradient. The
+    methods' own gradient terms (prox, SCAFFOLD's correction) are part of the gradient, so the
+    momentum and the decay act on them as ``torch.optim.SGD`` would."""
+
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    @property
+    def plain(self) -> bool:
+        return self.momentum == 0.0 and self.weight_decay == 0.0
+
+    def direction(
+        self,
+        params: torch.Tensor,
+        grad: torch.Tensor,
+        velocity: torch.Tensor | None,
+        live: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The step direction from ``grad`` (modified in place), updating ``velocity`` in place;
+        ``live [C]`` (bool): rows that take this step (the others keep their velocity)."""
+        if self.weight_decay:
+            grad.add_(params, alpha=self.weight_decay)
+        if velocity is None or not self.momentum:
+            return grad
+        new = velocity.mul(self.momentum).add_(grad)
+        if live is None:
+            velocity.copy_(new)
+        else:
+            velocity.copy_(torch.where(live.unsqueeze(1), new, velocity))
+        return velocity.clone()
+
+
+def _velocity(params: torch.Tensor, optimizer: LocalOptimizer | None) -> torch.Tensor | None:
+    return torch.zeros_like(params) if optimizer is not None and optimizer.momentum else None
 
 
 def batched_loss_grad(
@@ -48,8 +88,10 @@ def sgd_steps(
     *,
     buffers: torch.Tensor | None = None,
     loss_grad: LossGrad | None = None,
+    optimizer: LocalOptimizer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``steps`` SGD steps for all clients at once; ``batch()`` yields each step's ``(x, y)``.
+    """``steps`` SGD steps for all clients at once; ``batch()`` yields each step's ``(x, y)``
+    (``optimizer``: momentum / weight decay, :class:`LocalOptimizer`).
 
     Returns the new parameters and the per-client loss summed over steps (a tensor, no host sync).
     ``buffers [C, B]`` (BatchNorm running statistics; a writable tensor, not an expanded view)
@@ -64,7 +106,7 @@ def sgd_steps(
     chunk = num_clients if whole else client_chunk(params.shape[1], num_clients)
     if chunk >= num_clients:
         drawn = (batch() for _ in range(steps))
-        return _sgd_loop(model, params, drawn, lr, extra_grad, buffers, loss_grad)
+        return _sgd_loop(model, params, drawn, lr, extra_grad, buffers, loss_grad, optimizer)
     batches = [batch() for _ in range(steps)]
     parts = [
         _sgd_loop(
@@ -74,6 +116,8 @@ def sgd_steps(
             lr,
             None,
             None if buffers is None else buffers[s : s + chunk],
+            None,
+            optimizer,
         )
         for s in range(0, num_clients, chunk)
     ]
@@ -97,6 +141,7 @@ def weighted_sgd_steps(
     active: torch.Tensor | None = None,
     buffers: torch.Tensor | None = None,
     loss_grad: LossGrad | None = None,
+    optimizer: LocalOptimizer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once on minibatches with per-sample weights (local
     epochs: a partial last batch, clients of unequal size), optionally on masked sub-models.
@@ -113,7 +158,7 @@ def weighted_sgd_steps(
     ``buffers [C, B]`` (BatchNorm running statistics, writable) are passed to the model's
     ``loss_and_grad`` chunk by chunk and updated in place, except a frozen client's, which are
     restored after the step. ``loss_grad`` replaces the model's ``loss_and_grad`` (all clients in
-    one chunk then).
+    one chunk then). ``optimizer``: momentum / weight decay (a frozen client's velocity waits).
     """
     params = params.detach().clone() if mask is None else params.detach() * mask
     num_clients = params.shape[0]
@@ -124,6 +169,7 @@ def weighted_sgd_steps(
     for start in range(0, num_clients, chunk):
         rows = slice(start, min(start + chunk, num_clients))
         part = params[rows]
+        velocity = _velocity(part, optimizer)
         loss_sum = torch.zeros(part.shape[0], device=params.device)
         for step in range(steps):
             if active is not None and not bool(active[step, rows].any()):
@@ -141,8 +187,11 @@ def weighted_sgd_steps(
                     bufs[idle] = kept
             if extra_grad is not None:
                 grad.add_(extra_grad(part))
-            if weight is not None:
-                grad.mul_((weight.sum(1) > 0).to(grad.dtype).unsqueeze(1))
+            live = None if weight is None else weight.sum(1) > 0
+            if optimizer is not None and not optimizer.plain:
+                grad = optimizer.direction(part, grad, velocity, live)
+            if live is not None:
+                grad.mul_(live.to(grad.dtype).unsqueeze(1))
             if mask is not None:
                 grad.mul_(mask[rows])
             part.add_(grad, alpha=-lr)
@@ -170,8 +219,10 @@ def _sgd_loop(
     extra_grad: ExtraGrad | None,
     buffers: torch.Tensor | None = None,
     loss_grad: LossGrad | None = None,
+    optimizer: LocalOptimizer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     loss_sum = torch.zeros(params.shape[0], device=params.device)
+    velocity = _velocity(params, optimizer)
     for x, y in batches:
         if loss_grad is None:
             loss, grad = batched_loss_grad(model, params, x, y, buffers=buffers)
@@ -180,6 +231,8 @@ def _sgd_loop(
             loss, grad = loss_grad(params.detach(), x, y, **kw)
         if extra_grad is not None:
             grad.add_(extra_grad(params))
+        if optimizer is not None and not optimizer.plain:
+            grad = optimizer.direction(params, grad, velocity)
         params.add_(grad, alpha=-lr)
         loss_sum += loss
     return params, loss_sum

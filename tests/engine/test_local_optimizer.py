@@ -1,0 +1,120 @@
+"""Local SGD with momentum and weight decay equals ``torch.optim.SGD`` client by client, with a
+method's gradient term (FedProx's prox) inside the momentum, and frozen steps waiting."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fedhp.engine.ops import LocalOptimizer, prox_grad, sgd_steps, weighted_sgd_steps
+from tests.conftest import small_experiment
+
+LR, MOMENTUM, DECAY, MU = 0.1, 0.9, 0.01, 0.5
+
+
+def _setup() -> tuple:
+    exp = small_experiment("algorithm.name=fedavg", "model.hidden=[6]")
+    model = exp.model
+    params = torch.stack([model.init_params(s) for s in (1, 2)])
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(2, 5, 1, 28, 28, generator=g), torch.randint(0, 10, (2, 5), generator=g))
+        for _ in range(4)
+    ]
+    return model, params, batches
+
+
+def _reference(model, start, batches, client, center=None, active=None):  # type: ignore[no-untyped-def]
+    net = model.make_module(start.clone())
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=DECAY)
+    for step, (x, y) in enumerate(batches):
+        if active is not None and not active[step]:
+            continue
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x[client]), y[client])
+        if center is not None:
+            flat = torch.cat([p.reshape(-1) for p in net.parameters()])
+            loss = loss + MU / 2 * (flat - center).pow(2).sum()
+        loss.backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+def test_sgd_steps_with_momentum_weight_decay_and_prox_match_torch() -> None:
+    model, params, batches = _setup()
+    optimizer = LocalOptimizer(MOMENTUM, DECAY)
+    it = iter(batches)
+    out, _ = sgd_steps(model, params, lambda: next(it), 4, LR, optimizer=optimizer)
+    for c in range(2):
+        torch.testing.assert_close(out[c], _reference(model, params[c], batches, c))
+    center = model.init_params(7)
+    it = iter(batches)
+    out, _ = sgd_steps(
+        model, params, lambda: next(it), 4, LR, prox_grad(center, MU), optimizer=optimizer
+    )
+    for c in range(2):
+        ref = _reference(model, params[c], batches, c, center=center)
+        torch.testing.assert_close(out[c], ref, atol=1e-6, rtol=1e-5)
+    plain = iter(batches)
+    no_momentum, _ = sgd_steps(model, params, lambda: next(plain), 4, LR)
+    assert float((no_momentum - out).abs().max()) > 1e-4  # the option does something
+
+
+def test_weighted_steps_freeze_the_velocity_of_idle_clients() -> None:
+    """Client 1 has no sample at step 1 (all weights 0): its update and velocity wait, so it
+    matches torch's SGD over its three real steps."""
+    model, params, batches = _setup()
+    weights = torch.ones(4, 2, 5)
+    weights[1, 1] = 0.0
+
+    def batch(step: int, rows: slice):  # type: ignore[no-untyped-def]
+        x, y = batches[step]
+        return x[rows], y[rows], weights[step, rows]
+
+    out, _ = weighted_sgd_steps(
+        model, params, batch, 4, LR, optimizer=LocalOptimizer(MOMENTUM, DECAY)
+    )
+    torch.testing.assert_close(out[0], _reference(model, params[0], batches, 0))
+    active = [True, False, True, True]
+    torch.testing.assert_close(out[1], _reference(model, params[1], batches, 1, active=active))
+
+
+def test_methods_take_the_options() -> None:
+    """FedAvg with momentum differs from without; FedNova normalizes by the momentum a_i."""
+    from fedhp.algorithms.fednova import momentum_norm, normalized_average
+
+    steps = ["algorithm.local_steps=3", "algorithm.batch_size=5"]
+    runs = {
+        m: small_experiment("algorithm.name=fedavg", f"algorithm.momentum={m}", *steps)
+        for m in (0.0, 0.9)
+    }
+    states = {m: e.algorithm.init_state(e.model.init_params(0)) for m, e in runs.items()}
+    for m, e in runs.items():
+        e.algorithm.run_round(states[m], 0)
+    assert float((states[0.0]["global"] - states[0.9]["global"]).abs().max()) > 1e-5
+
+    nova = small_experiment(
+        "algorithm.name=fednova",
+        "algorithm.momentum=0.5",
+        "algorithm.local_epochs=1",
+        "algorithm.batch_size=7",
+        "partition.name=quantity",
+        "partition.min_samples=2",
+        "partition.beta=2.0",
+        "subsample.train=1000",
+        "subsample.test=100",
+    )
+    algo = nova.algorithm
+    state = algo.init_state(nova.model.init_params(0))
+    x = state["global"].clone()
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    algo.aggregate(state, task, update)
+    assert update.steps is not None and len(set(update.steps.tolist())) > 1
+    weights = nova.ctx.client_weights(task.clients)
+    expected = normalized_average(
+        x, update.per_client["params"], momentum_norm(update.steps, 0.5), weights
+    )
+    torch.testing.assert_close(state["global"], expected)
+    plain = normalized_average(x, update.per_client["params"], update.steps.double(), weights)
+    assert float((plain - expected).abs().max()) > 1e-6  # ρ = 0.5 changes the aggregate
