@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from fedhp.algorithms.pucbv import PUCBV, exploration_xi, utility
 
@@ -59,7 +60,8 @@ def test_elimination_and_greedy_phase() -> None:
     g1 = (utility(0.30) - utility(0.10)) / 2.0
     g2 = (utility(0.20) - utility(0.30)) / 4.0
     child = bandit.arms[2]
-    assert child.rewards == pytest.approx([g1, g2])  # inherited list + the new reward
+    # inherited statistics + the new reward
+    assert (child.pulls, child.total, child.total_sq) == pytest.approx((2, g1 + g2, g1**2 + g2**2))
     assert bandit.score(child) == pytest.approx((g1 + g2) / 2)
     assert bandit.score(bandit.arms[3]) == pytest.approx(g1)  # [0.5, 0.6): untouched, best
     assert s == pytest.approx(0.5)
@@ -75,9 +77,12 @@ def test_floor_state_round_trip_and_bad_input() -> None:
         bandit.update(0.5, 0.0, u=0.5)
     bandit.update(0.5, 1.0, u=0.3)
     copy = PUCBV.create(10.0, u_arm=0.9, u_point=0.9)
-    copy.load_state_dict(bandit.state_dict())
+    copy.load_rows(*bandit.to_rows(8))
     assert copy.update(0.6, 1.0, u=0.7) == bandit.update(0.6, 1.0, u=0.7)
-    assert copy.state_dict() == bandit.state_dict()
+    for a, b in zip(copy.to_rows(8), bandit.to_rows(8), strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="exceed"):
+        bandit.to_rows(2)
 
 
 def test_code_preset_arms_over_upper_half() -> None:

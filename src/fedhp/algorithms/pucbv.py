@@ -20,7 +20,7 @@ in, with its training accuracy a^r (a fraction), the previous one a^{r−1} and 
 
 The initial arms split [low, high) equally (``[0, 1)``: the paper; ``[0.5, 1)``: the code's
 preset), and s⁰ is drawn uniformly inside a random arm. All randomness comes in as uniform draws
-``u ∈ [0, 1)`` from the caller's seeded generator; :meth:`state_dict` makes a bandit resumable.
+``u ∈ [0, 1)`` from the caller's seeded generator; :meth:`to_rows` makes a bandit resumable.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import torch
 
 
 def utility(accuracy: float) -> float:
@@ -37,24 +39,27 @@ def utility(accuracy: float) -> float:
 
 @dataclass
 class Arm:
-    """An interval [low, high) of sparse ratios and the rewards credited to it."""
+    """An interval [low, high) of sparse ratios and its rewards' sufficient statistics: the
+    pull count h, Σ G and Σ G² (mean and population variance need no more)."""
 
     low: float
     high: float
-    rewards: list[float] = field(default_factory=list)
+    pulls: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
 
-    @property
-    def pulls(self) -> int:
-        return len(self.rewards)
+    def add(self, reward: float) -> None:
+        self.pulls += 1
+        self.total += reward
+        self.total_sq += reward * reward
 
     def mean(self) -> float:
-        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+        return self.total / self.pulls if self.pulls else 0.0
 
     def variance(self) -> float:
-        if not self.rewards:
+        if not self.pulls:
             return 0.0
-        m = self.mean()
-        return sum((g - m) ** 2 for g in self.rewards) / len(self.rewards)
+        return max(0.0, self.total_sq / self.pulls - self.mean() ** 2)
 
     def contains(self, s: float) -> bool:
         return self.low <= s < self.high
@@ -120,7 +125,8 @@ class PUCBV:
             index = max(range(len(self.arms)), key=lambda i: self.arms[i].high)
         parent = self.arms[index]
         children = [
-            Arm(lo, hi, list(parent.rewards)) for lo, hi in ((parent.low, s), (s, parent.high))
+            Arm(lo, hi, parent.pulls, parent.total, parent.total_sq)
+            for lo, hi in ((parent.low, s), (s, parent.high))
         ]
         lower, upper = (c if c.high > c.low else None for c in children)
         if 100.0 * (accuracy - self.accuracy) < self.delta_points:
@@ -131,31 +137,32 @@ class PUCBV:
         self.psi = self.xi / len(self.arms) ** 2
         reward = (self._utility(accuracy) - self._utility(self.accuracy)) / cost
         for child in kept:
-            child.rewards.append(reward)
+            child.add(reward)
         self.accuracy = accuracy
         scores = [self.score(a) for a in self.arms]
         best = max(range(len(self.arms)), key=lambda i: (scores[i], -self.arms[i].low))
         self.ratio = self._sample(self.arms[best], u)
         return self.ratio
 
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-able state (checkpoints)."""
-        return {
-            "arms": [[a.low, a.high, list(a.rewards)] for a in self.arms],
-            "epsilon": self.epsilon,
-            "psi": self.psi,
-            "ratio": self.ratio,
-            "accuracy": self.accuracy,
-        }
+    def to_rows(self, max_arms: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bandit as tensors (checkpointable algorithm state): arms ``[max_arms, 5]`` (low,
+        high, h, ΣG, ΣG²; NaN rows unused) and ``[epsilon, psi, ratio, accuracy]`` (accuracy NaN
+        when unset)."""
+        if len(self.arms) > max_arms:
+            raise ValueError(f"P-UCBV: {len(self.arms)} arms exceed the table's {max_arms}")
+        arms = torch.full((max_arms, 5), math.nan, dtype=torch.float64)
+        for i, a in enumerate(self.arms):
+            arms[i] = torch.tensor([a.low, a.high, a.pulls, a.total, a.total_sq])
+        acc = math.nan if self.accuracy is None else self.accuracy
+        return arms, torch.tensor([self.epsilon, self.psi, self.ratio, acc], dtype=torch.float64)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        arms = state["arms"]
-        self.arms = [Arm(float(lo), float(hi), [float(g) for g in r]) for lo, hi, r in arms]
-        self.epsilon = float(state["epsilon"])
-        self.psi = float(state["psi"])
-        self.ratio = float(state["ratio"])
-        acc = state["accuracy"]
-        self.accuracy = None if acc is None else float(acc)
+    def load_rows(self, arms: torch.Tensor, scalars: torch.Tensor) -> None:
+        """Inverse of :meth:`to_rows`."""
+        rows = [r for r in arms.tolist() if not math.isnan(r[0])]
+        self.arms = [Arm(lo, hi, int(h), t, t2) for lo, hi, h, t, t2 in rows]
+        epsilon, psi, ratio, acc = scalars.tolist()
+        self.epsilon, self.psi, self.ratio = epsilon, psi, ratio
+        self.accuracy = None if math.isnan(acc) else acc
 
 
 def exploration_xi(rounds: int, num_clients: int, fraction: float) -> float:
