@@ -4,6 +4,7 @@ from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     centralized,
     fedavg,
     fedht,
+    fedlps,
     fednova,
     fnrfl,
     heurfedamp,

@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 import torch
 
+UNUSED = -1.0  # marks unused arm rows and an unset accuracy in :meth:`PUCBV.to_rows`
+
 
 def utility(accuracy: float) -> float:
     """FedLPS's U(x) = 10 − 20 / (1 + e^{0.35x})."""
@@ -145,24 +147,24 @@ class PUCBV:
         return self.ratio
 
     def to_rows(self, max_arms: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The bandit as tensors (checkpointable algorithm state): arms ``[max_arms, 5]`` (low,
-        high, h, ΣG, ΣG²; NaN rows unused) and ``[epsilon, psi, ratio, accuracy]`` (accuracy NaN
-        when unset)."""
+        """The bandit as tensors (checkpointable algorithm state, all finite): arms
+        ``[max_arms, 5]`` (low, high, h, ΣG, ΣG²; unused rows have low = −1) and
+        ``[epsilon, psi, ratio, accuracy]`` (accuracy −1 when unset)."""
         if len(self.arms) > max_arms:
             raise ValueError(f"P-UCBV: {len(self.arms)} arms exceed the table's {max_arms}")
-        arms = torch.full((max_arms, 5), math.nan, dtype=torch.float64)
+        arms = torch.full((max_arms, 5), UNUSED, dtype=torch.float64)
         for i, a in enumerate(self.arms):
             arms[i] = torch.tensor([a.low, a.high, a.pulls, a.total, a.total_sq])
-        acc = math.nan if self.accuracy is None else self.accuracy
+        acc = UNUSED if self.accuracy is None else self.accuracy
         return arms, torch.tensor([self.epsilon, self.psi, self.ratio, acc], dtype=torch.float64)
 
     def load_rows(self, arms: torch.Tensor, scalars: torch.Tensor) -> None:
         """Inverse of :meth:`to_rows`."""
-        rows = [r for r in arms.tolist() if not math.isnan(r[0])]
+        rows = [r for r in arms.tolist() if r[0] != UNUSED]
         self.arms = [Arm(lo, hi, int(h), t, t2) for lo, hi, h, t, t2 in rows]
         epsilon, psi, ratio, acc = scalars.tolist()
         self.epsilon, self.psi, self.ratio = epsilon, psi, ratio
-        self.accuracy = None if math.isnan(acc) else acc
+        self.accuracy = None if acc == UNUSED else acc
 
 
 def exploration_xi(rounds: int, num_clients: int, fraction: float) -> float:

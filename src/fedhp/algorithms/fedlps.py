@@ -1,0 +1,291 @@
+"""FedLPS (Xue et al.): learnable personalized sparsification with P-UCBV sparse ratios.
+
+Per round, for each selected client k with server ratio s_k and capability z_k (spec
+``specs/fedlps.md``; the paper is the target where the authors' code differs):
+
+* s = min(s_k, z_k); every local step keeps, per layer, the max(1, round(s·J)) units with the
+  highest scores Q_k (:func:`fedhp.models.masks.unit_mask_from_scores`; the output layer is never
+  masked) and takes one SGD step of L = CE(ω ⊙ m) + μ‖ω − ω^r‖² + λ‖Q − sg(sigmoid(|ω|_J))‖²:
+  ω ← ω − η·m ⊙ ∇_ω L (dropped units keep their values), Q ← Q − η·∇_Q L. The hard mask gives Q
+  no gradient from CE; ``ste`` (default on) passes it straight through: ∂CE/∂m_j = Σ ω·g over
+  unit j (:func:`fedhp.models.masks.unit_mask_grad`). Q persists across rounds (Q⁰ =
+  sigmoid(|ω⁰|_J), or the code's ordered ``sort(randn)`` with ``score_init=ordered``).
+* The client keeps its personal sparse model ω ⊙ m (evaluated on its own test data) and uploads
+  Δ_k = (ω^r − ω) ⊙ m (its non-zeros + a unit bitmap); the cloud steps
+  ω^{r+1} = ω^r − Σ_k p_k Δ_k (Eq. 13, no per-coordinate renormalization).
+* Cost (Eq. 14, :mod:`fedhp.engine.device_cost`): T_k = 3 × forward FLOPs of the masked model
+  (:func:`fedhp.models.masks.masked_flops`) × samples processed / (z_k · 727 GFLOP/s) + bytes
+  up / 14 MB/s + bytes down / 110.6 MB/s; the round lasts its slowest client's T_k.
+* Ratios: ``pucbv`` (a bandit per client, :mod:`fedhp.algorithms.pucbv`, credited with the
+  client's training accuracy of the round — the mean over its local minibatches — and T_k),
+  ``fixed`` (FLST: ``fixed_ratio`` for everyone) or ``capability`` (RCR: s = z);
+  ``capabilities``: ``fix`` (drawn once) or ``dyn`` (drawn again every round).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+import torch
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.pucbv import PUCBV, exploration_xi
+from fedhp.comm import count_nonzero, unit_mask_bytes
+from fedhp.engine.context import RunContext
+from fedhp.engine.device_cost import DeviceCost, draw_capabilities
+from fedhp.engine.ops import LossGrad
+from fedhp.models.masks import (
+    masked_flops,
+    num_units,
+    param_mask,
+    unit_mask_from_scores,
+    unit_mask_grad,
+    unit_weight_norms,
+)
+
+RatioPolicy = Literal["pucbv", "fixed", "capability"]
+
+
+def fedlps_loss_grad(
+    algo: FedLPS, global_params: torch.Tensor, scores: torch.Tensor, ratio: torch.Tensor
+) -> tuple[LossGrad, dict[str, torch.Tensor]]:
+    """The clients' FedLPS step (rows align with ``scores [n, U]``, updated in place) and the
+    running training-accuracy counters it fills (``correct``, ``seen``: ``[n]``)."""
+    model, opt = algo.ctx.model, algo.options
+    seen = torch.zeros(scores.shape[0], dtype=torch.float64, device=scores.device)
+    tally = {"correct": torch.zeros_like(seen), "seen": seen}
+
+    def loss_grad(
+        params: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, weight: Any = None, **_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        units = unit_mask_from_scores(model, scores, ratio)
+        pm = param_mask(model, units, opt.structural)
+        masked = params * pm
+        loss, grad = model.loss_and_grad(masked, x, y, weight=weight)
+        with torch.no_grad():
+            hits = model.correct(model.forward(masked, x), y).double()
+            w = torch.ones_like(hits) if weight is None else weight.double()
+            tally["correct"] += (hits * w).sum(1)
+            tally["seen"] += w.sum(1)
+        q_grad = 2 * opt.lam * (scores - torch.sigmoid(unit_weight_norms(model, params)))
+        if opt.ste:
+            q_grad = q_grad + unit_mask_grad(model, params, grad, opt.structural)
+        live = torch.ones(len(scores), dtype=torch.bool) if weight is None else weight.sum(1) > 0
+        scores.sub_(opt.lr * q_grad * live.unsqueeze(1).to(q_grad.dtype))
+        step = pm * (grad + 2 * opt.mu * (params - global_params))
+        return loss, step
+
+    return loss_grad, tally
+
+
+class FedLPS(Algorithm):
+    """FedLPS's rounds: masked personalized local training, Eq. 13, per-client ratios."""
+
+    options: FedLPSOptions
+    client_outputs = ("delta", "units", "train_acc")
+    node_keys = {"scores": "client", "personal": "client"}
+
+    def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        self.num_units = num_units(ctx.model)
+        self.cost = DeviceCost()
+
+    # ------------------------------------------------------------------ state
+    def init_state(self, init_params: torch.Tensor) -> State:
+        ctx, opt = self.ctx, self.options
+        k = ctx.num_clients
+        model = ctx.model
+        norms = unit_weight_norms(model, init_params.unsqueeze(0))
+        if opt.score_init == "magnitude":
+            scores = torch.sigmoid(norms).expand(k, -1).clone()
+        else:  # the code's sorted random scores: keeps the first units, in index order
+            scores = torch.randn(k, self.num_units, generator=ctx.generator)
+            scores = scores.sort(dim=1, descending=True).values
+        caps = draw_capabilities(k, ctx.generator).to(init_params.device)
+        state: State = {
+            "global": init_params.clone(),
+            "scores": scores.to(init_params.device),
+            "capability": caps,
+            "ratio": torch.full((k,), opt.fixed_ratio, dtype=torch.float64),
+            "sim_time_s": torch.zeros(1, dtype=torch.float64),
+            "flops": torch.zeros(1, dtype=torch.float64),
+        }
+        init_units = unit_mask_from_scores(model, state["scores"], state["ratio"])
+        state["personal"] = init_params * param_mask(model, init_units, opt.structural)
+        if opt.ratio == "pucbv":
+            self._init_bandits(state, init_params)
+        return state
+
+    def _init_bandits(self, state: State, init_params: torch.Tensor) -> None:
+        ctx, opt = self.ctx, self.options
+        k = ctx.num_clients
+        xi = exploration_xi(opt.rounds, k, ctx.client_fraction)
+        max_arms = opt.arms + opt.rounds + 1
+        arms = torch.empty(k, max_arms, 5, dtype=torch.float64)
+        scalars = torch.empty(k, 4, dtype=torch.float64)
+        # a^{-1}: the initial global model's accuracy on each client's training data
+        acc0 = self._train_accuracy(init_params.expand(k, -1))
+        u = torch.rand(k, 2, generator=ctx.generator, dtype=torch.float64)
+        for c in range(k):
+            bandit = self._bandit(xi, float(u[c, 0]), float(u[c, 1]))
+            bandit.accuracy = float(acc0[c])
+            arms[c], scalars[c] = bandit.to_rows(max_arms)
+            state["ratio"][c] = bandit.ratio
+        state["bandit_arms"], state["bandit_scalars"] = arms, scalars
+
+    def _bandit(self, xi: float, u_arm: float, u_point: float) -> PUCBV:
+        opt = self.options
+        return PUCBV.create(
+            xi,
+            u_arm,
+            u_point,
+            num_arms=opt.arms,
+            low=opt.arms_low,
+            rho=opt.rho,
+            delta_points=opt.delta_points,
+            floor=opt.floor,
+        )
+
+    def _train_accuracy(self, params: torch.Tensor) -> torch.Tensor:
+        """Each client's model ``params [K, P]`` on its own training data (eval mode)."""
+        from fedhp.engine.evaluate import evaluate_personal
+
+        result = evaluate_personal(self.ctx.model, params, self.ctx.fed.train)
+        return result.correct / result.count.clamp(min=1)
+
+    def client_widths(self) -> dict[str, int]:
+        return {"delta": self.ctx.model.num_params, "units": self.num_units, "train_acc": 1}
+
+    def row_width(self, key: str) -> int:
+        return self.num_units if key == "scores" else super().row_width(key)
+
+    def personal_models(self, state: State) -> torch.Tensor | None:
+        return state["personal"]
+
+    # ------------------------------------------------------------------ round
+    def plan(self, state: State, rnd: int) -> Task:
+        ctx, opt = self.ctx, self.options
+        if opt.capabilities == "dyn" and rnd > 0:
+            state["capability"] = draw_capabilities(ctx.num_clients, ctx.generator).to(
+                state["capability"].device
+            )
+        task = self.plan_broadcast_global(state)
+        decided = state["ratio"][task.clients.cpu()]
+        caps = state["capability"][task.clients].cpu().double()
+        if opt.ratio == "capability":
+            decided = caps.clone()
+        elif opt.ratio == "fixed":
+            decided = torch.full_like(caps, opt.fixed_ratio)
+        task.per_client["ratio"] = torch.minimum(decided, caps)
+        task.per_client["capability"] = caps
+        return task
+
+    def train(self, state: State, task: Task) -> Update:
+        ctx, opt = self.ctx, self.options
+        model = ctx.model
+        w = task.broadcast["global"]
+        clients = task.clients
+        scores = state["scores"][clients].clone()
+        ratio = task.per_client["ratio"]
+        loss_grad, tally = fedlps_loss_grad(self, w, scores, ratio)
+        params, loss_sum, steps = self.local_update(
+            w.expand(len(clients), -1), clients, loss_grad=loss_grad
+        )
+        state["scores"][clients] = scores
+        units = unit_mask_from_scores(model, scores, ratio)
+        pm = param_mask(model, units, opt.structural)
+        state["personal"][clients] = params * pm
+        acc = tally["correct"] / tally["seen"].clamp(min=1)
+        return Update(
+            per_client={
+                "delta": (w - params) * pm,
+                "units": units.to(torch.float32),
+                "train_acc": acc.float().unsqueeze(1),
+            },
+            losses=loss_sum.unsqueeze(0),
+            steps=steps,
+        )
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        clients = task.clients
+        delta = ctx.send("client_cloud", "up", update.per_client["delta"], clients)
+        ctx.ledger.record_masks("client_cloud", "up", self.num_units, len(clients), clients)
+        weights = ctx.client_weights(clients).to(delta.dtype)
+        p = weights / weights.sum()
+        state["global"] = state["global"] - (p.unsqueeze(1) * delta).sum(0)
+        # Eq. 14: each client's simulated time from its FLOPs and the bytes it moved
+        nnz = count_nonzero(delta, ctx.zero_threshold).double().cpu()
+        up = nnz * 4 + unit_mask_bytes(self.num_units)
+        down = torch.full_like(up, 4.0 * state["global"].numel())
+        # training FLOPs: 3 × the masked model's forward FLOPs per sample × samples processed
+        units = update.per_client["units"] > 0.5
+        fwd = masked_flops(ctx.model, units, opt.structural).double()
+        samples = opt.step_counts(ctx.fed.train.counts[clients]).double().cpu()
+        flops = 3.0 * fwd * self._samples(clients, samples)
+        acc = update.per_client["train_acc"][:, 0].double().cpu()
+        seconds = self.cost.client_seconds(flops, task.per_client["capability"], up, down)
+        round_s = self.cost.round_seconds(seconds)
+        state["sim_time_s"] += round_s
+        state["flops"] += float(flops.sum())
+        if opt.ratio == "pucbv":
+            self._update_bandits(state, clients, acc, seconds)
+        stats = self.local_work_stats(task, update)
+        stats.update(
+            sim_time_s=float(state["sim_time_s"]),
+            round_sim_time_s=round_s,
+            flops=float(state["flops"]),
+            mean_keep_ratio=float(task.per_client["ratio"].mean()),
+            mean_train_acc=float(acc.mean()),
+        )
+        return stats
+
+    def _samples(self, clients: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """Samples each client processed in the round: all its data per epoch (``local_epochs``)
+        or ``batch_size`` per step."""
+        opt = self.options
+        if opt.local_epochs is not None:
+            counts = self.ctx.fed.train.counts[clients].double().cpu()
+            return counts * opt.local_epochs
+        return steps * opt.batch_size
+
+    def _update_bandits(
+        self, state: State, clients: torch.Tensor, acc: torch.Tensor, seconds: torch.Tensor
+    ) -> None:
+        ctx = self.ctx
+        arms, scalars = state["bandit_arms"], state["bandit_scalars"]
+        u = torch.rand(len(clients), generator=ctx.generator, dtype=torch.float64)
+        for i, c in enumerate(clients.tolist()):
+            bandit = self._bandit(1.0, 0.0, 0.0)
+            bandit.xi = exploration_xi(self.options.rounds, ctx.num_clients, ctx.client_fraction)
+            bandit.load_rows(arms[c], scalars[c])
+            state["ratio"][c] = bandit.update(float(acc[i]), float(seconds[i]), float(u[i]))
+            arms[c], scalars[c] = bandit.to_rows(arms.shape[1])
+
+
+@ALGORITHMS.register("fedlps")
+class FedLPSOptions(LocalWorkOptions):
+    """FedLPS: learnable per-client unit masks (scores Q) and sparse ratios (P-UCBV, fixed or
+    capability-bound); Eq. 13 aggregation; FedLPS's device cost model (docs/fedlps.md)."""
+
+    lr: float = pydantic.Field(0.1, gt=0, description="step size of ω and Q")
+    mu: float = pydantic.Field(1.0, ge=0, description="weight of ‖ω − ω^r‖² (code: 0)")
+    lam: float = pydantic.Field(1.0, ge=0, description="weight of ‖Q − sigmoid(|ω|_J)‖²")
+    ste: bool = pydantic.Field(True, description="straight-through CE gradient for Q")
+    structural: bool = pydantic.Field(
+        False, description="also zero a dropped unit's bias/BatchNorm (false: weight rows, code)"
+    )
+    score_init: Literal["magnitude", "ordered"] = "magnitude"
+    ratio: RatioPolicy = "pucbv"
+    fixed_ratio: float = pydantic.Field(0.5, gt=0, le=1, description="FLST's s (ratio=fixed)")
+    capabilities: Literal["fix", "dyn"] = "dyn"
+    rounds: int = pydantic.Field(100, gt=0, description="R in P-UCBV's ξ = R/(K·ε_sel)")
+    arms: int = pydantic.Field(5, gt=0, description="P-UCBV's initial arms")
+    arms_low: float = pydantic.Field(0.0, ge=0, lt=1, description="arms cover [arms_low, 1)")
+    rho: float = pydantic.Field(0.5, gt=0)
+    delta_points: float = pydantic.Field(-5.0, description="arm elimination Δ (accuracy points)")
+    floor: float = pydantic.Field(1 / 16, gt=0, le=1, description="lowest ratio decided")
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return FedLPS(self, ctx)

@@ -1,0 +1,113 @@
+"""FedLPS: Eq. 13 by hand, Q's gradient with the STE off, masked personal models, the cost
+metrics and the P-UCBV ratios carried in the state (resumable)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhp.models.masks import param_mask, unit_weight_norms
+from tests.conftest import small_experiment
+
+BASE = [
+    "algorithm.name=fedlps",
+    "model.name=cnn2",
+    "federation.client_fraction=0.25",
+    "algorithm.batch_size=20",
+    "federation.weighting=samples",
+]
+
+
+def _run(*extra: str):  # type: ignore[no-untyped-def]
+    exp = small_experiment(*BASE, *extra)
+    state = exp.algorithm.init_state(exp.model.init_params(0))
+    return exp, state
+
+
+def test_eq13_aggregation_and_personal_models_by_hand() -> None:
+    exp, state = _run("algorithm.local_steps=2", "algorithm.ratio=fixed")
+    algo, model = exp.algorithm, exp.model
+    w = state["global"].clone()
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    delta = update.per_client["delta"]
+    algo.aggregate(state, task, update)
+    counts = exp.ctx.fed.train.counts[task.clients].double()
+    p = (counts / counts.sum()).float()
+    torch.testing.assert_close(state["global"], w - (p.unsqueeze(1) * delta).sum(0))
+    # the personal models are the trained models under their final masks; Δ is zero off-mask
+    units = update.per_client["units"] > 0.5
+    pm = param_mask(model, units, False)
+    assert bool((delta[pm == 0] == 0).all())
+    personal = state["personal"][task.clients]
+    assert bool((personal[pm == 0] == 0).all())
+    torch.testing.assert_close(personal, (w - delta) * pm)
+    # FLST keeps round(0.5·J) units per layer, capped by the capability
+    caps = state["capability"][task.clients]
+    assert (
+        task.per_client["ratio"].tolist()
+        == torch.minimum(torch.full_like(caps, 0.5), caps).tolist()
+    )
+
+
+def test_scores_without_ste_follow_only_the_importance_term() -> None:
+    """One local step with ste=false: Q ← Q − η·2λ(Q − sigmoid(|ω⁰|_J)); with the STE the CE
+    signal moves Q too."""
+    exp, state = _run("algorithm.local_steps=1", "algorithm.ste=false", "algorithm.lam=0.7")
+    algo, model = exp.algorithm, exp.model
+    q0 = state["scores"].clone()
+    task = algo.plan(state, 0)
+    algo.train(state, task)
+    c = task.clients
+    target = torch.sigmoid(unit_weight_norms(model, state["global"].unsqueeze(0)))
+    expected = q0[c] - 0.1 * 2 * 0.7 * (q0[c] - target)
+    torch.testing.assert_close(state["scores"][c], expected)
+    exp2, state2 = _run("algorithm.local_steps=1", "algorithm.lam=0.7")
+    exp2.algorithm.train(state2, exp2.algorithm.plan(state2, 0))
+    assert float((state2["scores"][c] - expected).abs().max()) > 1e-7
+
+
+def test_round_metrics_and_bandit_state() -> None:
+    exp, state = _run("algorithm.local_steps=2", "algorithm.rounds=3")
+    algo = exp.algorithm
+    before = state["ratio"].clone()
+    assert bool(((before >= 1 / 16) & (before < 1)).all())
+    stats = algo.run_round(state, 0)
+    for key in ("sim_time_s", "round_sim_time_s", "flops", "mean_keep_ratio", "mean_train_acc"):
+        assert stats[key] > 0, key
+    assert stats["sim_time_s"] == pytest.approx(stats["round_sim_time_s"])
+    chosen = (state["bandit_scalars"][:, 0] < 1).nonzero().flatten()  # ε halved: updated
+    assert len(chosen) == round(0.25 * exp.ctx.num_clients)
+    arms = state["bandit_arms"]
+    assert bool((arms[chosen, 5, 0] >= 0).all())  # 5 arms + one split
+    stats2 = algo.run_round(state, 1)
+    assert stats2["sim_time_s"] > stats["sim_time_s"] and stats2["flops"] > stats["flops"]
+
+
+def test_a_run_resumes_exactly_with_its_bandits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """3 rounds straight = 2 rounds, a checkpoint, and --resume to 3 (the bandits' arms are
+    state tensors); the personalized accuracy and the simulated time are reported."""
+    import csv
+
+    from fedhp.api import run
+    from fedhp.cli import main
+
+    args = dict(
+        algorithm__name="fedlps",
+        model__name="cnn2",
+        federation__client_fraction=0.25,
+        algorithm__local_steps=2,
+        algorithm__rounds=3,
+        eval_every=1,
+        checkpoint_every=1,
+        progress=False,
+    )
+    run(out=tmp_path / "a", rounds=3, **args)
+    run(out=tmp_path / "b", rounds=2, **args)
+    assert main(["run", "--resume", str(tmp_path / "b"), "rounds=3"]) == 0
+    rows = []
+    for d in ("a", "b"):
+        with open(tmp_path / d / "metrics.csv") as f:
+            rows.append(list(csv.DictReader(f))[-1])
+    assert rows[0] == rows[1]
+    assert 0 <= float(rows[0]["personal_acc"]) <= 1 and float(rows[0]["sim_time_s"]) > 0
