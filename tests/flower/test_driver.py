@@ -62,6 +62,11 @@ P_MLR = 7850  # 784 * 10 + 10
         ("scaffold", ("federation.client_fraction=0.5", "flower.nodes=2")),
         ("fednova", ("algorithm.local_epochs=1", "partition.name=dirichlet")),  # unequal steps
         ("moon", ("federation.client_fraction=0.5", "flower.nodes=2")),  # node-held prev models
+        # BatchNorm: node-held previous statistics beside the previous models
+        (
+            "moon",
+            ("flower.nodes=2", "model.name=vgg", "model.cfg=[4,M,8,M]", "model.batch_norm=true"),
+        ),
         ("fnrfl", ("algorithm.base=scaffold", "flower.nodes=2")),  # refinement at the cloud
     ],
 )

@@ -24,7 +24,7 @@ import pydantic
 import torch
 import torch.nn.functional as F
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, RowKind, State, Task, Update
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LossGrad
@@ -84,7 +84,10 @@ class Moon(FedAvg):
     """MOON: FedAvg's rounds with the model-contrastive local objective."""
 
     options: MoonOptions
-    node_keys = {"prev": "client", "prev_buffers": "client"}
+    node_keys = {"prev": "client"}
+
+    def buffer_node_keys(self) -> dict[str, RowKind]:
+        return {**super().buffer_node_keys(), "prev_buffers": "client"}
 
     def init_state(self, init_params: torch.Tensor) -> State:
         state = super().init_state(init_params)
