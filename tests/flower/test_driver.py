@@ -68,6 +68,7 @@ P_MLR = 7850  # 784 * 10 + 10
             ("flower.nodes=2", "model.name=vgg", "model.cfg=[4,M,8,M]", "model.batch_norm=true"),
         ),
         ("fnrfl", ("algorithm.base=scaffold", "flower.nodes=2")),  # refinement at the cloud
+        ("fedavg", ("subsample.train=2500", "subsample.test=600", "partition.test_per_class=50")),
     ],
 )
 def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, ...]) -> None:
