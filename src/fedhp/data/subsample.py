@@ -42,20 +42,15 @@ def subsample(data: DatasetArrays, train: int | None, test: int | None, seed: in
         return data
     rng = np.random.default_rng(seed + SUBSAMPLE_SEED_OFFSET)
     out = data
-    if train is not None:
-        idx = torch.from_numpy(stratified_indices(data.train_y, train, rng))
-        out = dataclasses.replace(
-            out,
-            train_x=data.train_x.index_select(0, idx),
-            train_y=data.train_y[idx],
-            train_owner=_rows(data.train_owner, idx),
-        )
-    if test is not None:
-        idx = torch.from_numpy(stratified_indices(data.test_y, test, rng))
-        out = dataclasses.replace(
-            out,
-            test_x=data.test_x.index_select(0, idx),
-            test_y=data.test_y[idx],
-            test_owner=_rows(data.test_owner, idx),
-        )
+    for split, size in (("train", train), ("test", test)):
+        if size is None:
+            continue
+        y: torch.Tensor = getattr(data, f"{split}_y")
+        idx = torch.from_numpy(stratified_indices(y, size, rng))
+        rows = {
+            f"{split}_x": getattr(data, f"{split}_x").index_select(0, idx),
+            f"{split}_y": y[idx],
+            f"{split}_owner": _rows(getattr(data, f"{split}_owner"), idx),
+        }
+        out = dataclasses.replace(out, **rows)
     return out
