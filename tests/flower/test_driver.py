@@ -68,6 +68,7 @@ P_MLR = 7850  # 784 * 10 + 10
             ("flower.nodes=2", "model.name=vgg", "model.cfg=[4,M,8,M]", "model.batch_norm=true"),
         ),
         ("fnrfl", ("algorithm.base=scaffold", "flower.nodes=2")),  # refinement at the cloud
+        ("ditto", ("federation.client_fraction=0.5", "flower.nodes=2")),  # node-held personal
         ("fedavg", ("subsample.train=2500", "subsample.test=600", "partition.test_per_class=50")),
     ],
 )

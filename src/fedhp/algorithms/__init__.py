@@ -2,6 +2,7 @@
 
 from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     centralized,
+    ditto,
     fedavg,
     fedht,
     fedlps,
