@@ -23,6 +23,7 @@ FAST = {
     "scaffold": ("algorithm.local_steps=3",),
     "moon": ("algorithm.local_steps=3",),
     "ditto": ("algorithm.local_steps=3",),
+    "fedper": ("algorithm.local_steps=3",),
     "fnrfl": ("algorithm.local_steps=3", "public.per_class=5", "algorithm.p=0.25"),
     "hierfavg": ("algorithm.kappa1=2", "algorithm.kappa2=2"),
     "sfedhp": ("algorithm.R=3", "algorithm.K=2"),

@@ -69,6 +69,7 @@ P_MLR = 7850  # 784 * 10 + 10
         ),
         ("fnrfl", ("algorithm.base=scaffold", "flower.nodes=2")),  # refinement at the cloud
         ("ditto", ("federation.client_fraction=0.5", "flower.nodes=2")),  # node-held personal
+        ("fedper", ("flower.nodes=2", "model.name=dnn", "model.hidden=[8]")),  # node-held heads
         ("fedavg", ("subsample.train=2500", "subsample.test=600", "partition.test_per_class=50")),
     ],
 )

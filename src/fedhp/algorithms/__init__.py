@@ -7,6 +7,7 @@ from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     fedht,
     fedlps,
     fednova,
+    fedper,
     fnrfl,
     heurfedamp,
     hierfavg,

@@ -213,3 +213,20 @@ def unit_mask_from_scores(
         out[:, start : start + g.size] = rank < keep.to(scores.device).unsqueeze(1)
         start += g.size
     return out
+
+
+def output_layer_mask(model: BatchedModel) -> torch.Tensor:
+    """Bool ``[P]``: the parameters of the output layer (the last ``nn.Linear`` / ``nn.Conv2d`` of
+    the reference module, weight and bias) — the "head" of FedPer-style methods, the layer unit
+    masks never touch."""
+    layers = [
+        name for name, m in model.reference.named_modules() if isinstance(m, nn.Linear | nn.Conv2d)
+    ]
+    if not layers:
+        raise ValueError("output_layer_mask: the model has no Linear or Conv2d layer")
+    prefix = f"{layers[-1]}." if layers[-1] else ""
+    out = torch.zeros(model.num_params, dtype=torch.bool)
+    for spec in model.layout.specs:
+        if spec.name.startswith(prefix) and spec.name[len(prefix) :] in ("weight", "bias"):
+            model.layout.view(out.unsqueeze(0), spec).fill_(True)
+    return out
