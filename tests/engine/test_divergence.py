@@ -86,3 +86,13 @@ def test_loss_above_max_loss_counts_as_divergence() -> None:
     exp = build_experiment(resolve_config(None, [*FAST, "rounds=1", "max_loss=1e-3"]))
     with pytest.raises(DivergenceError, match="max_loss"):
         run_experiment(exp, None)
+
+
+def test_the_hint_blames_a_penalty_only_when_it_is_stiff() -> None:
+    from types import SimpleNamespace
+
+    from fedhp.engine.runner import likely_cause
+
+    assert likely_cause(SimpleNamespace(lr=0.1, mu=0.01)).startswith("learning rate too large")
+    assert likely_cause(SimpleNamespace(lr=0.05, lam=15.0)).startswith("λ·η = 0.75 too large")
+    assert "algorithm.lr=0.1" in likely_cause(SimpleNamespace(lr=0.1, lam=0.1))

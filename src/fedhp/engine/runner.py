@@ -129,14 +129,20 @@ def evaluate_state(
 LOSS_KEYS = ("local_loss", "global_loss", "train_loss", "personal_loss", "personal_train_loss")
 
 
+STIFF = 0.5
+
+
 def likely_cause(options: Any) -> str:
-    """A short guess at why ``options`` diverged, naming the values to lower."""
+    """A short guess at why ``options`` diverged, naming the values to lower: a quadratic
+    penalty weight when weight·η ≥ :data:`STIFF` (a gradient step on weight/2‖·‖² is unstable
+    from weight·η = 2 on), else the learning rate."""
     lr = getattr(options, "lr", None)
     for field, symbol in (("lam", "λ"), ("lam1", "λ1"), ("mu", "μ")):
         weight = getattr(options, field, None)
         if field == "lam1" and weight is None:
             continue
-        if isinstance(weight, int | float) and isinstance(lr, int | float) and weight > 0:
+        numbers = isinstance(weight, int | float) and isinstance(lr, int | float)
+        if numbers and weight > 0 and weight * lr >= STIFF:
             return (
                 f"{symbol}·η = {weight * lr:g} too large (algorithm.{field}={weight:g}, "
                 f"algorithm.lr={lr:g}); lower them"
