@@ -141,8 +141,9 @@ def likely_cause(options: Any) -> str:
         weight = getattr(options, field, None)
         if field == "lam1" and weight is None:
             continue
-        numbers = isinstance(weight, int | float) and isinstance(lr, int | float)
-        if numbers and weight > 0 and weight * lr >= STIFF:
+        if not (isinstance(weight, int | float) and isinstance(lr, int | float)):
+            continue
+        if weight > 0 and weight * lr >= STIFF:
             return (
                 f"{symbol}·η = {weight * lr:g} too large (algorithm.{field}={weight:g}, "
                 f"algorithm.lr={lr:g}); lower them"
