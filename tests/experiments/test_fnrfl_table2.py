@@ -97,27 +97,24 @@ def test_row_kappa_rho_and_the_paper_traffic_convention() -> None:
 def test_end_to_end_on_fabricated_cifar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_cifar(tmp_path / "cifar", per_class=30)
     methods = "fnrfl,fedavg,scaffold+fnrfl"
-    assert _cli(tmp_path, "h", "--skews", "label,feature", "--methods", methods) == 0
+    assert _cli(tmp_path, "h", "--skews", "feature", "--methods", methods) == 0
     lines = [m.groups() for m in map(LINE.match, capsys.readouterr().out.splitlines()) if m]
-    assert [(s, m) for s, m, *_ in lines] == [
-        (s, m) for s in ("label", "feature") for m in methods.split(",")
-    ]
+    assert [(s, m) for s, m, *_ in lines] == [("feature", m) for m in methods.split(",")]
     table = json.loads((tmp_path / "h" / "table.json").read_text())
     rows = {(r["skew"], r["method"]): r for r in table["rows"]}
     # the refined clients upload a second time: FNR-FL moves more than FedAvg
     assert (
-        rows[("label", "fnrfl")]["traffic_mb"]["mean"]
-        > rows[("label", "fedavg")]["traffic_mb"]["mean"]
+        rows[("feature", "fnrfl")]["traffic_mb"]["mean"]
+        > rows[("feature", "fedavg")]["traffic_mb"]["mean"]
     )
     assert not any(r["test_leak"] for r in table["rows"])
-    for skew in ("label", "feature"):
-        assert (tmp_path / "h" / f"acc-{skew}.png").stat().st_size > 1000
+    assert (tmp_path / "h" / "acc-feature.png").stat().st_size > 1000
     assert "paper CIFAR-10" in (tmp_path / "h" / "table.md").read_text()
 
 
 def test_leak_mode_marks_the_rows(tmp_path: Path) -> None:
     write_cifar(tmp_path / "cifar", per_class=30)
-    assert _cli(tmp_path, "l", "--leak", "--skews", "feature", "--methods", "fnrfl") == 0
+    assert _cli(tmp_path, "l", "--leak", "--skews", "label", "--methods", "fnrfl") == 0
     table = json.loads((tmp_path / "l" / "table.json").read_text())
     assert table["leak"] and all(r["test_leak"] for r in table["rows"])
     assert "⚠ test leak" in (tmp_path / "l" / "table.md").read_text()
