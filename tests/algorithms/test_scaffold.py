@@ -192,3 +192,21 @@ def test_server_step_size(server_lr: float) -> None:
     algo.aggregate(state, task, update)
     mean = weighted_mean(update.per_client["params"], exp.ctx.client_weights(task.clients))
     torch.testing.assert_close(state["global"], x + server_lr * (mean - x))
+
+
+def test_with_momentum_the_variates_use_the_momentum_step_weight() -> None:
+    """Option II with local momentum ρ divides by a_i (FedNova's), not K: (x − y)/(a_i η) is the
+    mean corrected gradient; with K the variates come out ~1/(1 − ρ) too large."""
+    from fedhp.engine.ops import momentum_norm
+
+    exp = small_experiment("algorithm.name=scaffold", "algorithm.momentum=0.9", *STEPS)
+    algo = exp.algorithm
+    state = algo.init_state(exp.model.init_params(0))
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    x, y = task.broadcast["global"], update.per_client["params"]
+    a = momentum_norm(torch.full((len(task.clients),), 3), 0.9)
+    assert float(a[0]) == pytest.approx((3 - 0.9 * (1 - 0.9**3) / 0.1) / 0.1)
+    zeros = torch.zeros_like(y)
+    expected = option_two(zeros, torch.zeros_like(x), x, y, a, algo.options.lr)
+    torch.testing.assert_close(state["c_local"][task.clients], expected)

@@ -9,6 +9,11 @@ epochs: its own count),
 
     c_i⁺ = c_i − c + (x − y_i) / (K_i · η_l)                          (option II)
 
+(with local momentum ρ, K_i is replaced by the total weight the K_i gradients receive in the
+displacement, FedNova's a_i = [K − ρ(1 − ρ^K)/(1 − ρ)]/(1 − ρ), so (x − y_i)/(a_i η_l) is still the
+mean corrected gradient — the paper has no momentum, and with K_i the variates come out ~1/(1 − ρ)
+times too large and the correction diverges)
+
 and uploads (y_i, c_i⁺ − c_i) in one message. The cloud sets
 
     x ← x + η_g · Σ_i p_i (y_i − x),     c ← c + (|S| / N) · Σ_i p_i (c_i⁺ − c_i),
@@ -25,7 +30,7 @@ import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import weighted_mean
+from fedhp.engine.ops import momentum_norm, weighted_mean
 
 
 def option_two(
@@ -37,7 +42,8 @@ def option_two(
     lr: float,
 ) -> torch.Tensor:
     """SCAFFOLD's option-II client control variates ``c_i⁺ [n, P]`` after ``steps [n]`` real
-    local steps of size ``lr`` from ``x [P]`` to ``y [n, P]``."""
+    local steps of size ``lr`` from ``x [P]`` to ``y [n, P]`` (with momentum: their a_i,
+    :func:`fedhp.engine.ops.momentum_norm`)."""
     scale = 1.0 / (steps.to(y.dtype).clamp(min=1) * lr)
     return c_local - c + (x - y) * scale.unsqueeze(1)
 
@@ -82,7 +88,7 @@ class Scaffold(Algorithm):
         y, loss_sum, steps = self.local_update(
             x.expand(n, -1), task.clients, lambda _: correction, buffers=bufs
         )
-        c_new = option_two(c_local, c, x, y, steps, opt.lr)
+        c_new = option_two(c_local, c, x, y, momentum_norm(steps, opt.momentum), opt.lr)
         state["c_local"][task.clients] = c_new
         per_client = {"params": y, "dc": c_new - c_local}
         if bufs is not None:

@@ -55,6 +55,16 @@ class LocalOptimizer:
         return velocity.clone()
 
 
+def momentum_norm(steps: torch.Tensor, momentum: float = 0.0) -> torch.Tensor:
+    """FedNova's a_i for ``steps [n]`` local steps of SGD with heavy-ball ``momentum`` ρ (the
+    total weight each step's gradient receives in the final displacement, summed)."""
+    tau = steps.to(torch.float64)
+    if momentum == 0.0:
+        return tau
+    rho = momentum
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+
+
 def _velocity(params: torch.Tensor, optimizer: LocalOptimizer | None) -> torch.Tensor | None:
     return torch.zeros_like(params) if optimizer is not None and optimizer.momentum else None
 
