@@ -251,12 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--no-band", action="store_true", help="no mean ± std band per seed group")
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser(
-        "reproduce", help="reproduce the sFedHP / Fed-HT / FNR-FL papers' tables and figures"
+        "reproduce",
+        help="reproduce the sFedHP / Fed-HT / FNR-FL / FedLPS papers' tables and figures",
     )
     rep.add_argument(
         "name",
         help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune | fedht-sim1 | "
-        "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless | fnrfl-table2",
+        "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless | fnrfl-table2 | "
+        "fedlps-table1 | fedlps-ablation",
     )
     rep.add_argument(
         "overrides", nargs="*", metavar="key=value", help="applied to every run (right after NAME)"
@@ -269,10 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
     rep.add_argument(
         "--model",
-        choices=("dnn", "dnn-500-200", "mlr", "cnn", "vgg", "resnet18", "vgg11", "small"),
+        choices=("dnn", "dnn-500-200", "mlr", "cnn", "cnn2", "vgg", "resnet18", "vgg11", "small"),
         default=None,
         help="default: dnn (784-100-10) for MNIST/FMNIST, vgg for CIFAR-10; fnrfl-table2: "
-        "resnet18 | vgg11 | small (default resnet18, --quick: small)",
+        "resnet18 | vgg11 | small (default resnet18, --quick: small); fedlps-*: cnn2",
     )
     rep.add_argument("--out", help="folder for table.md/table.json/figures")
     rep.add_argument("--runs", help="folder of the individual runs (default OUT/runs; reused)")
@@ -288,7 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--gamma", type=float, help="fedht-*: compare at this common γ (K still from the grid)"
     )
     rep.add_argument(
-        "--quick", action="store_true", help="fnrfl-table2: a short CPU run (data subset, E = 2)"
+        "--quick",
+        action="store_true",
+        help="fnrfl-table2: a short CPU run (data subset, E = 2); fedlps-*: 30 rounds of 1 epoch",
     )
     rep.add_argument(
         "--leak", action="store_true", help="fnrfl-table2: the authors' protocol (D_pub = test set)"

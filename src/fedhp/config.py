@@ -108,6 +108,9 @@ class RunConfig(pydantic.BaseModel):
     rounds: int = pydantic.Field(200, gt=0)
     eval_every: int = pydantic.Field(1, gt=0)
     eval_split: Literal["test", "val"] = "test"
+    eval_train: bool = pydantic.Field(
+        True, description="also evaluate on the training data (train_loss, personal_train_loss)"
+    )
     checkpoint_every: int = pydantic.Field(10, ge=0)
     max_loss: float | None = pydantic.Field(1000.0, gt=0)
     device: str = "cpu"

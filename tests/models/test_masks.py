@@ -270,3 +270,49 @@ def test_unit_weight_norms_and_the_mask_gradient_match_autograd() -> None:
         torch.testing.assert_close(
             unit_mask_grad(dnn, params, grad_s, structural), auto, atol=1e-5, rtol=1e-4
         )
+
+
+def test_window_unit_masks_are_ordered_or_rolling() -> None:
+    from fedhp.models.masks import window_unit_mask
+
+    dnn = DNNOptions(hidden=[7, 5]).build(SHAPE, CLASSES)
+    ordered = window_unit_mask(dnn, torch.tensor([0.5, 1 / 16]))
+    assert ordered[0].tolist() == [1, 1, 1, 1, 0, 0, 0] + [1, 1, 1, 0, 0]  # round(3.5), round(2.5)
+    assert ordered[1].tolist() == [1, 0, 0, 0, 0, 0, 0] + [1, 0, 0, 0, 0]  # at least one
+    rolled = window_unit_mask(dnn, torch.tensor([0.5]), 6)
+    assert rolled[0].tolist() == [1, 1, 1, 0, 0, 0, 1] + [0, 1, 1, 1, 0]  # (6 + i) mod J
+
+
+def test_held_entries_drop_the_inputs_of_dropped_units_by_hand() -> None:
+    from fedhp.models.masks import held_entries
+
+    dnn = DNNOptions(hidden=[7, 5]).build(SHAPE, CLASSES)
+    units = torch.zeros(1, 12, dtype=torch.bool)
+    units[0, [0, 1]] = True  # layer 0 keeps units 0, 1
+    units[0, 7] = True  # layer 1 keeps unit 0
+    views = dnn.layout.unflatten(held_entries(dnn, param_mask(dnn, units)))
+    w1 = torch.zeros(5, 7)
+    w1[0, :2] = 1
+    w2 = torch.zeros(CLASSES, 5)
+    w2[:, 0] = 1
+    assert bool((views["layers.1.weight"][0] == w1).all())
+    assert bool((views["layers.2.weight"][0] == w2).all())
+    assert views["layers.2.bias"][0].tolist() == [1.0] * CLASSES
+    assert float(views["layers.0.weight"][0, :2].min()) == 1.0  # every input pixel is live
+    assert float(views["layers.0.weight"][0, 2:].max()) == 0.0
+
+
+def test_sparse_flops_count_the_non_zero_weights_by_hand() -> None:
+    from fedhp.models.masks import sparse_flops
+
+    dnn = DNNOptions(hidden=[6]).build(SHAPE, CLASSES)
+    pm = (torch.rand(2, dnn.num_params, generator=torch.Generator().manual_seed(3)) < 0.5).float()
+    views = dnn.layout.unflatten(pm)
+    for c in range(2):
+        w0, b0, w1 = (views[f"layers.{n}"][c] for n in ("0.weight", "0.bias", "1.weight"))
+        live = (w0.sum(1) > 0) | (b0 > 0)  # hidden units with a non-zero output
+        expected = 2 * int(w0.sum()) + 2 * int(w1[:, live].sum())
+        assert int(sparse_flops(dnn, pm)[c]) == expected
+    # for a unit mask it is masked_flops
+    units = _random_unit_mask(dnn, 3)
+    assert sparse_flops(dnn, param_mask(dnn, units)).tolist() == masked_flops(dnn, units).tolist()

@@ -100,6 +100,13 @@ class LocalWorkOptions(AlgorithmOptions):
         per_epoch = (counts.to(torch.int64) + self.batch_size - 1) // self.batch_size
         return per_epoch * self.local_epochs
 
+    def sample_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """Training samples each client processes per round (float64) for training-set sizes
+        ``counts``: all its data per epoch, or ``batch_size`` per step."""
+        if self.local_epochs is not None:
+            return counts.double().cpu() * self.local_epochs
+        return self.step_counts(counts).double().cpu() * self.batch_size
+
 
 ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
 

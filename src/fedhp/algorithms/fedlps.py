@@ -33,7 +33,7 @@ from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State
 from fedhp.algorithms.pucbv import PUCBV, exploration_xi
 from fedhp.comm import count_nonzero, unit_mask_bytes
 from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import DeviceCost, draw_capabilities
+from fedhp.engine.device_cost import DeviceCost, account_round, cost_state, draw_capabilities
 from fedhp.engine.ops import LossGrad
 from fedhp.models.masks import (
     masked_flops,
@@ -108,8 +108,7 @@ class FedLPS(Algorithm):
             "scores": scores.to(init_params.device),
             "capability": caps,
             "ratio": torch.full((k,), opt.fixed_ratio, dtype=torch.float64),
-            "sim_time_s": torch.zeros(1, dtype=torch.float64),
-            "flops": torch.zeros(1, dtype=torch.float64),
+            **cost_state(),
         }
         init_units = unit_mask_from_scores(model, state["scores"], state["ratio"])
         state["personal"] = init_params * param_mask(model, init_units, opt.structural)
@@ -222,33 +221,20 @@ class FedLPS(Algorithm):
         # training FLOPs: 3 × the masked model's forward FLOPs per sample × samples processed
         units = update.per_client["units"] > 0.5
         fwd = masked_flops(ctx.model, units, opt.structural).double()
-        samples = opt.step_counts(ctx.fed.train.counts[clients]).double().cpu()
-        flops = 3.0 * fwd * self._samples(clients, samples)
+        samples = opt.sample_counts(ctx.fed.train.counts[clients])
+        flops = 3.0 * fwd * samples
         acc = update.per_client["train_acc"][:, 0].double().cpu()
-        seconds = self.cost.client_seconds(flops, task.per_client["capability"], up, down)
-        round_s = self.cost.round_seconds(seconds)
-        state["sim_time_s"] += round_s
-        state["flops"] += float(flops.sum())
+        caps = task.per_client["capability"]
+        seconds, cost = account_round(state, self.cost, flops, caps, up, down)
         if opt.ratio == "pucbv":
             self._update_bandits(state, clients, acc, seconds)
         stats = self.local_work_stats(task, update)
         stats.update(
-            sim_time_s=float(state["sim_time_s"]),
-            round_sim_time_s=round_s,
-            flops=float(state["flops"]),
+            cost,
             mean_keep_ratio=float(task.per_client["ratio"].mean()),
             mean_train_acc=float(acc.mean()),
         )
         return stats
-
-    def _samples(self, clients: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-        """Samples each client processed in the round: all its data per epoch (``local_epochs``)
-        or ``batch_size`` per step."""
-        opt = self.options
-        if opt.local_epochs is not None:
-            counts = self.ctx.fed.train.counts[clients].double().cpu()
-            return counts * opt.local_epochs
-        return steps * opt.batch_size
 
     def _update_bandits(
         self, state: State, clients: torch.Tensor, acc: torch.Tensor, seconds: torch.Tensor

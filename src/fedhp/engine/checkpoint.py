@@ -190,8 +190,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
     """``saved`` (a resolved configuration written earlier) with the top-level keys added since
-    (``backend``, ``flower``, ``plugins``, ``tensorboard``, ``public``, ``subsample``) at their
-    defaults, so it compares equal to the same run's configuration resolved today."""
+    (``backend``, ``flower``, ``plugins``, ``tensorboard``, ``public``, ``subsample``,
+    ``eval_train``) at their defaults, so it compares equal to the same run's configuration
+    resolved today."""
     from fedhp.config import FlowerConfig, PublicConfig, SubsampleConfig
 
     added = {
@@ -201,6 +202,7 @@ def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
         "tensorboard": False,
         "public": PublicConfig().model_dump(mode="json"),
         "subsample": SubsampleConfig().model_dump(mode="json"),
+        "eval_train": True,
     }
     return {**{k: v for k, v in added.items() if k not in saved}, **saved}
 

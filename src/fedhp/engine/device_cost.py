@@ -55,3 +55,34 @@ class DeviceCost:
     def round_seconds(client_seconds: torch.Tensor) -> float:
         """A synchronous round's time: its slowest client's (0 for an empty round)."""
         return float(client_seconds.max()) if client_seconds.numel() else 0.0
+
+
+def account_round(
+    state: dict[str, torch.Tensor],
+    cost: DeviceCost,
+    train_flops: torch.Tensor,
+    capability: torch.Tensor,
+    bytes_up: torch.Tensor,
+    bytes_down: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Add a round to ``state``'s running ``sim_time_s`` and ``flops`` (float64 ``[1]``) from the
+    clients' training FLOPs, capabilities and bytes: each client's T_k and the round's metrics
+    (``sim_time_s``, ``round_sim_time_s``, ``flops``)."""
+    seconds = cost.client_seconds(train_flops, capability, bytes_up, bytes_down)
+    round_s = cost.round_seconds(seconds)
+    state["sim_time_s"] += round_s
+    state["flops"] += float(train_flops.double().sum())
+    stats = {
+        "sim_time_s": float(state["sim_time_s"]),
+        "round_sim_time_s": round_s,
+        "flops": float(state["flops"]),
+    }
+    return seconds, stats
+
+
+def cost_state() -> dict[str, torch.Tensor]:
+    """The running totals :func:`account_round` keeps (zero)."""
+    return {
+        "sim_time_s": torch.zeros(1, dtype=torch.float64),
+        "flops": torch.zeros(1, dtype=torch.float64),
+    }

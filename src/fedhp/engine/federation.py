@@ -81,6 +81,21 @@ class ClientTensors:
             x = x + std * noise.to(x.device)
         return x, self.y[rows]
 
+    def select(self, clients: torch.Tensor) -> ClientTensors:
+        """The split of ``clients`` only, in that order (client i of the result is
+        ``clients[i]``)."""
+        starts, ends = self.offsets[clients].tolist(), self.offsets[clients + 1].tolist()
+        rows = torch.cat(
+            [torch.arange(a, b, device=self.x.device) for a, b in zip(starts, ends, strict=True)]
+            or [torch.zeros(0, dtype=torch.long, device=self.x.device)]
+        )
+        counts = self.counts[clients]
+        offsets = torch.zeros(len(clients) + 1, dtype=torch.long, device=self.offsets.device)
+        offsets[1:] = torch.cumsum(counts, 0)
+        owner = torch.repeat_interleave(torch.arange(len(clients), device=counts.device), counts)
+        std = None if self.noise_std is None else self.noise_std[clients]
+        return ClientTensors(self.x[rows], self.y[rows], offsets, owner.to(self.x.device), std)
+
     def windows(self, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Positions ``start .. start+width-1`` of every client: ``x [C,W,..]``, ``y``, ``valid``.
 

@@ -272,6 +272,18 @@ def weighted_mean(params: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return normalized(weights.to(params.dtype)) @ params
 
 
+def held_mean(
+    previous: torch.Tensor, params: torch.Tensor, held: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Entry-wise weighted mean over the clients holding each entry (HeteroFL's aggregation):
+    ``sum_c w_c h_c x_c / sum_c w_c h_c`` for ``params``, ``held [C, P]`` (0/1), ``weights [C]``;
+    an entry nobody holds keeps its ``previous [P]`` value."""
+    w = weights.to(params.dtype).unsqueeze(1) * held.to(params.dtype)
+    total = w.sum(0)
+    mean = (w * params).sum(0) / total.clamp(min=torch.finfo(params.dtype).tiny)
+    return torch.where(total > 0, mean, previous)
+
+
 def segment_mean(
     params: torch.Tensor, segment: torch.Tensor, weights: torch.Tensor, num_segments: int
 ) -> torch.Tensor:

@@ -91,8 +91,10 @@ def evaluate_state(
     if w is not None:
         bufs = algo.global_buffers(state)
         test = evaluate_shared(model, w, split, buffers=bufs)
-        train = evaluate_shared(model, w, fed.train, buffers=bufs)
-        row.update(global_acc=test.accuracy, global_loss=test.loss, train_loss=train.loss)
+        row.update(global_acc=test.accuracy, global_loss=test.loss)
+        if exp.cfg.eval_train or model.reports_objective:
+            train = evaluate_shared(model, w, fed.train, buffers=bufs)
+            row["train_loss"] = train.loss
         if test.balanced_accuracy is not None:  # mean of per-class accuracies (FNR-FL, NIID-Bench)
             row["global_balanced_acc"] = test.balanced_accuracy
         row["density_global"] = density(w, eps)
@@ -106,17 +108,19 @@ def evaluate_state(
     personal = algo.personal_models(state) if personal_eval is None else None
     if personal is not None or personal_eval is not None:
         if personal_eval is not None:
-            test, train = personal_eval.test, personal_eval.train
+            test, train_loss = personal_eval.test, personal_eval.train.loss
             personal_density = personal_eval.density
         else:
             assert personal is not None
             bufs = algo.personal_buffers(state)
             test = evaluate_personal(model, personal, split, buffers=bufs)
-            train = evaluate_personal(model, personal, fed.train, buffers=bufs)
+            train_loss = None
+            if exp.cfg.eval_train:
+                train_loss = evaluate_personal(model, personal, fed.train, buffers=bufs).loss
             personal_density = density(personal, eps)
-        row.update(
-            personal_acc=test.accuracy, personal_loss=test.loss, personal_train_loss=train.loss
-        )
+        row.update(personal_acc=test.accuracy, personal_loss=test.loss)
+        if exp.cfg.eval_train:
+            row["personal_train_loss"] = train_loss
         row["density_personal"] = personal_density
         for e, acc in enumerate(test.per_group_accuracy(edge_of, topo.num_edges).tolist()):
             row[f"edge{e}_personal_acc"] = acc

@@ -1,4 +1,4 @@
-"""Reproductions of the sFedHP, Fed-HT and FNR-FL papers' tables and figures
+"""Reproductions of the sFedHP, Fed-HT, FNR-FL and FedLPS papers' tables and figures
 (``fedhp reproduce NAME``)."""
 
 from __future__ import annotations
@@ -48,6 +48,15 @@ def _fnrfl(opts: ReproOptions) -> Any:
     return fnrfl.reproduce(opts)
 
 
+def _fedlps(experiment: str) -> Callable[[ReproOptions], Any]:
+    def run(opts: ReproOptions) -> Any:
+        from fedhp.experiments import fedlps
+
+        return fedlps.reproduce(opts, experiment)
+
+    return run
+
+
 REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "sfedhp-table1": _table1,
     "sfedhp-lambda": _lambda,
@@ -59,6 +68,8 @@ REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "fedht-libsvm": _fedht("libsvm"),
     "fedht-noiseless": _fedht("noiseless"),
     "fnrfl-table2": _fnrfl,
+    "fedlps-table1": _fedlps("table1"),
+    "fedlps-ablation": _fedlps("ablation"),
 }
 
 __all__ = ["REPRODUCTIONS", "ReproOptions"]

@@ -111,41 +111,74 @@ def masked_flops(
 ) -> torch.Tensor:
     """Forward FLOPs per sample ``[C]`` (int64) of each client's masked model, counting only
     what a physically pruned model computes (PyTorch's FlopCounterMode convention: 2 per
-    multiply-add of a Linear / Conv2d, nothing for biases, activations, pooling, BatchNorm).
+    multiply-add of a Linear / Conv2d, nothing for biases, activations, pooling, BatchNorm):
+    :func:`sparse_flops` of the unit mask's parameter mask."""
+    return sparse_flops(model, param_mask(model, unit_mask, structural))
 
-    For each layer, kept output units (non-zero weight rows) × live inputs (input features or
-    channels not structurally zero) × kernel area × output positions. Live inputs are found by a
-    probe forward of the reference module with the parameter mask itself as (non-negative)
-    parameters (weights scaled to average their inputs, in float64), unit BatchNorm statistics
-    and an all-ones input: an activation is zero there
-    exactly when every path to it is pruned (a kept unit's output stays positive)."""
-    pmask = param_mask(model, unit_mask, structural).double()
+
+def sparse_flops(model: BatchedModel, pmask: torch.Tensor) -> torch.Tensor:
+    """Forward FLOPs per sample ``[C]`` (int64) of the models whose non-zero weights are those of
+    ``pmask [C, P]`` (unit-structured or unstructured): per Linear / Conv2d, 2 × the non-zero
+    weight entries that read a live input × output positions (for a unit mask: kept units × live
+    inputs × kernel area × positions). Inputs that no path reaches are found by
+    :func:`_live_inputs`."""
+    flops = []
+    for layers in _live_inputs(model, pmask):
+        flops.append(sum(2 * int(nnz) * positions for _, nnz, _, positions in layers))
+    return torch.tensor(flops, dtype=torch.int64)
+
+
+def held_entries(model: BatchedModel, pmask: torch.Tensor) -> torch.Tensor:
+    """The entries ``[C, P]`` (float 0/1) each client's sub-model really holds: ``pmask`` with the
+    weight columns of dead inputs (outputs of dropped units, structurally zero) also zeroed — the
+    entries HeteroFL-style aggregation averages over the clients holding them."""
+    out = pmask.clone().float()
+    specs = {s.name: s for s in model.layout.specs}
+    for c, layers in enumerate(_live_inputs(model, pmask)):
+        for weight, _, live, _ in layers:
+            view = model.layout.view(out[c : c + 1], specs[weight])[0]
+            shape = (1, -1, *([1] * (view.dim() - 2)))
+            view.mul_(live.to(view.dtype).reshape(shape))
+    return out
+
+
+def _live_inputs(
+    model: BatchedModel, pmask: torch.Tensor
+) -> list[list[tuple[str, int, torch.Tensor, int]]]:
+    """For each row of ``pmask [C, P]``, per Linear / Conv2d of the reference module: its weight's
+    name, its non-zero mask entries reading live inputs, the live inputs (bool, one per input
+    feature or channel) and its output positions per sample.
+
+    A probe forward of the reference module with the mask itself as (non-negative) parameters
+    (weights scaled to average their inputs, float64), unit BatchNorm statistics and an all-ones
+    input: an activation is zero exactly when every path to it is pruned."""
+    scaled = pmask.double().clone()
     for spec in model.layout.specs:  # weights averaging their inputs keep activations bounded
         if len(spec.shape) >= 2:
-            model.layout.view(pmask, spec).div_(spec.numel // spec.shape[0])
+            model.layout.view(scaled, spec).div_(spec.numel // spec.shape[0])
     probe = copy.deepcopy(model.reference).double().eval()
     for m in probe.modules():
         if isinstance(m, _BATCH_NORMS) and m.running_mean is not None:
             m.running_mean.zero_()
             assert m.running_var is not None
             m.running_var.fill_(1.0)
-    counts: list[int] = []
+    names = {id(m): f"{n}.weight" if n else "weight" for n, m in probe.named_modules()}
+    layers: list[tuple[str, int, torch.Tensor, int]] = []
 
     def hook(m: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
         x = inputs[0]
         w = m.weight
         assert isinstance(w, torch.Tensor)
-        rows = int((w.reshape(w.shape[0], -1) != 0).any(1).sum())
         if isinstance(m, nn.Conv2d):
             if m.groups != 1:
                 raise ValueError("masked_flops: grouped convolutions are not supported")
-            live = int((x[0] != 0).flatten(1).any(1).sum())
-            area = int(w.shape[2] * w.shape[3])
-            counts.append(2 * rows * live * area * int(output.shape[-1] * output.shape[-2]))
+            live = (x[0] != 0).flatten(1).any(1)
+            nnz = int((w[:, live] != 0).sum())
+            layers.append((names[id(m)], nnz, live, int(output.shape[-1] * output.shape[-2])))
         else:
-            live = int((x[0] != 0).reshape(-1, x.shape[-1]).any(0).sum())
-            tokens = x[0].numel() // x.shape[-1]
-            counts.append(2 * rows * live * tokens)
+            live = (x[0] != 0).reshape(-1, x.shape[-1]).any(0)
+            nnz = int((w[:, live] != 0).sum())
+            layers.append((names[id(m)], nnz, live, x[0].numel() // x.shape[-1]))
 
     handles = [
         m.register_forward_hook(hook)
@@ -153,18 +186,18 @@ def masked_flops(
         if isinstance(m, nn.Linear | nn.Conv2d)
     ]
     ones = torch.ones(1, *model.feature_shape, dtype=torch.float64)
-    flops = []
+    out = []
     try:
         with torch.no_grad():
-            for row in pmask:
+            for row in scaled:
                 model.layout.load_into(probe, row)
-                counts.clear()
+                layers = []
                 probe(ones)
-                flops.append(sum(counts))
+                out.append(layers)
     finally:
         for h in handles:
             h.remove()
-    return torch.tensor(flops, dtype=torch.int64)
+    return out
 
 
 def _unit_rows(
@@ -206,13 +239,33 @@ def unit_mask_from_scores(
     start = 0
     for g in unit_groups(model):
         block = scores[:, start : start + g.size]
-        keep = torch.floor(ratio.double() * g.size + 0.5).clamp(min=1, max=g.size).long()
+        keep = kept_units(g.size, ratio)
         order = torch.sort(block, dim=1, descending=True, stable=True).indices
         rank = torch.empty_like(order)
         rank.scatter_(1, order, torch.arange(g.size, device=scores.device).expand(c, -1))
         out[:, start : start + g.size] = rank < keep.to(scores.device).unsqueeze(1)
         start += g.size
     return out
+
+
+def kept_units(size: int, ratio: torch.Tensor) -> torch.Tensor:
+    """max(1, round(s·J)) (round half up) for a layer of J = ``size`` units, per ratio (int64)."""
+    return torch.floor(ratio.double() * size + 0.5).clamp(min=1, max=size).long()
+
+
+def window_unit_mask(
+    model: BatchedModel, ratio: torch.Tensor, offset: torch.Tensor | int = 0
+) -> torch.Tensor:
+    """Bool ``[C, U]``: in every layer of J units, the max(1, round(s·J)) consecutive units from
+    ``offset`` on, wrapping around (units (offset + i) mod J): offset 0 is HeteroFL's ordered
+    sub-model, an offset that advances every round FedRolex's rolling one."""
+    c = len(ratio)
+    off = torch.as_tensor(offset, dtype=torch.int64).expand(c).unsqueeze(1)
+    parts = []
+    for g in unit_groups(model):
+        pos = (torch.arange(g.size).unsqueeze(0) - off) % g.size
+        parts.append(pos < kept_units(g.size, ratio).unsqueeze(1))
+    return torch.cat(parts, dim=1)
 
 
 def output_layer_mask(model: BatchedModel) -> torch.Tensor:

@@ -1,0 +1,169 @@
+"""LotteryFL-style personalization (Li et al., 2021): each client keeps an unstructured magnitude
+mask and trains, keeps and uploads only the weights under it.
+
+Per round, each selected client k:
+
+* receives the global model under its mask, ω^r ⊙ M_k, and trains it (masked SGD, the local
+  budget); the result is its personal model (evaluated on its own test data);
+* if its accuracy on its own training data is ≥ ``acc_threshold`` and its density is above
+  ``target_density``, prunes: in every hidden Linear / Conv2d weight, the ``prune_step`` fraction
+  of its kept entries with the smallest |w| (ties: the lower index) leave M_k, never going below
+  ``target_density`` of the layer (the output layer and biases are never pruned);
+* sends up its masked weights and the mask (a bitmap over the parameters, billed); the cloud sets
+  each entry to the mean over the clients holding it (:func:`fedhp.engine.ops.held_mean`).
+
+Deviations from LotteryFL: no rewinding of the kept weights to their initial values after a
+pruning step, the training (not validation) accuracy gates pruning, and the pruning is per layer.
+Training FLOPs: 3 × the forward FLOPs of the non-zero weights the client trained
+(:func:`fedhp.models.masks.sparse_flops`) × samples; the capability levels and cost model are
+FedLPS's (:mod:`fedhp.engine.device_cost`), drawn every round or once (``capabilities``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+import torch
+
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.engine.context import RunContext
+from fedhp.engine.device_cost import DeviceCost, account_round, cost_state, draw_capabilities
+from fedhp.engine.evaluate import evaluate_personal
+from fedhp.engine.ops import held_mean
+from fedhp.models.masks import output_layer_mask, sparse_flops
+
+
+def magnitude_prune(
+    params: torch.Tensor, mask: torch.Tensor, blocks: list[slice], step: float, floor: float
+) -> torch.Tensor:
+    """The masks ``[C, P]`` after one pruning step: in each block (a layer's weight entries) of
+    each row, the ``step`` fraction of the kept entries with the smallest |params| is dropped
+    (round half up; ties: the lower index), keeping at least ``floor`` × the block's size."""
+    out = mask.clone()
+    for block in blocks:
+        size = block.stop - block.start
+        kept = mask[:, block] > 0
+        count = kept.sum(1)
+        keep = torch.maximum(
+            torch.floor(count.double() * (1 - step) + 0.5),
+            torch.full_like(count, max(1, int(floor * size + 0.5)), dtype=torch.float64),
+        )
+        keep = torch.minimum(keep, count.double()).long()
+        key = torch.where(kept, params[:, block].abs(), torch.full_like(params[:, block], -1.0))
+        order = torch.sort(key, dim=1, descending=True, stable=True).indices
+        rank = torch.empty_like(order)
+        rank.scatter_(1, order, torch.arange(size, device=mask.device).expand(len(mask), -1))
+        out[:, block] = (rank < keep.unsqueeze(1)).to(mask.dtype)
+    return out
+
+
+class LotteryFL(Algorithm):
+    """Per-client magnitude masks, masked local training, entry-wise averaging over holders."""
+
+    options: LotteryFLOptions
+    client_outputs = ("params", "mask")
+    node_keys = {"personal": "client"}
+    personal_on_node = True
+
+    def __init__(self, options: LotteryFLOptions, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        model = ctx.model
+        head = output_layer_mask(model)
+        self.blocks = [
+            slice(s.offset, s.offset + s.numel)
+            for s in model.layout.specs
+            if len(s.shape) >= 2 and not bool(head[s.offset])
+        ]
+        self.prunable = sum(b.stop - b.start for b in self.blocks)
+        self.cost = DeviceCost()
+
+    def init_state(self, init_params: torch.Tensor) -> State:
+        ctx = self.ctx
+        k = ctx.num_clients
+        return {
+            "global": init_params.clone(),
+            "mask": torch.ones(k, init_params.numel(), device=init_params.device),
+            "personal": init_params.expand(k, -1).clone(),
+            "capability": draw_capabilities(k, ctx.generator).to(init_params.device),
+            **cost_state(),
+        }
+
+    def client_widths(self) -> dict[str, int]:
+        n = self.ctx.model.num_params
+        return {"params": n, "mask": n}
+
+    def plan(self, state: State, rnd: int) -> Task:
+        ctx, opt = self.ctx, self.options
+        if opt.capabilities == "dyn" and rnd > 0:
+            state["capability"] = draw_capabilities(ctx.num_clients, ctx.generator).to(
+                state["capability"].device
+            )
+        clients = ctx.sample_clients()
+        sub = state["global"] * state["mask"][clients]
+        start = ctx.send("client_cloud", "down", sub, clients)
+        caps = state["capability"][clients].cpu().double()
+        # the cloud keeps a copy of every mask (the clients upload them); it rides along with the
+        # sub-model unbilled, since the client holds the same mask
+        mask = state["mask"][clients]
+        return Task(clients, per_client={"start": start, "mask": mask, "capability": caps})
+
+    def train(self, state: State, task: Task) -> Update:
+        ctx, opt = self.ctx, self.options
+        clients = task.clients
+        mask = task.per_client["mask"]
+        params, loss_sum, steps = self.local_update(task.per_client["start"], clients, mask=mask)
+        result = evaluate_personal(ctx.model, params, ctx.fed.train.select(clients))
+        acc = result.correct / result.count.clamp(min=1)
+        density = sum(mask[:, b].sum(1) for b in self.blocks) / self.prunable
+        gate = (acc.to(mask.device) >= opt.acc_threshold) & (density > opt.target_density)
+        pruned = magnitude_prune(params, mask, self.blocks, opt.prune_step, opt.target_density)
+        new_mask = torch.where(gate.unsqueeze(1), pruned, mask)
+        state["personal"][clients] = params * new_mask
+        return Update(
+            per_client={"params": params * new_mask, "mask": new_mask},
+            losses=loss_sum.unsqueeze(0),
+            steps=steps,
+        )
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        ctx, opt = self.ctx, self.options
+        clients = task.clients
+        params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
+        new_mask = update.per_client["mask"]
+        bitmap = ctx.ledger.record_masks(
+            "client_cloud", "up", ctx.model.num_params, len(clients), clients
+        )
+        state["global"] = held_mean(state["global"], params, new_mask, ctx.client_weights(clients))
+        trained = task.per_client["mask"]
+        fwd = sparse_flops(ctx.model, trained).double()
+        flops = 3.0 * fwd * opt.sample_counts(ctx.fed.train.counts[clients])
+        down = 4.0 * trained.sum(1).double().cpu()
+        state["mask"][clients] = new_mask
+        up = 4.0 * new_mask.sum(1).double().cpu() + bitmap / max(1, len(clients))
+        caps = task.per_client["capability"]
+        _, cost = account_round(state, self.cost, flops, caps, up, down)
+        stats = self.local_work_stats(task, update)
+        stats.update(cost, mean_density=float(new_mask.double().mean()))
+        return stats
+
+    def personal_models(self, state: State) -> torch.Tensor | None:
+        return state["personal"]
+
+
+@ALGORITHMS.register("lotteryfl")
+class LotteryFLOptions(LocalWorkOptions):
+    """LotteryFL-style personal magnitude masks (docs/fedlps.md)."""
+
+    lr: float = 0.1
+    prune_step: float = pydantic.Field(0.2, gt=0, lt=1, description="fraction pruned per step")
+    target_density: float = pydantic.Field(
+        0.5, gt=0, le=1, description="stop pruning a layer at this kept fraction"
+    )
+    acc_threshold: float = pydantic.Field(
+        0.5, ge=0, le=1, description="prune only when the training accuracy reaches this"
+    )
+    capabilities: Literal["fix", "dyn"] = "dyn"
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        return LotteryFL(self, ctx)

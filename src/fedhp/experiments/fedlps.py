@@ -1,0 +1,354 @@
+"""``fedlps-table1`` and ``fedlps-ablation``: FedLPS's Table I (MNIST row) and its ablation
+(Xue et al.; ``specs/fedlps.md``), with training FLOPs, simulated time and time to accuracy.
+
+Setup (the paper's / code's): 100 clients with 2 label-sorted shards each, 90/10 train /
+validation, each client's test set the same number of images of each of its classes; 10 clients
+per round, 100 rounds, SGD lr 0.1, batch 20, 5 local epochs, the 21,840-parameter CNN,
+sample-weighted aggregation. ``--quick``: 30 rounds of 1 local epoch (a CPU check, not the
+table). Accuracy is every method's personalized accuracy the same way: the mean over clients of
+its personal model's accuracy on its own test data (the global model's for FedAvg).
+
+Prints one line per method: ``fedlps <experiment> <method> acc=<float> flops=<float>
+sim_time_s=<float>`` (acc: final round, mean over seeds; flops: training FLOPs of the whole run;
+sim_time_s: FedLPS's cost model, ``nan`` for the dense methods, which have no capability
+model); writes ``table.md`` / ``table.json`` and ``acc.png`` (accuracy vs round) next to the
+paper's numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fedhp.errors import ConfigError
+from fedhp.experiments.common import ReproOptions, map_runs, markdown_table, mean_std, run_config
+from fedhp.experiments.figures import read_metrics
+from fedhp.reporting import plot_curves, write_json_atomic
+
+TABLE1 = (
+    "fedlps",
+    "fedlps-mu0",
+    "fedavg",
+    "heterofl",
+    "fedrolex",
+    "perfedavg",
+    "fedper",
+    "ditto",
+    "lotteryfl",
+)
+ABLATION = ("flst", "rcr-fix", "pucbv-fix", "rcr-dyn", "pucbv-dyn")
+LABELS = {
+    "fedlps": "FedLPS (μ = 1, paper)",
+    "fedlps-mu0": "FedLPS (μ = 0, code)",
+    "fedavg": "FedAvg",
+    "heterofl": "HeteroFL",
+    "fedrolex": "FedRolex",
+    "perfedavg": "Per-FedAvg",
+    "fedper": "FedPer",
+    "ditto": "Ditto",
+    "lotteryfl": "LotteryFL",
+    "flst": "FLST (s = 0.5)",
+    "rcr-fix": "RCR-Fix",
+    "pucbv-fix": "P-UCBV-Fix",
+    "rcr-dyn": "RCR-Dyn",
+    "pucbv-dyn": "P-UCBV-Dyn (FedLPS)",
+}
+# Table I, MNIST: accuracy % and training FLOPs × 1e12; the ablation's accuracy %.
+PAPER: dict[str, tuple[float, float | None]] = {
+    "fedlps": (96.77, 0.8),
+    "fedlps-mu0": (96.77, 0.8),
+    "fedavg": (88.15, 2.8),
+    "heterofl": (90.76, 1.1),
+    "fedrolex": (93.73, 1.1),
+    "perfedavg": (93.46, 2.8),
+    "fedper": (93.45, 2.8),
+    "ditto": (92.00, 5.6),
+    "lotteryfl": (93.37, 1.8),
+    "flst": (94.76, None),
+    "rcr-fix": (94.95, None),
+    "pucbv-fix": (95.72, None),
+    "rcr-dyn": (95.99, None),
+    "pucbv-dyn": (96.77, None),
+}
+FEDLPS_VARIANTS: dict[str, list[str]] = {
+    "fedlps": [],
+    "fedlps-mu0": ["algorithm.mu=0"],
+    "flst": ["algorithm.ratio=fixed", "algorithm.fixed_ratio=0.5", "algorithm.capabilities=dyn"],
+    "rcr-fix": ["algorithm.ratio=capability", "algorithm.capabilities=fix"],
+    "pucbv-fix": ["algorithm.ratio=pucbv", "algorithm.capabilities=fix"],
+    "rcr-dyn": ["algorithm.ratio=capability", "algorithm.capabilities=dyn"],
+    "pucbv-dyn": ["algorithm.ratio=pucbv", "algorithm.capabilities=dyn"],
+}
+NUM_CLIENTS = 100
+PER_ROUND = 10
+BATCH = 20
+FEATURE_SHAPES = {"mnist": (1, 28, 28), "fmnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+TARGET = 0.90  # the TTA table's accuracy target (MNIST)
+
+
+def scale(opts: ReproOptions) -> tuple[int, int]:
+    """(rounds, local epochs): the paper's 100 × 5, ``--quick`` 30 × 1, ``--rounds`` overrides."""
+    rounds, epochs = (30, 1) if opts.quick else (100, 5)
+    return (opts.rounds if opts.rounds_given else rounds), epochs
+
+
+def method_overrides(method: str, epochs: int, rounds: int) -> list[str]:
+    """``algorithm.*`` overrides of one row."""
+    if method in FEDLPS_VARIANTS:
+        return [
+            "algorithm.name=fedlps",
+            f"algorithm.local_epochs={epochs}",
+            f"algorithm.rounds={rounds}",
+            *FEDLPS_VARIANTS[method],
+        ]
+    if method == "perfedavg":  # no epoch budget: the same number of steps, each on 2 batches
+        steps = epochs * math.ceil(540 / BATCH)
+        return [
+            "algorithm.name=perfedavg",
+            f"algorithm.local_steps={steps}",
+            "algorithm.alpha=0.01",
+            "algorithm.beta=0.1",
+        ]
+    return [f"algorithm.name={method}", f"algorithm.local_epochs={epochs}"]
+
+
+def run_overrides(opts: ReproOptions, method: str, seed: int) -> list[str]:
+    """Every override of one run."""
+    rounds, epochs = scale(opts)
+    if opts.dataset not in FEATURE_SHAPES:
+        raise ConfigError(
+            f"--dataset: fedlps runs {', '.join(FEATURE_SHAPES)}; got {opts.dataset!r}"
+        )
+    return [
+        f"dataset.name={opts.dataset}",
+        *([f"dataset.data_dir={opts.data_dir}"] if opts.data_dir else []),
+        "partition.name=shards",
+        "partition.shards_per_client=2",
+        "partition.test_mix=equal",
+        "partition.val_fraction=0.1",
+        f"federation.num_clients={NUM_CLIENTS}",
+        "federation.num_edges=1",
+        f"federation.client_fraction={PER_ROUND / NUM_CLIENTS}",
+        "federation.weighting=samples",
+        f"model.name={opts.model or 'cnn2'}",
+        "algorithm.lr=0.1",
+        f"algorithm.batch_size={BATCH}",
+        *method_overrides(method, epochs, rounds),
+        f"rounds={rounds}",
+        "eval_every=1",
+        "eval_train=false",
+        f"threads={opts.threads}",
+        "progress=false",
+        "checkpoint_every=10",
+        f"seed={seed}",
+        *opts.extra,
+    ]
+
+
+def personal_curve(folder: Path) -> list[tuple[int, float]]:
+    """(round, mean over clients of the personal model's accuracy on its own test data) at every
+    evaluated round (the global model's accuracy where the method has no personal models)."""
+    per_round: dict[int, list[float]] = defaultdict(list)
+    with (folder / "per_client.csv").open() as f:
+        for row in csv.DictReader(f):
+            value = row.get("personal_acc") or row["global_acc"]
+            per_round[int(row["round"])].append(float(value))
+    return [(r, sum(v) / len(v)) for r, v in sorted(per_round.items())]
+
+
+def dense_flops(model_name: str, dataset: str, summary: dict[str, Any]) -> float:
+    """Training FLOPs of a dense method: 3 × the model's forward FLOPs per sample × the samples of
+    its minibatch gradient evaluations (summary.json: per client per round; Ditto's personal
+    update, not in that count, doubles it) × clients × rounds."""
+    import torch
+
+    from fedhp.models.masks import masked_flops, num_units
+    from fedhp.models.zoo import MODELS
+
+    shape = FEATURE_SHAPES[dataset]
+    model = MODELS.get(model_name)().build(shape, 10)
+    fwd = float(masked_flops(model, torch.ones(1, num_units(model), dtype=torch.bool))[0])
+    evals = float(summary["gradient_evaluations_per_round"])
+    if summary["algorithm"] == "ditto":  # the same budget again on the personal model
+        evals *= 2
+    return 3.0 * fwd * BATCH * evals * PER_ROUND * int(summary["rounds"])
+
+
+def time_to_accuracy(folder: Path, target: float) -> float:
+    """Simulated seconds (FedLPS's cost model) until the personal accuracy first reaches
+    ``target`` (nan if never, or if the method has no cost model)."""
+    sim = {
+        int(r["round"]): float(r["sim_time_s"]) for r in read_metrics(folder) if "sim_time_s" in r
+    }
+    for rnd, acc in personal_curve(folder):
+        if acc >= target and rnd in sim:
+            return sim[rnd]
+    return math.nan
+
+
+def row_of(method: str, summaries: list[dict[str, Any]], opts: ReproOptions) -> dict[str, Any]:
+    """One table row: accuracy (final, best), FLOPs, simulated time and TTA, mean ± std."""
+    finals, bests, flops, sims, ttas = [], [], [], [], []
+    for s in summaries:
+        folder = Path(s["folder"])
+        curve = personal_curve(folder)
+        finals.append(curve[-1][1])
+        bests.append(max(a for _, a in curve))
+        metrics = read_metrics(folder)
+        last = metrics[-1] if metrics else {}
+        if "flops" in last:
+            flops.append(float(last["flops"]))
+            sims.append(float(last["sim_time_s"]))
+        else:
+            flops.append(dense_flops(opts.model or "cnn2", opts.dataset, s))
+            sims.append(math.nan)
+        ttas.append(time_to_accuracy(folder, TARGET))
+
+    def stat(values: list[float]) -> dict[str, float]:
+        m, sd = mean_std(values)
+        return {"mean": m, "std": sd}
+
+    paper_acc, paper_flops = PAPER[method]
+    return {
+        "method": method,
+        "label": LABELS[method],
+        "acc": stat(finals),
+        "best_acc": stat(bests),
+        "flops": stat(flops),
+        "sim_time_s": stat(sims),
+        "tta_s": stat(ttas),
+        "paper_acc": paper_acc / 100,
+        "paper_flops": None if paper_flops is None else paper_flops * 1e12,
+        "seconds": stat([float(s["seconds"]) for s in summaries]),
+        "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
+        "folders": [s["folder"] for s in summaries],
+    }
+
+
+def _cell(stat: dict[str, float], fmt: str) -> str:
+    if math.isnan(stat["mean"]):
+        return "—"
+    text = format(stat["mean"], fmt)
+    return text if stat["std"] == 0 or math.isnan(stat["std"]) else f"{text} ± {stat['std']:{fmt}}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    header = [
+        "method",
+        "acc (final)",
+        "acc (best)",
+        "paper acc",
+        "training FLOPs ×1e12",
+        "paper FLOPs ×1e12",
+        "sim. time s",
+        f"TTA {TARGET:.0%} s",
+        "wall s",
+    ]
+    body = []
+    for r in rows:
+        flops = {k: v / 1e12 for k, v in r["flops"].items()}
+        body.append(
+            [
+                r["label"],
+                _cell(r["acc"], ".4f"),
+                _cell(r["best_acc"], ".4f"),
+                f"{r['paper_acc']:.4f}",
+                _cell(flops, ".3f"),
+                "—" if r["paper_flops"] is None else f"{r['paper_flops'] / 1e12:.1f}",
+                _cell(r["sim_time_s"], ".1f"),
+                _cell(r["tta_s"], ".1f"),
+                _cell(r["seconds"], ".0f"),
+            ]
+        )
+    return markdown_table(header, body)
+
+
+def describe(opts: ReproOptions) -> str:
+    import torch
+
+    rounds, epochs = scale(opts)
+    return (
+        f"{opts.dataset}, {NUM_CLIENTS} clients × 2 label shards (90/10 train/validation, test "
+        f"images equal per own class), {PER_ROUND} per round, R = {rounds}, {epochs} local "
+        f"epoch(s), SGD lr 0.1, batch {BATCH}, model {opts.model or 'cnn2'}, sample-weighted "
+        f"aggregation; capabilities z ∈ {{1, ½, ¼, ⅛, 1/16}} (Dyn unless the row says Fix). acc "
+        f"= mean over clients of the personal model's accuracy on its own test data (final "
+        f"round; FedAvg: the global model), mean over seeds 0..{opts.seeds - 1}; FLOPs = 3 × "
+        f"forward FLOPs of what was trained × samples (batch {BATCH}; the paper's MNIST FLOPs "
+        f"match batch 32); sim. time and TTA (first round at ≥ {TARGET:.0%}) under FedLPS's "
+        f"cost model, for the methods that carry it; wall s: wall-clock seconds per run, torch "
+        f"threads = {opts.threads}, {opts.jobs} runs at once (machine: {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__})."
+    )
+
+
+def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
+    """Run every (method, seed) of ``experiment`` (``table1`` or ``ablation``); print the result
+    lines; write the table and the figure."""
+    allowed = TABLE1 if experiment == "table1" else ABLATION
+    methods = opts.methods or list(allowed)
+    for m in methods:
+        if m not in allowed:
+            raise ConfigError(f"--methods: unknown {m!r}; choose from {', '.join(allowed)}")
+    tag = "quick" if opts.quick else "paper"
+    out = opts.out or Path("runs") / "reproduce" / f"fedlps-{experiment}-{opts.dataset}-{tag}"
+    runs = opts.runs or out / "runs"
+    tasks, where = [], {}
+    for method in methods:
+        for seed in range(opts.seeds):
+            folder = runs / method / f"seed{seed}"
+            tasks.append((run_overrides(opts, method, seed), folder))
+            where[folder] = (method, seed)
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    for folder, summary, sec in map_runs(tasks, opts.jobs, run_config):
+        summary["folder"] = str(folder)
+        done[where[folder]] = summary
+        if not opts.quiet:
+            method, seed = where[folder]
+            acc = personal_curve(folder)[-1][1]
+            print(
+                f"[{len(done)}/{len(tasks)}] {method} seed {seed}: acc={acc:.4f} "
+                f"{'reused' if summary.get('reused') else f'{sec:.0f}s'}",
+                file=sys.stderr,
+                flush=True,
+            )
+    rows: list[dict[str, Any]] = []
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for method in methods:
+        summaries = [done[(method, seed)] for seed in range(opts.seeds)]
+        row = row_of(method, summaries, opts)
+        rows.append(row)
+        print(
+            f"fedlps {experiment} {method} acc={row['acc']['mean']:.4f} "
+            f"flops={row['flops']['mean']:.4g} sim_time_s={row['sim_time_s']['mean']:.2f}",
+            flush=True,
+        )
+        curve = personal_curve(Path(summaries[0]["folder"]))
+        series[LABELS[method]] = ([float(r) for r, _ in curve], [a for _, a in curve])
+    out.mkdir(parents=True, exist_ok=True)
+    plot_curves(
+        series,
+        out / "acc.png",
+        "round",
+        "personalized accuracy (mean over clients, seed 0)",
+        f"FedLPS {experiment}, {opts.dataset}",
+    )
+    text = markdown(rows)
+    result = {
+        "experiment": experiment,
+        "dataset": opts.dataset,
+        "quick": opts.quick,
+        "seeds": opts.seeds,
+        "description": describe(opts),
+        "rows": rows,
+    }
+    (out / "table.md").write_text(f"{result['description']}\n\n{text}")
+    write_json_atomic(out / "table.json", result)
+    if not opts.quiet:
+        print(text, file=sys.stderr)
+    return result
