@@ -51,7 +51,10 @@ def test_evaluate_state_reports_each_clients_own_model() -> None:
     algo = HeurFedAMPOptions().build(ctx)
     state = {"personal": distinct_models(5)}
     exp = SimpleNamespace(
-        model=ctx.model, ctx=ctx, algorithm=algo, cfg=SimpleNamespace(eval_split="test")
+        model=ctx.model,
+        ctx=ctx,
+        algorithm=algo,
+        cfg=SimpleNamespace(eval_split="test", eval_train=True),
     )
     row, clients = evaluate_state(exp, state)  # type: ignore[arg-type]
     correct = [hand(state["personal"][c], *client_test(ctx, c))[0] for c in range(5)]
@@ -83,3 +86,19 @@ def test_balanced_accuracy_is_the_mean_of_per_class_accuracies() -> None:
     sizes = [len(v) for v in hits.values()]
     assert len(set(sizes)) > 1  # unbalanced, so the two averages differ in general
     assert result.balanced_accuracy != pytest.approx(result.accuracy)
+
+
+def test_eval_train_false_skips_the_training_set_and_changes_nothing_else() -> None:
+    from tests.conftest import small_experiment
+
+    rows = {}
+    for flag in ("true", "false"):
+        exp = small_experiment("algorithm.name=ditto", "model.name=mlr", f"eval_train={flag}")
+        state = exp.algorithm.init_state(exp.model.init_params(0))
+        exp.algorithm.run_round(state, 0)
+        rows[flag] = evaluate_state(exp, state)
+    full, fast = rows["true"], rows["false"]
+    assert "train_loss" in full[0] and "personal_train_loss" in full[0]
+    assert "train_loss" not in fast[0] and "personal_train_loss" not in fast[0]
+    assert {k: v for k, v in full[0].items() if "train" not in k} == fast[0]
+    assert full[1] == fast[1]

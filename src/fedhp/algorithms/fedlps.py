@@ -85,6 +85,7 @@ class FedLPS(Algorithm):
     options: FedLPSOptions
     client_outputs = ("delta", "units", "train_acc")
     node_keys = {"scores": "client", "personal": "client"}
+    personal_on_node = True
 
     def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)

@@ -12,8 +12,8 @@ Per round, for each selected client k of capability z_k (FedLPS's levels and cos
 * the cloud sets every entry to the (uniform or sample-weighted) mean over the clients that hold
   it; an entry nobody held this round keeps its value (:func:`fedhp.engine.ops.held_mean`).
 
-The personalized model of a client is its last trained sub-model (the initial model's sub-model
-before it first trains), evaluated on its own test data — FedLPS's protocol for every baseline.
+The personalized model of a client is its last trained sub-model (the initial model before it
+first trains), evaluated on its own test data — FedLPS's protocol for every baseline.
 Deviations from the HeteroFL paper: no "scaler" (outputs are not divided by z while training),
 no masked classifier for label-skewed clients, and round(z·J) rather than ceil(z·J) units.
 Training FLOPs count what the physically pruned sub-model computes
@@ -59,12 +59,10 @@ class HeteroFL(Algorithm):
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx = self.ctx
         caps = draw_capabilities(ctx.num_clients, ctx.generator)
-        _, held = self.held(caps, self.window_offset(0))
-        held = held.to(init_params.device)
         return {
             "global": init_params.clone(),
             "capability": caps.to(init_params.device),
-            "personal": init_params * held,
+            "personal": init_params.expand(ctx.num_clients, -1).clone(),
             **cost_state(),
         }
 

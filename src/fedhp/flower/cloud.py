@@ -362,8 +362,8 @@ class FlowerDriver:
     def _merge(
         self, task: Task, parts: dict[int, _Part], good: dict[int, Content]
     ) -> tuple[Task, Update]:
-        """The task restricted to the nodes that answered, and their merged update (rows in
-        global order: shards are contiguous and ordered)."""
+        """The task restricted to the nodes that answered (their ``per_client`` rows too), and
+        their merged update (rows in global order: shards are contiguous and ordered)."""
         order = sorted(good)
 
         def cat(key: str) -> torch.Tensor:
@@ -375,7 +375,10 @@ class FlowerDriver:
             edges = torch.cat([_must(parts[i].task.edges) for i in order])
         if task.agg_edges is not None:
             agg = torch.cat([_must(parts[i].task.agg_edges) for i in order])
-        merged = Task(clients, edges, agg, task.broadcast, {}, task.scalars)
+        per_client = {
+            k: torch.cat([parts[i].task.per_client[k] for i in order]) for k in task.per_client
+        }
+        merged = Task(clients, edges, agg, task.broadcast, per_client, task.scalars)
         update = Update(
             per_client={k: cat(f"c.{k}") for k in self.algo.client_widths()},
             per_edge={k: cat(f"e.{k}") for k in self.algo.edge_widths()},

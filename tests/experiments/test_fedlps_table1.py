@@ -1,0 +1,80 @@
+"""``fedhp reproduce fedlps-table1`` / ``fedlps-ablation``: every row's configuration, the result
+lines, the FLOPs of dense and sparse rows and the table, end to end on an MNIST subset (one
+round)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fedhp.cli import main
+from fedhp.config import resolve_config
+from fedhp.experiments import fedlps
+from fedhp.experiments.common import ReproOptions
+
+LINE = re.compile(r"^fedlps (\S+) (\S+) acc=([0-9.]+) flops=(\S+) sim_time_s=(\S+)$")
+CNN_FORWARD_FLOPS = 2 * (10 * 25 * 24 * 24 + 20 * 10 * 25 * 8 * 8 + 320 * 50 + 50 * 10)
+
+
+def test_every_row_resolves_to_the_paper_setup() -> None:
+    opts = ReproOptions(dataset="mnist")
+    for method in (*fedlps.TABLE1, *fedlps.ABLATION):
+        cfg = resolve_config(None, fedlps.run_overrides(opts, method, 0))
+        algo = cfg.algorithm
+        assert cfg.federation.num_clients == 100 and cfg.federation.client_fraction == 0.1
+        assert cfg.rounds == 100 and cfg.partition["name"] == "shards"
+        assert algo["lr"] == 0.1 and algo["batch_size"] == 20
+        if method == "perfedavg":
+            assert algo["local_steps"] == 5 * 27  # 5 epochs of 540 samples in batches of 20
+        else:
+            assert algo["local_epochs"] == 5
+    assert resolve_config(None, fedlps.run_overrides(opts, "fedlps-mu0", 0)).algorithm["mu"] == 0
+    flst = resolve_config(None, fedlps.run_overrides(opts, "flst", 0)).algorithm
+    assert flst["ratio"] == "fixed" and flst["fixed_ratio"] == 0.5
+
+
+def test_end_to_end_lines_flops_and_table(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # 20,000 training images: 200 per client, 180 after the validation carve-out (9 batches)
+    code = main(
+        [
+            "reproduce",
+            "fedlps-table1",
+            "subsample.train=20000",
+            "subsample.test=2000",
+            "--quick",
+            "--rounds",
+            "1",
+            "--methods",
+            "fedavg,ditto,heterofl",
+            "--out",
+            str(tmp_path / "t1"),
+        ]
+    )
+    assert code == 0
+    lines = [LINE.match(x) for x in capsys.readouterr().out.splitlines() if x.startswith("fedlps")]
+    rows = {m.group(2): m for m in lines if m}
+    assert set(rows) == {"fedavg", "ditto", "heterofl"}
+    assert rows["fedavg"].group(5) == "nan" and float(rows["heterofl"].group(5)) > 0
+    table = json.loads((tmp_path / "t1" / "table.json").read_text())
+    flops = {r["method"]: r["flops"]["mean"] for r in table["rows"]}
+    assert float(rows["fedavg"].group(4)) == pytest.approx(flops["fedavg"], rel=1e-3)
+    samples = 10 * 180  # ten clients, one epoch
+    assert flops["fedavg"] == 3 * CNN_FORWARD_FLOPS * samples
+    assert flops["ditto"] == 2 * flops["fedavg"]
+    assert 0 < flops["heterofl"] < flops["fedavg"]  # sub-models of width z ≤ 1
+    heterofl = next(r for r in table["rows"] if r["method"] == "heterofl")
+    assert heterofl["paper_acc"] == pytest.approx(0.9076) and heterofl[
+        "paper_flops"
+    ] == pytest.approx(1.1e12)
+    curve = fedlps.personal_curve(Path(heterofl["folders"][0]))
+    assert heterofl["acc"]["mean"] == curve[-1][1]
+    assert "| HeteroFL |" in (tmp_path / "t1" / "table.md").read_text()
+    assert (tmp_path / "t1" / "acc.png").stat().st_size > 0
+
+
+def test_unknown_method_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    assert main(["reproduce", "fedlps-ablation", "--methods", "fedavg"]) == 2
+    assert "--methods: unknown 'fedavg'" in capsys.readouterr().err
