@@ -33,7 +33,13 @@ from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State
 from fedhp.algorithms.pucbv import PUCBV, exploration_xi
 from fedhp.comm import count_nonzero, unit_mask_bytes
 from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import DeviceCost, account_round, cost_state, draw_capabilities
+from fedhp.engine.device_cost import (
+    DeviceCost,
+    account_round,
+    cost_state,
+    draw_capabilities,
+    refresh_capabilities,
+)
 from fedhp.engine.ops import LossGrad
 from fedhp.models.masks import (
     masked_flops,
@@ -166,10 +172,7 @@ class FedLPS(Algorithm):
     # ------------------------------------------------------------------ round
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        if opt.capabilities == "dyn" and rnd > 0:
-            state["capability"] = draw_capabilities(ctx.num_clients, ctx.generator).to(
-                state["capability"].device
-            )
+        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator)
         task = self.plan_broadcast_global(state)
         decided = state["ratio"][task.clients.cpu()]
         caps = state["capability"][task.clients].cpu().double()

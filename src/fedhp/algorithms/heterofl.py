@@ -29,7 +29,13 @@ import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import DeviceCost, account_round, cost_state, draw_capabilities
+from fedhp.engine.device_cost import (
+    DeviceCost,
+    account_round,
+    cost_state,
+    draw_capabilities,
+    refresh_capabilities,
+)
 from fedhp.engine.ops import held_mean
 from fedhp.models.masks import held_entries, masked_flops, param_mask, window_unit_mask
 
@@ -68,10 +74,7 @@ class HeteroFL(Algorithm):
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        if opt.capabilities == "dyn" and rnd > 0:
-            state["capability"] = draw_capabilities(ctx.num_clients, ctx.generator).to(
-                state["capability"].device
-            )
+        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator)
         clients = ctx.sample_clients()
         caps = state["capability"][clients].cpu().double()
         offset = self.window_offset(rnd)

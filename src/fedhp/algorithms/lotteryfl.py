@@ -28,7 +28,13 @@ import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import DeviceCost, account_round, cost_state, draw_capabilities
+from fedhp.engine.device_cost import (
+    DeviceCost,
+    account_round,
+    cost_state,
+    draw_capabilities,
+    refresh_capabilities,
+)
 from fedhp.engine.evaluate import evaluate_personal
 from fedhp.engine.ops import held_mean
 from fedhp.models.masks import output_layer_mask, sparse_flops
@@ -95,10 +101,7 @@ class LotteryFL(Algorithm):
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        if opt.capabilities == "dyn" and rnd > 0:
-            state["capability"] = draw_capabilities(ctx.num_clients, ctx.generator).to(
-                state["capability"].device
-            )
+        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator)
         clients = ctx.sample_clients()
         sub = state["global"] * state["mask"][clients]
         start = ctx.send("client_cloud", "down", sub, clients)

@@ -28,6 +28,16 @@ def draw_capabilities(
     return torch.tensor(levels, dtype=torch.float64)[idx]
 
 
+def refresh_capabilities(
+    state: dict[str, torch.Tensor], mode: str, rnd: int, generator: torch.Generator
+) -> None:
+    """FedLPS's "Dyn" capabilities (``mode == "dyn"``): ``state["capability"]`` drawn again for
+    every client at the start of every round after the first; "Fix" keeps the first draw."""
+    if mode == "dyn" and rnd > 0:
+        caps = state["capability"]
+        state["capability"] = draw_capabilities(len(caps), generator).to(caps.device)
+
+
 @dataclass(frozen=True)
 class DeviceCost:
     """Compute and link rates of the cost model (defaults: the FedLPS code's)."""
