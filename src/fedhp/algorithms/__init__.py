@@ -17,6 +17,7 @@ from fedhp.algorithms import (  # noqa: F401  (registration side effects)
     lotteryfl,
     moon,
     perfedavg,
+    pfedgp,
     pfedme,
     scaffold,
     sfedhp,

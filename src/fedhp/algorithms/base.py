@@ -22,7 +22,8 @@ import torch
 
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
-from fedhp.engine.evaluate import density
+from fedhp.engine.evaluate import ClientEval, density
+from fedhp.engine.federation import ClientTensors
 from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad
 from fedhp.errors import ConfigError
 from fedhp.registry import Registry
@@ -426,6 +427,12 @@ class Algorithm(ABC):
         global model for every client under :attr:`personal_from_buffers`)."""
         w = self.global_model(state) if self.personal_from_buffers else None
         return None if w is None else w.expand(self.ctx.num_clients, -1)
+
+    def personal_evaluation(self, state: State, split: ClientTensors) -> ClientEval | None:
+        """Each client's personalized predictions on its own samples of ``split``, for methods
+        whose personalization is not a parameter vector (pFedGP's GPs); None (default): the
+        runner evaluates :meth:`personal_models`."""
+        return None
 
     def round_local_keys(self) -> frozenset[str]:
         """Node-held state entries no round reads before rebuilding them (e.g. a theta restarted

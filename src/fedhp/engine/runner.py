@@ -105,7 +105,18 @@ def evaluate_state(
             row[f"edge{e}_global_acc"] = acc
         for c, acc in enumerate(test.per_client_accuracy().tolist()):
             clients[c]["global_acc"] = acc
-    personal = algo.personal_models(state) if personal_eval is None else None
+    custom = algo.personal_evaluation(state, split) if personal_eval is None else None
+    if custom is not None:  # personalization that is not a parameter vector (pFedGP)
+        row.update(personal_acc=custom.accuracy, personal_loss=custom.loss)
+        if exp.cfg.eval_train:
+            train_eval = algo.personal_evaluation(state, fed.train)
+            assert train_eval is not None
+            row["personal_train_loss"] = train_eval.loss
+        for e, acc in enumerate(custom.per_group_accuracy(edge_of, topo.num_edges).tolist()):
+            row[f"edge{e}_personal_acc"] = acc
+        for c, acc in enumerate(custom.per_client_accuracy().tolist()):
+            clients[c]["personal_acc"] = acc
+    personal = algo.personal_models(state) if personal_eval is None and custom is None else None
     if personal is not None or personal_eval is not None:
         if personal_eval is not None:
             test, train_loss = personal_eval.test, personal_eval.train.loss

@@ -1,0 +1,179 @@
+"""pFedGP's per-client classifier: a binary tree over the client's classes with one binary GP
+(:mod:`fedhp.algorithms.gp`) at every internal node (spec ``specs/pfedgp.md``).
+
+The tree: a node with more than two classes is split in two by 2-means on the classes' mean
+embeddings (unnormalized; the best of ``restarts`` seeded k-means++ runs, ties of identical means
+split in index order); a two-class node has two leaves; a one-class client has no node (it
+predicts its class). A class's probability is the product of the branch probabilities on its
+path (left = σ(f)). Training uses the predictive objective: at each node the node's samples are
+split 50/50 within each class, Gibbs runs on the first half and the second half's cross-entropy
+is taken under the predictive (the tree's loss: the sum over nodes of their mean
+cross-entropy). Prediction conditions every node on all of the client's training samples under
+it (a full GP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fedhp.algorithms.gp import expected_sigmoid, gibbs, predictive
+from fedhp.data.categories import kmeans
+
+Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Node:
+    """An internal node: the classes of its left and right subtrees (client class ids)."""
+
+    left: tuple[int, ...]
+    right: tuple[int, ...]
+
+    @property
+    def classes(self) -> tuple[int, ...]:
+        return self.left + self.right
+
+
+@dataclass(frozen=True)
+class GPSettings:
+    """The node GPs' kernel, constant mean and Gibbs budget."""
+
+    kernel: Kernel
+    mean: float = 0.0
+    gibbs_steps: int = 5
+    chains: int = 20
+    quadrature: int = 20
+    code_predictive: bool = False
+
+
+def build_tree(means: torch.Tensor, classes: list[int], restarts: int = 50) -> list[Node]:
+    """The internal nodes (root first) for ``classes`` with mean embeddings ``means [C, d]``."""
+    if len(classes) < 2:
+        return []
+    if len(classes) == 2:
+        return [Node((classes[0],), (classes[1],))]
+    left, right = _two_means(means, restarts)
+    lc = [classes[i] for i in left]
+    rc = [classes[i] for i in right]
+    return [
+        Node(tuple(lc), tuple(rc)),
+        *build_tree(means[left], lc, restarts),
+        *build_tree(means[right], rc, restarts),
+    ]
+
+
+def _two_means(means: torch.Tensor, restarts: int) -> tuple[list[int], list[int]]:
+    """Row indices of the two clusters of the best (lowest inertia) of ``restarts`` 2-means runs;
+    both sides non-empty (identical rows: split in index order)."""
+    x = means.detach().double().cpu()
+    best: tuple[float, list[int]] | None = None
+    for seed in range(restarts):
+        labels, centroids = kmeans(x, 2, seed)
+        inertia = float(((x - centroids[torch.as_tensor(labels)]) ** 2).sum())
+        if 0 < labels.sum() < len(labels) and (best is None or inertia < best[0] - 1e-12):
+            best = (inertia, [int(v) for v in labels])
+    if best is None:
+        half = len(x) // 2
+        assign = [0] * half + [1] * (len(x) - half)
+    else:
+        assign = best[1]
+    left = [i for i, a in enumerate(assign) if a == assign[0]]
+    right = [i for i, a in enumerate(assign) if a != assign[0]]
+    return left, right
+
+
+def client_tree(emb: torch.Tensor, y: torch.Tensor, restarts: int = 50) -> list[Node]:
+    """The tree of one client from its training embeddings ``[n, d]`` and labels ``[n]``."""
+    classes = sorted(int(c) for c in torch.unique(y))
+    means = torch.stack([emb[y == c].mean(0) for c in classes]).detach()
+    return build_tree(means, classes, restarts)
+
+
+def _node_data(node: Node, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the samples under ``node`` and their binary labels (1 = left)."""
+    classes = torch.tensor(node.classes, device=y.device)
+    idx = torch.isin(y, classes).nonzero().flatten()
+    left = torch.isin(y[idx], torch.tensor(node.left, device=y.device)).long()
+    return idx, left
+
+
+def _half_split(y: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of a random half of every class (the GP's data; at least one) and the rest."""
+    fit, score = [], []
+    for c in torch.unique(y):
+        pos = (y == c).nonzero().flatten()
+        pos = pos[torch.randperm(len(pos), generator=generator)]
+        k = max(1, (len(pos) + 1) // 2)
+        fit.append(pos[:k])
+        score.append(pos[k:])
+    return torch.cat(fit), torch.cat(score)
+
+
+def _left_probability(
+    emb_fit: torch.Tensor,
+    labels: torch.Tensor,
+    emb_new: torch.Tensor,
+    gp: GPSettings,
+    chains: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """p(left) ``[m]`` of new points under the node GP fitted on (``emb_fit``, ``labels``),
+    averaged over chains (differentiable in the embeddings)."""
+    k = gp.kernel(emb_fit, emb_fit)
+    state = gibbs(k, labels, gp.mean, gp.gibbs_steps, chains, generator)
+    cross = gp.kernel(emb_fit, emb_new)
+    mu, var = predictive(k, cross, _diag(gp.kernel, emb_new), labels, state, gp.mean)
+    return expected_sigmoid(mu, var, gp.quadrature, gp.code_predictive).mean(0)
+
+
+def _diag(kernel: Kernel, x: torch.Tensor) -> torch.Tensor:
+    """k(x_i, x_i) for every row, read off the diagonals of blocks of 256 rows."""
+    blocks = [kernel(x[i : i + 256], x[i : i + 256]).diagonal() for i in range(0, len(x), 256)]
+    return torch.cat(blocks)
+
+
+def tree_loss(
+    emb: torch.Tensor, y: torch.Tensor, tree: list[Node], gp: GPSettings, generator: torch.Generator
+) -> torch.Tensor | None:
+    """The predictive objective of one client (sum over nodes of the mean cross-entropy of the
+    held-out half), or None when no node has a held-out sample (e.g. one class)."""
+    total: torch.Tensor | None = None
+    for node in tree:
+        idx, labels = _node_data(node, y)
+        fit, score = _half_split(y[idx], generator)
+        if len(score) == 0:
+            continue
+        p_left = _left_probability(
+            emb[idx[fit]], labels[fit], emb[idx[score]], gp, gp.chains, generator
+        )
+        target = labels[score].to(p_left.dtype)
+        p = target * p_left + (1 - target) * (1 - p_left)
+        loss = -torch.log(p.clamp(min=1e-12)).mean()
+        total = loss if total is None else total + loss
+    return total
+
+
+def class_probabilities(
+    emb_train: torch.Tensor,
+    y_train: torch.Tensor,
+    emb_test: torch.Tensor,
+    tree: list[Node],
+    num_classes: int,
+    gp: GPSettings,
+    chains: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """``[m, num_classes]`` class probabilities of test points (0 outside the client's classes;
+    a one-class client gives its class probability 1)."""
+    probs = torch.zeros(len(emb_test), num_classes, dtype=emb_test.dtype)
+    classes = sorted(int(c) for c in torch.unique(y_train))
+    probs[:, classes] = 1.0
+    for node in tree:
+        idx, labels = _node_data(node, y_train)
+        p_left = _left_probability(emb_train[idx], labels, emb_test, gp, chains, generator)
+        probs[:, list(node.left)] *= p_left.unsqueeze(1).to(probs.dtype)
+        probs[:, list(node.right)] *= (1 - p_left).unsqueeze(1).to(probs.dtype)
+    return probs

@@ -1,0 +1,108 @@
+"""pFedGP: the class tree covers every class once, a two-class client's prediction by hand (the
+node GP's predictive under the same Gibbs draws), one-class clients, no global accuracy,
+evaluation that leaves training alone, and a bit-identical resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedhp.algorithms.gp import expected_sigmoid, gibbs, linear_kernel, predictive
+from fedhp.algorithms.gp_tree import GPSettings, build_tree, class_probabilities
+from fedhp.cli import main
+from tests.conftest import small_experiment
+
+TINY = [
+    "algorithm.name=pfedgp",
+    "model.name=dnn",
+    "model.hidden=[16]",
+    "subsample.train=1000",
+    "subsample.test=500",
+    "partition.train_per_class=40",
+    "partition.test_per_class=40",
+    "federation.num_clients=4",
+    "federation.num_edges=1",
+    "algorithm.chains=4",
+    "algorithm.test_chains=4",
+    "eval_train=false",
+    "progress=false",
+    "threads=1",
+]
+
+
+@pytest.mark.parametrize("num_classes", [2, 3, 5, 10])
+def test_the_tree_has_every_class_once_as_a_leaf(num_classes: int) -> None:
+    means = torch.randn(num_classes, 4, generator=torch.Generator().manual_seed(num_classes))
+    classes = list(range(10, 10 + num_classes))
+    tree = build_tree(means, classes, restarts=5)
+    assert len(tree) == num_classes - 1  # a binary tree with one leaf per class
+    assert sorted(tree[0].classes) == classes
+    leaves = []
+    for node in tree:
+        assert node.left and node.right and not set(node.left) & set(node.right)
+        for side in (node.left, node.right):
+            children = [n for n in tree if sorted(n.classes) == sorted(side)]
+            if len(side) == 1:
+                leaves.append(side[0])
+                assert not children
+            else:
+                assert len(children) == 1
+    assert sorted(leaves) == classes
+
+
+def test_two_class_prediction_by_hand() -> None:
+    emb = torch.tensor([[1.0, 0.0], [0.9, 0.3], [0.0, 1.0], [0.2, 1.0]], dtype=torch.float64)
+    y = torch.tensor([3, 3, 7, 7])
+    test = torch.tensor([[1.0, 0.1], [0.1, 1.0]], dtype=torch.float64)
+    gp = GPSettings(linear_kernel, mean=0.0, gibbs_steps=3)
+    tree = build_tree(torch.stack([emb[:2].mean(0), emb[2:].mean(0)]), [3, 7])
+    probs = class_probabilities(emb, y, test, tree, 10, gp, 8, torch.Generator().manual_seed(5))
+    # by hand: the same draws, one node (left = class 3)
+    labels = torch.tensor([1, 1, 0, 0])
+    k = linear_kernel(emb, emb)
+    state = gibbs(k, labels, 0.0, 3, 8, torch.Generator().manual_seed(5))
+    kx = linear_kernel(emb, test)
+    mu, var = predictive(k, kx, linear_kernel(test, test).diagonal(), labels, state, 0.0)
+    p3 = expected_sigmoid(mu, var).mean(0)
+    torch.testing.assert_close(probs[:, 3], p3)
+    torch.testing.assert_close(probs[:, 7], 1 - p3)
+    assert float(probs.sum(1).sub(1).abs().max()) < 1e-12 and probs[:, [0, 1, 2]].sum() == 0
+    assert probs[0, 3] > 0.5 > probs[1, 3]  # each test point leans to its nearer class
+
+
+def test_one_class_clients_predict_their_class_and_keep_the_model(tmp_path: Path) -> None:
+    exp = small_experiment(*TINY, "partition.labels_per_client=1", "rounds=1")
+    algo = exp.algorithm
+    state = algo.init_state(exp.model.init_params(0))
+    w = state["global"].clone()
+    algo.run_round(state, 0)
+    torch.testing.assert_close(state["global"], w)  # nobody had a tree to train
+    result = algo.personal_evaluation(state, exp.ctx.fed.test)
+    assert result.accuracy == 1.0  # every client's test images are its one class
+    assert algo.global_model(state) is None
+
+
+def test_training_changes_the_network_and_evaluation_does_not_touch_training() -> None:
+    exp = small_experiment(*TINY, "rounds=1")
+    algo = exp.algorithm
+    state = algo.init_state(exp.model.init_params(0))
+    twin = {k: v.clone() for k, v in state.items()}
+    algo.personal_evaluation(twin, exp.ctx.fed.test)  # evaluating first must not matter
+    exp2 = small_experiment(*TINY, "rounds=1")
+    algo.run_round(state, 0)
+    exp2.algorithm.run_round(twin, 0)
+    assert torch.equal(state["global"], twin["global"])
+    assert not torch.equal(state["global"], exp.model.init_params(0))
+
+
+def test_resume_is_bit_identical(tmp_path: Path) -> None:
+    args = ["run", *TINY, "eval_every=1", "checkpoint_every=1"]
+    assert main([*args, "rounds=3", "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "rounds=2", "--out", str(tmp_path / "b")]) == 0
+    assert main(["run", "--resume", str(tmp_path / "b"), "rounds=3"]) == 0
+    for name in ("metrics.csv", "per_client.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    metrics = (tmp_path / "a" / "metrics.csv").read_text().splitlines()[0]
+    assert "personal_acc" in metrics and "global_acc" not in metrics
