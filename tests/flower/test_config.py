@@ -28,6 +28,7 @@ from fedhp.topology import Topology
         (["backend=flower-sim", "flower.timeout=-1"], "flower.timeout"),
         (["backend=flower-sim", "flower.bogus=1"], "flower.bogus"),
         (["backend=flower-sim", "algorithm.name=centralized"], "backend"),
+        (["backend=flower-sim", "algorithm.name=pfedgp"], "backend"),
         (["backend=flower-sim", "device=cuda"], "device"),
     ],
 )

@@ -64,6 +64,10 @@ def check_flower_config(cfg: RunConfig, hierarchical: bool) -> None:
             f"backend: centralized is a non-federated reference row and cannot run on "
             f"{cfg.backend}; use backend=inprocess"
         )
+    if name == "pfedgp":
+        raise ConfigError(
+            f"backend: pfedgp does not run on {cfg.backend} yet; use backend=inprocess"
+        )
     if cfg.device != "cpu":
         raise ConfigError(f"device: backend={cfg.backend} runs on the CPU; use device=cpu")
     node_count(cfg, hierarchical)
