@@ -106,3 +106,22 @@ def test_resume_is_bit_identical(tmp_path: Path) -> None:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     metrics = (tmp_path / "a" / "metrics.csv").read_text().splitlines()[0]
     assert "personal_acc" in metrics and "global_acc" not in metrics
+
+
+def test_exact_two_means_beats_or_ties_kmeans_restarts() -> None:
+    from fedhp.algorithms.gp_tree import _split_sse, _two_means
+    from fedhp.data.categories import kmeans
+
+    for seed in range(5):
+        x = torch.randn(7, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        left, right = _two_means(x, restarts=50)
+        assert sorted(left + right) == list(range(7)) and 0 in left and right
+        mask = torch.zeros(1, 7, dtype=torch.bool)
+        mask[0, right] = True
+        exact = float(_split_sse(x, mask)[0])
+        labels, centroids = kmeans(x, 2, seed)
+        k_sse = float(((x - centroids[torch.as_tensor(labels)]) ** 2).sum())
+        assert exact <= k_sse + 1e-9
+        # the SSE of a split by hand
+        by_hand = sum(float(((x[s] - x[s].mean(0)) ** 2).sum()) for s in (left, right))
+        assert exact == pytest.approx(by_hand)

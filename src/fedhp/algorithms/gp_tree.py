@@ -2,8 +2,8 @@
 (:mod:`fedhp.algorithms.gp`) at every internal node (spec ``specs/pfedgp.md``).
 
 The tree: a node with more than two classes is split in two by 2-means on the classes' mean
-embeddings (unnormalized; the best of ``restarts`` seeded k-means++ runs, ties of identical means
-split in index order); a two-class node has two leaves; a one-class client has no node (it
+embeddings (unnormalized; exact by enumeration up to 16 classes, else the best of ``restarts``
+seeded k-means++ runs); a two-class node has two leaves; a one-class client has no node (it
 predicts its class). A class's probability is the product of the branch probabilities on its
 path (left = σ(f)). Training uses the predictive objective: at each node the node's samples are
 split 50/50 within each class, Gibbs runs on the first half and the second half's cross-entropy
@@ -66,23 +66,45 @@ def build_tree(means: torch.Tensor, classes: list[int], restarts: int = 50) -> l
 
 
 def _two_means(means: torch.Tensor, restarts: int) -> tuple[list[int], list[int]]:
-    """Row indices of the two clusters of the best (lowest inertia) of ``restarts`` 2-means runs;
-    both sides non-empty (identical rows: split in index order)."""
+    """Row indices of the two clusters of 2-means: the exact optimum (least within-cluster sum of
+    squares, by enumerating every split) up to :data:`EXACT_MAX` rows — what the authors' 50
+    k-means restarts aim at — else the best of ``restarts`` seeded k-means++ runs. Both sides
+    non-empty; row 0 is on the left."""
     x = means.detach().double().cpu()
-    best: tuple[float, list[int]] | None = None
+    n = len(x)
+    if n <= EXACT_MAX:
+        codes = torch.arange(1, 2 ** (n - 1), dtype=torch.long)  # row 0 always on the left
+        right = ((codes.unsqueeze(1) >> torch.arange(n - 1)) & 1).bool()
+        right = torch.cat([torch.zeros(len(codes), 1, dtype=torch.bool), right], 1)
+        sse = _split_sse(x, right)
+        best = right[int(torch.argmin(sse))]  # ties: the lowest code
+        return (~best).nonzero().flatten().tolist(), best.nonzero().flatten().tolist()
+    found: tuple[float, list[int]] | None = None
     for seed in range(restarts):
         labels, centroids = kmeans(x, 2, seed)
         inertia = float(((x - centroids[torch.as_tensor(labels)]) ** 2).sum())
-        if 0 < labels.sum() < len(labels) and (best is None or inertia < best[0] - 1e-12):
-            best = (inertia, [int(v) for v in labels])
-    if best is None:
-        half = len(x) // 2
-        assign = [0] * half + [1] * (len(x) - half)
-    else:
-        assign = best[1]
+        if 0 < labels.sum() < n and (found is None or inertia < found[0] - 1e-12):
+            found = (inertia, [int(v) for v in labels])
+    assign = found[1] if found is not None else [0] * (n // 2) + [1] * (n - n // 2)
     left = [i for i, a in enumerate(assign) if a == assign[0]]
-    right = [i for i, a in enumerate(assign) if a != assign[0]]
-    return left, right
+    right_rows = [i for i, a in enumerate(assign) if a != assign[0]]
+    return left, right_rows
+
+
+EXACT_MAX = 16
+"""Up to this many classes a node is split by exact 2-means (2^(n-1) − 1 candidate splits)."""
+
+
+def _split_sse(x: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """Within-cluster sums of squares ``[S]`` of the splits ``right [S, n]`` (True: right)."""
+    total = (x**2).sum()
+    out = torch.full((len(right),), float(total), dtype=torch.float64)
+    for side in (right, ~right):
+        w = side.double()
+        count = w.sum(1, keepdim=True).clamp(min=1)
+        sums = w @ x
+        out -= (sums**2).sum(1) / count[:, 0]
+    return out
 
 
 def client_tree(emb: torch.Tensor, y: torch.Tensor, restarts: int = 50) -> list[Node]:
