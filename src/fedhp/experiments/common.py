@@ -71,6 +71,7 @@ METHOD_OVERRIDES: dict[str, list[str]] = {
     ],
     "heurfedamp": ["algorithm.name=heurfedamp", f"algorithm.local_steps={BUDGET}"],
     "perfedavg": ["algorithm.name=perfedavg", f"algorithm.local_steps={BUDGET // 2}"],
+    "pfedgp": ["algorithm.name=pfedgp"],  # the authors' full-batch step(s) (docs/algorithms.md)
     "centralized": ["algorithm.name=centralized", f"algorithm.local_steps={BUDGET}"],
     "local": ["algorithm.name=local", f"algorithm.local_steps={BUDGET}"],
 }
@@ -82,6 +83,7 @@ LABELS = {
     "sfedhp": "sFedHP",
     "heurfedamp": "HeurFedAMP",
     "perfedavg": "Per-FedAvg",
+    "pfedgp": "pFedGP",
     "centralized": "Centralized (union of data)",
     "local": "Local only",
 }

@@ -1,5 +1,5 @@
 """``sfedhp-table1``: the paper's Table I (global model of FedAvg, HierFAVG, FedProx, pFedMe and
-sFedHP) with the centralized (budget-matched GM reference) and local-only (PM floor) reference
+sFedHP; pFedGP's personalized row, which has no global model) with the centralized (budget-matched GM reference) and local-only (PM floor) reference
 rows, next to the paper's numbers at the same hyperparameters. Writes ``table.md`` and
 ``table.json`` into the output folder."""
 
@@ -23,7 +23,7 @@ from fedhp.experiments.common import (
 )
 
 NAME = "sfedhp-table1"
-METHODS = ("fedavg", "hierfavg", "fedprox", "pfedme", "sfedhp", "centralized", "local")
+METHODS = ("fedavg", "hierfavg", "fedprox", "pfedme", "sfedhp", "pfedgp", "centralized", "local")
 
 
 def choose(opts: ReproOptions) -> dict[str, dict[str, Any]]:
