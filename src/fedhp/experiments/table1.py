@@ -1,7 +1,8 @@
 """``sfedhp-table1``: the paper's Table I (global model of FedAvg, HierFAVG, FedProx, pFedMe and
-sFedHP; pFedGP's personalized row, which has no global model) with the centralized (budget-matched GM reference) and local-only (PM floor) reference
-rows, next to the paper's numbers at the same hyperparameters. Writes ``table.md`` and
-``table.json`` into the output folder."""
+sFedHP; pFedGP's personalized row, which has no global model) with the centralized
+(budget-matched GM reference) and local-only (PM floor) reference rows, next to the paper's
+numbers at the same hyperparameters. Writes ``table.md`` and ``table.json`` into the output
+folder."""
 
 from __future__ import annotations
 
