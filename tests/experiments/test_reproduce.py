@@ -128,7 +128,7 @@ def fake_runner(acc: dict[str, list[float]], calls: list[list[str]]) -> Any:
             "gradient_evaluations_per_round": 100,
             "seconds": 1.0,
         }
-        if name in ("sfedhp", "pfedme", "heurfedamp"):
+        if name in ("sfedhp", "pfedme", "heurfedamp", "pfedgp"):
             out["final_personal_acc"] = value + 0.02
             out["best_personal_acc"] = value + 0.03
         if value < 0:
@@ -213,14 +213,16 @@ def test_eval_split_val_evaluates_validation_samples() -> None:
 
 def test_lambda_sweep_table(tmp_path: Path) -> None:
     calls: list[list[str]] = []
-    o = opts(tmp_path, methods=["pfedme", "perfedavg", "centralized", "local"])
+    o = opts(tmp_path, methods=["pfedme", "perfedavg", "pfedgp", "centralized", "local"])
     results = common.run_jobs(
         lambda_sweep.jobs(o), o, tmp_path / "r", run=fake_runner({"pfedme30.0": [0.1] * 3}, calls)
     )
     md = lambda_sweep.build_table(o, results)["markdown"]
     assert "Table II" in md and "| 52.07 | 10.41 |" in md and "56.50" in md
     assert "| Centralized (union of data) |" in md and "| Local only |" in md
-    assert len(calls) == 8
+    pfedgp = next(line for line in md.splitlines() if line.startswith("| pFedGP |"))
+    assert "| 98.12 |" in pfedgp and "| 52.00 ± 0.00 |" in pfedgp  # paper PM and its PM
+    assert len(calls) == 9
 
 
 def test_figures_write_pngs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
