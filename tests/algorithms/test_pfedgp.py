@@ -125,3 +125,17 @@ def test_exact_two_means_beats_or_ties_kmeans_restarts() -> None:
         # the SSE of a split by hand
         by_hand = sum(float(((x[s] - x[s].mean(0)) ** 2).sum()) for s in (left, right))
         assert exact == pytest.approx(by_hand)
+
+
+def test_a_client_with_one_sample_per_class_still_predicts() -> None:
+    from fedhp.algorithms.gp_tree import client_tree, tree_loss
+
+    emb = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.2]], dtype=torch.float64)
+    y = torch.tensor([0, 4, 9])
+    gp = GPSettings(linear_kernel, gibbs_steps=2, chains=3)
+    tree = client_tree(emb, y, restarts=3)
+    gen = torch.Generator().manual_seed(0)
+    assert tree_loss(emb, y, tree, gp, gen) is None  # no held-out half anywhere: no loss
+    probs = class_probabilities(emb, y, emb, tree, 10, gp, 3, gen)
+    torch.testing.assert_close(probs.sum(1), torch.ones(3, dtype=torch.float64))
+    assert probs[:, [0, 4, 9]].sum() == pytest.approx(3.0)
