@@ -139,3 +139,50 @@ def test_a_client_with_one_sample_per_class_still_predicts() -> None:
     probs = class_probabilities(emb, y, emb, tree, 10, gp, 3, gen)
     torch.testing.assert_close(probs.sum(1), torch.ones(3, dtype=torch.float64))
     assert probs[:, [0, 4, 9]].sum() == pytest.approx(3.0)
+
+
+def test_inducing_points_as_many_as_the_data_give_the_full_gp_objective() -> None:
+    """IP-data with X̄ = the client's own embeddings (one inducing point per sample, same class)
+    fits every node's GP on exactly the data: the objective equals the full GP's scored on the
+    data it was fitted on, with the same Gibbs draws."""
+    from fedhp.algorithms.gp_tree import _left_probability, _node_data, inducing_tree_loss
+
+    g = torch.Generator().manual_seed(2)
+    y = torch.tensor([0, 0, 0, 3, 3, 3, 5, 5, 5])
+    emb = torch.randn(9, 4, generator=g, dtype=torch.float64) + y[:, None].double()
+    gp = GPSettings(linear_kernel, gibbs_steps=2, chains=4)
+    tree = build_tree(torch.stack([emb[y == c].mean(0) for c in (0, 3, 5)]), [0, 3, 5])
+    got = inducing_tree_loss(emb, y, emb, y, tree, gp, torch.Generator().manual_seed(9))
+    gen = torch.Generator().manual_seed(9)
+    expected = torch.zeros((), dtype=torch.float64)
+    for node in tree:
+        idx, labels = _node_data(node, y)
+        p_left = _left_probability(emb[idx], labels, emb[idx], gp, gp.chains, gen)
+        p = torch.where(labels == 1, p_left, 1 - p_left)
+        ce = -torch.log(p)
+        expected = expected + torch.stack([ce[y[idx] == c].mean() for c in node.classes]).mean()
+    assert got is not None
+    torch.testing.assert_close(got, expected)
+
+
+def test_inducing_points_learn_and_are_averaged_over_the_clients_holding_each_class() -> None:
+    exp = small_experiment(*TINY, "algorithm.inducing=true", "algorithm.inducing_points=3")
+    algo = exp.algorithm
+    state = algo.init_state(exp.model.init_params(0))
+    before = state["inducing"].clone()
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    algo.aggregate(state, task, update)
+    held = update.per_client["inducing_held"]
+    k = exp.model.num_classes
+    moved = (state["inducing"] - before).view(k, -1).abs().sum(1) > 0
+    assert moved.tolist() == (held.sum(0) > 0).tolist()  # exactly the classes someone holds
+    weights = exp.ctx.client_weights(task.clients).double()
+    rows = update.per_client["inducing"].view(len(task.clients), k, -1).double()
+    for c in range(k):
+        if held[:, c].sum() > 0:
+            w = weights * held[:, c]
+            mean = (w[:, None] * rows[:, c]).sum(0) / w.sum()
+            torch.testing.assert_close(state["inducing"].view(k, -1)[c].double(), mean)
+    result = algo.personal_evaluation(state, exp.ctx.fed.test)
+    assert 0 < result.accuracy <= 1

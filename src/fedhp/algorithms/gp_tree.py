@@ -178,6 +178,35 @@ def tree_loss(
     return total
 
 
+def inducing_tree_loss(
+    emb: torch.Tensor,
+    y: torch.Tensor,
+    inducing: torch.Tensor,
+    inducing_y: torch.Tensor,
+    tree: list[Node],
+    gp: GPSettings,
+    generator: torch.Generator,
+) -> torch.Tensor | None:
+    """pFedGP-IP's (IP-data) objective: every node's GP is fitted on the inducing points
+    ``inducing [m, d]`` (labels ``inducing_y``) of its classes and scores all of the client's
+    samples under it, class-balanced (the mean over classes of each class's mean
+    cross-entropy); summed over nodes. Differentiable in ``emb`` and ``inducing``."""
+    total: torch.Tensor | None = None
+    for node in tree:
+        idx, labels = _node_data(node, y)
+        fit, fit_labels = _node_data(node, inducing_y)
+        if len(idx) == 0 or len(fit) == 0:
+            continue
+        p_left = _left_probability(inducing[fit], fit_labels, emb[idx], gp, gp.chains, generator)
+        target = labels.to(p_left.dtype)
+        p = target * p_left + (1 - target) * (1 - p_left)
+        ce = -torch.log(p.clamp(min=1e-12))
+        per_class = [ce[y[idx] == c].mean() for c in node.classes if bool((y[idx] == c).any())]
+        loss = torch.stack(per_class).mean()
+        total = loss if total is None else total + loss
+    return total
+
+
 def class_probabilities(
     emb_train: torch.Tensor,
     y_train: torch.Tensor,

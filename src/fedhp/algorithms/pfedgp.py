@@ -15,8 +15,15 @@ client's classes has probability 0); there is no global classifier, so no global
 Gibbs draws come from the method's own generator (``gibbs_rng`` in the state, checkpointed);
 evaluation uses a private generator re-seeded at every evaluation, so evaluating does not change
 training. A client with a single class has no tree: it predicts that class and does not train
-(it returns the network unchanged). Not supported yet: the inducing-points variant, learnable
-kernel hyperparameters, the marginal-likelihood objective, BatchNorm models, Flower.
+(it returns the network unchanged).
+
+``inducing=true`` is pFedGP-IP in its "IP-data" form: learned inducing points X̄ ``[classes, M,
+d]`` in embedding space (randn · 0.01 at the start, sent down with the network), each node's GP
+fitted on the X̄ of its classes and scoring all of the client's samples (class-balanced
+cross-entropy); the cloud averages each class's X̄ over the clients holding that class. Test:
+the GPs are fitted on the real training data plus X̄. Not supported yet: the FITC ("IP-compute")
+form, learnable kernel hyperparameters, the marginal-likelihood objective, BatchNorm models,
+Flower.
 """
 
 from __future__ import annotations
@@ -29,11 +36,17 @@ import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.algorithms.gp import linear_kernel, rbf_kernel
-from fedhp.algorithms.gp_tree import GPSettings, class_probabilities, client_tree, tree_loss
+from fedhp.algorithms.gp_tree import (
+    GPSettings,
+    class_probabilities,
+    client_tree,
+    inducing_tree_loss,
+    tree_loss,
+)
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import ClientEval
 from fedhp.engine.federation import ClientTensors
-from fedhp.engine.ops import weighted_mean
+from fedhp.engine.ops import held_mean, weighted_mean
 
 EVAL_SEED = 0x9F6  # the private evaluation generator's seed (fixed: every evaluation alike)
 
@@ -42,7 +55,7 @@ class PFedGP(Algorithm):
     """Averaged feature extractor; per-client GP trees for training and prediction."""
 
     options: PFedGPOptions
-    client_outputs = ("params",)
+    client_outputs = ("params", "inducing", "inducing_held")
 
     def __init__(self, options: PFedGPOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
@@ -53,13 +66,27 @@ class PFedGP(Algorithm):
             else partial(linear_kernel, outputscale=opt.outputscale)
         )
         self.gp = GPSettings(kernel, opt.mean, opt.gibbs_steps, opt.chains)
+        probe = torch.zeros(ctx.model.num_params)
+        self.dim = self.embed(probe, ctx.fed.train.x[:1]).shape[-1]  # embedding size d
 
     def init_state(self, init_params: torch.Tensor) -> State:
-        seed = int(torch.randint(2**62, (1,), generator=self.ctx.generator))
-        return {
+        ctx, opt = self.ctx, self.options
+        seed = int(torch.randint(2**62, (1,), generator=ctx.generator))
+        state = {
             "global": init_params.clone(),
             "gibbs_rng": torch.Generator().manual_seed(seed).get_state(),
         }
+        if opt.inducing:  # X̄ [classes, M, d] in embedding space, randn · 0.01 (the code's)
+            shape = (ctx.model.num_classes, opt.inducing_points, self.dim)
+            state["inducing"] = 0.01 * torch.randn(shape, generator=ctx.generator).flatten()
+        return state
+
+    def client_widths(self) -> dict[str, int]:
+        widths = {"params": self.ctx.model.num_params}
+        if self.options.inducing:
+            k = self.ctx.model.num_classes
+            widths.update(inducing=k * self.options.inducing_points * self.dim, inducing_held=k)
+        return widths
 
     def global_model(self, state: State) -> torch.Tensor | None:
         return None  # the network alone classifies nothing
@@ -68,7 +95,20 @@ class PFedGP(Algorithm):
         return state["global"].expand(count, -1)
 
     def plan(self, state: State, rnd: int) -> Task:
-        return self.plan_broadcast_global(state)
+        task = self.plan_broadcast_global(state)
+        if self.options.inducing:
+            down = state["inducing"].expand(len(task.clients), -1)
+            sent = self.ctx.send("client_cloud", "down", down, task.clients)
+            task.broadcast["inducing"] = sent[0]
+        return task
+
+    def _points(
+        self, rows: torch.Tensor, classes: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inducing points ``[len(classes)·M, d]`` held in ``rows [len(classes), M·d]`` (one
+        row per class of ``classes``) and their labels."""
+        m = self.options.inducing_points
+        return rows.reshape(len(classes) * m, -1).double(), classes.repeat_interleave(m)
 
     def embed(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Embeddings ``[n, d]`` of inputs ``x [n, ...]`` under one network ``params [P]``."""
@@ -84,34 +124,60 @@ class PFedGP(Algorithm):
         gen = torch.Generator()
         gen.set_state(state["gibbs_rng"])
         w = task.broadcast["global"]
-        out, losses = [], []
+        out: dict[str, list[torch.Tensor]] = {k: [] for k in self.client_widths()}
+        losses = []
         for c in task.clients.tolist():
             x, y = self._client_data(self.ctx.fed.train, c)
             p = w.detach().clone().requires_grad_(True)
-            sgd = torch.optim.SGD([p], lr=opt.lr, momentum=opt.momentum, weight_decay=opt.wd)
+            leaves = [p]
+            classes = torch.unique(y)
+            if opt.inducing:
+                flat = task.broadcast["inducing"].view(self.ctx.model.num_classes, -1)
+                xbar = flat[classes].detach().clone().double().requires_grad_(True)
+                leaves.append(xbar)
+            sgd = torch.optim.SGD(leaves, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.wd)
             total = 0.0
             for _ in range(opt.inner_steps):
                 emb = self.embed(p, x)
-                loss = tree_loss(emb, y, client_tree(emb.detach(), y), self.gp, gen)
+                tree = client_tree(emb.detach(), y)
+                if opt.inducing:
+                    ind, ind_y = self._points(xbar, classes)
+                    loss = inducing_tree_loss(emb, y, ind, ind_y, tree, self.gp, gen)
+                else:
+                    loss = tree_loss(emb, y, tree, self.gp, gen)
                 if loss is None:  # one class (or too few samples): nothing to fit
                     break
                 sgd.zero_grad()
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_([p], opt.clip)
+                torch.nn.utils.clip_grad_norm_(leaves, opt.clip)
                 sgd.step()
                 total += float(loss.detach())
-            out.append(p.detach())
+            out["params"].append(p.detach())
+            if opt.inducing:
+                rows = torch.zeros_like(task.broadcast["inducing"]).view(len(flat), -1)
+                rows[classes] = xbar.detach().to(rows.dtype)
+                held = torch.zeros(len(flat))
+                held[classes] = 1.0
+                out["inducing"].append(rows.flatten())
+                out["inducing_held"].append(held)
             losses.append(total / opt.inner_steps)
         state["gibbs_rng"] = gen.get_state()
         return Update(
-            per_client={"params": torch.stack(out)},
+            per_client={k: torch.stack(v) for k, v in out.items()},
             losses=torch.tensor([losses], dtype=torch.float64),
         )
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
         params = ctx.send("client_cloud", "up", update.per_client["params"], task.clients)
-        state["global"] = weighted_mean(params, ctx.client_weights(task.clients))
+        weights = ctx.client_weights(task.clients)
+        state["global"] = weighted_mean(params, weights)
+        if self.options.inducing:  # each class's X̄: the mean over the clients holding it
+            points = ctx.send("client_cloud", "up", update.per_client["inducing"], task.clients)
+            held = update.per_client["inducing_held"].repeat_interleave(
+                points.shape[1] // self.ctx.model.num_classes, dim=1
+            )
+            state["inducing"] = held_mean(state["inducing"], points, held, weights)
         assert update.losses is not None
         return {"local_loss": float(update.losses.mean())}
 
@@ -130,9 +196,15 @@ class PFedGP(Algorithm):
                 emb_tr = self.embed(state["global"], x_tr)
                 emb_te = self.embed(state["global"], x_te)
                 tree = client_tree(emb_tr, y_tr)
+                fit_x, fit_y = emb_tr, y_tr
+                if self.options.inducing:  # the real data plus the classes' inducing points
+                    classes = torch.unique(y_tr)
+                    rows = state["inducing"].view(model.num_classes, -1)[classes]
+                    ind, ind_y = self._points(rows, classes)
+                    fit_x, fit_y = torch.cat([emb_tr, ind]), torch.cat([y_tr, ind_y])
                 probs = class_probabilities(
-                    emb_tr,
-                    y_tr,
+                    fit_x,
+                    fit_y,
                     emb_te,
                     tree,
                     model.num_classes,
@@ -163,6 +235,10 @@ class PFedGPOptions(AlgorithmOptions):
     gibbs_steps: int = pydantic.Field(5, gt=0)
     chains: int = pydantic.Field(20, gt=0, description="parallel Gibbs chains in training")
     test_chains: int = pydantic.Field(30, gt=0, description="parallel Gibbs chains at test")
+    inducing: bool = pydantic.Field(
+        False, description="pFedGP-IP: node GPs fitted on learned inducing points (IP-data)"
+    )
+    inducing_points: int = pydantic.Field(100, gt=0, description="inducing points per class")
 
     def gradient_evaluations(self) -> int:
         return self.inner_steps
