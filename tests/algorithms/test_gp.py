@@ -100,3 +100,18 @@ def test_cholesky_jitter_then_one_clear_error() -> None:
     assert torch.allclose(factor @ factor.T, singular, atol=1e-4)
     with pytest.raises(NotPositiveDefinite, match="kernel matrix is not positive definite"):
         safe_cholesky(-torch.eye(2, dtype=torch.float64))
+
+
+def test_marginal_log_likelihood_is_the_gaussian_of_the_pseudo_observations() -> None:
+    from fedhp.algorithms.gp import marginal_log_likelihood
+
+    k = K3[:2, :2]
+    omega = torch.tensor([[0.3, 0.7], [1.1, 0.2]], dtype=torch.float64)
+    state = GibbsState(omega, torch.zeros_like(omega))
+    got = marginal_log_likelihood(k, LABELS, state, MEAN)
+    kappa = LABELS.double() - 0.5
+    for c in range(2):
+        dist = torch.distributions.MultivariateNormal(
+            torch.full((2,), MEAN, dtype=torch.float64), k + torch.diag(1 / omega[c])
+        )
+        assert float(got[c]) == pytest.approx(float(dist.log_prob(kappa / omega[c])))

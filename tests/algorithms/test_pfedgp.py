@@ -186,3 +186,11 @@ def test_inducing_points_learn_and_are_averaged_over_the_clients_holding_each_cl
             torch.testing.assert_close(state["inducing"].view(k, -1)[c].double(), mean)
     result = algo.personal_evaluation(state, exp.ctx.fed.test)
     assert 0 < result.accuracy <= 1
+
+
+def test_the_marginal_objective_trains_too() -> None:
+    exp = small_experiment(*TINY, "algorithm.objective=marginal")
+    algo = exp.algorithm
+    state = algo.init_state(exp.model.init_params(0))
+    stats = algo.run_round(state, 0)
+    assert stats["local_loss"] > 0 and not torch.equal(state["global"], exp.model.init_params(0))

@@ -154,3 +154,20 @@ def expected_sigmoid(
     if code:
         return torch.exp((torch.nn.functional.logsigmoid(f) * w).sum(-1))
     return (torch.sigmoid(f) * w).sum(-1)
+
+
+def marginal_log_likelihood(
+    kernel: torch.Tensor, labels: torch.Tensor, state: GibbsState, mean: float
+) -> torch.Tensor:
+    """The augmented marginal likelihood's data term per chain ``[chains]``:
+    log N(κ/ω | μ, K + Ω⁻¹) (the terms that depend only on ω carry no gradient and are left out),
+    differentiable in ``kernel``."""
+    kappa = labels.to(kernel.dtype) - 0.5
+    omega = state.omega.detach()
+    a_chol = _noisy_cholesky(kernel, omega)
+    z = (kappa / omega - mean).unsqueeze(-1)
+    alpha = torch.cholesky_solve(z, a_chol)
+    n = kernel.shape[0]
+    logdet = 2 * torch.log(a_chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
+    quad = (z * alpha).sum((-2, -1))
+    return -0.5 * (quad + logdet + n * math.log(2 * math.pi))

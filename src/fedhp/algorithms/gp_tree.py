@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhp.algorithms.gp import expected_sigmoid, gibbs, predictive
+from fedhp.algorithms.gp import expected_sigmoid, gibbs, marginal_log_likelihood, predictive
 from fedhp.data.categories import kmeans
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -47,6 +47,7 @@ class GPSettings:
     chains: int = 20
     quadrature: int = 20
     code_predictive: bool = False
+    objective: str = "predictive"  # or "marginal"
 
 
 def build_tree(means: torch.Tensor, classes: list[int], restarts: int = 50) -> list[Node]:
@@ -160,11 +161,19 @@ def _diag(kernel: Kernel, x: torch.Tensor) -> torch.Tensor:
 def tree_loss(
     emb: torch.Tensor, y: torch.Tensor, tree: list[Node], gp: GPSettings, generator: torch.Generator
 ) -> torch.Tensor | None:
-    """The predictive objective of one client (sum over nodes of the mean cross-entropy of the
-    held-out half), or None when no node has a held-out sample (e.g. one class)."""
+    """One client's objective, summed over nodes: the predictive one (the mean cross-entropy of
+    each node's held-out half) or, with ``gp.objective == "marginal"``, minus the augmented
+    marginal log-likelihood of the node's samples averaged over chains and divided by their
+    number. None when no node has anything to score (e.g. one class)."""
     total: torch.Tensor | None = None
     for node in tree:
         idx, labels = _node_data(node, y)
+        if gp.objective == "marginal":
+            k = gp.kernel(emb[idx], emb[idx])
+            state = gibbs(k, labels, gp.mean, gp.gibbs_steps, gp.chains, generator)
+            nll = -marginal_log_likelihood(k, labels, state, gp.mean).mean() / len(idx)
+            total = nll if total is None else total + nll
+            continue
         fit, score = _half_split(y[idx], generator)
         if len(score) == 0:
             continue

@@ -21,9 +21,9 @@ training. A client with a single class has no tree: it predicts that class and d
 d]`` in embedding space (randn · 0.01 at the start, sent down with the network), each node's GP
 fitted on the X̄ of its classes and scoring all of the client's samples (class-balanced
 cross-entropy); the cloud averages each class's X̄ over the clients holding that class. Test:
-the GPs are fitted on the real training data plus X̄. Not supported yet: the FITC ("IP-compute")
-form, learnable kernel hyperparameters, the marginal-likelihood objective, BatchNorm models,
-Flower.
+the GPs are fitted on the real training data plus X̄. ``objective: marginal`` trains on minus the
+augmented marginal log-likelihood instead of the predictive objective. Not supported yet: the
+FITC ("IP-compute") form, learnable kernel hyperparameters, BatchNorm models, Flower.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class PFedGP(Algorithm):
             if opt.kernel == "rbf"
             else partial(linear_kernel, outputscale=opt.outputscale)
         )
-        self.gp = GPSettings(kernel, opt.mean, opt.gibbs_steps, opt.chains)
+        self.gp = GPSettings(kernel, opt.mean, opt.gibbs_steps, opt.chains, objective=opt.objective)
         probe = torch.zeros(ctx.model.num_params)
         self.dim = self.embed(probe, ctx.fed.train.x[:1]).shape[-1]  # embedding size d
 
@@ -235,6 +235,9 @@ class PFedGPOptions(AlgorithmOptions):
     gibbs_steps: int = pydantic.Field(5, gt=0)
     chains: int = pydantic.Field(20, gt=0, description="parallel Gibbs chains in training")
     test_chains: int = pydantic.Field(30, gt=0, description="parallel Gibbs chains at test")
+    objective: Literal["predictive", "marginal"] = pydantic.Field(
+        "predictive", description="training objective of the node GPs"
+    )
     inducing: bool = pydantic.Field(
         False, description="pFedGP-IP: node GPs fitted on learned inducing points (IP-data)"
     )
