@@ -194,3 +194,17 @@ def test_the_marginal_objective_trains_too() -> None:
     state = algo.init_state(exp.model.init_params(0))
     stats = algo.run_round(state, 0)
     assert stats["local_loss"] > 0 and not torch.equal(state["global"], exp.model.init_params(0))
+
+
+def test_learned_kernel_hyperparameters_move_and_are_averaged() -> None:
+    exp = small_experiment(*TINY, "algorithm.learn_kernel=true")
+    algo = exp.algorithm
+    state = algo.init_state(exp.model.init_params(0))
+    assert state["kernel"].exp().tolist() == pytest.approx([8.0, 1.0])
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    algo.aggregate(state, task, update)
+    rows = update.per_client["kernel"]
+    assert not torch.allclose(rows, torch.tensor([8.0, 1.0]).log().expand_as(rows))
+    weights = exp.ctx.client_weights(task.clients)
+    torch.testing.assert_close(state["kernel"], (weights[:, None] * rows).sum(0) / weights.sum())

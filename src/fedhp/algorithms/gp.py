@@ -49,7 +49,10 @@ def safe_cholesky(matrix: torch.Tensor, what: str = "kernel matrix") -> torch.Te
 
 
 def rbf_kernel(
-    x1: torch.Tensor, x2: torch.Tensor, outputscale: float = 8.0, lengthscale: float = 1.0
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    outputscale: float | torch.Tensor = 8.0,
+    lengthscale: float | torch.Tensor = 1.0,
 ) -> torch.Tensor:
     """outputscale · exp(−‖a − b‖² / (2ℓ²)) between the L2-normalized rows of ``x1 [n, d]`` and
     ``x2 [m, d]`` (the authors' kernel; defaults their fixed hyperparameters)."""
@@ -59,7 +62,9 @@ def rbf_kernel(
     return outputscale * torch.exp(-sq / (2 * lengthscale**2))
 
 
-def linear_kernel(x1: torch.Tensor, x2: torch.Tensor, outputscale: float = 1.0) -> torch.Tensor:
+def linear_kernel(
+    x1: torch.Tensor, x2: torch.Tensor, outputscale: float | torch.Tensor = 1.0
+) -> torch.Tensor:
     """outputscale · ⟨a, b⟩ between the L2-normalized rows of ``x1`` and ``x2``."""
     a = torch.nn.functional.normalize(x1, dim=-1)
     b = torch.nn.functional.normalize(x2, dim=-1)

@@ -23,7 +23,9 @@ fitted on the X̄ of its classes and scoring all of the client's samples (class-
 cross-entropy); the cloud averages each class's X̄ over the clients holding that class. Test:
 the GPs are fitted on the real training data plus X̄. ``objective: marginal`` trains on minus the
 augmented marginal log-likelihood instead of the predictive objective. Not supported yet: the
-FITC ("IP-compute") form, learnable kernel hyperparameters, BatchNorm models, Flower.
+FITC ("IP-compute") form, BatchNorm models, Flower. ``learn_kernel: true`` learns the kernel's
+log outputscale and log lengthscale with the network (averaged by the cloud like it); the code
+keeps them fixed.
 """
 
 from __future__ import annotations
@@ -55,19 +57,29 @@ class PFedGP(Algorithm):
     """Averaged feature extractor; per-client GP trees for training and prediction."""
 
     options: PFedGPOptions
-    client_outputs = ("params", "inducing", "inducing_held")
+    client_outputs = ("params", "inducing", "inducing_held", "kernel")
 
     def __init__(self, options: PFedGPOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
-        opt = options
-        kernel = (
-            partial(rbf_kernel, outputscale=opt.outputscale, lengthscale=opt.lengthscale)
-            if opt.kernel == "rbf"
-            else partial(linear_kernel, outputscale=opt.outputscale)
-        )
-        self.gp = GPSettings(kernel, opt.mean, opt.gibbs_steps, opt.chains, objective=opt.objective)
+        self.gp = self.settings(options.outputscale, options.lengthscale)
         probe = torch.zeros(ctx.model.num_params)
         self.dim = self.embed(probe, ctx.fed.train.x[:1]).shape[-1]  # embedding size d
+
+    def settings(self, scale: float | torch.Tensor, length: float | torch.Tensor) -> GPSettings:
+        """The node GPs' settings with the kernel's outputscale and lengthscale (tensors: learned,
+        differentiable)."""
+        opt = self.options
+        kernel = (
+            partial(rbf_kernel, outputscale=scale, lengthscale=length)
+            if opt.kernel == "rbf"
+            else partial(linear_kernel, outputscale=scale)
+        )
+        return GPSettings(kernel, opt.mean, opt.gibbs_steps, opt.chains, objective=opt.objective)
+
+    def learned(self, log_hyper: torch.Tensor) -> GPSettings:
+        """The settings from learned (log outputscale, log lengthscale) ``log_hyper [2]``
+        (lengthscale ≥ 0.01, as the code's constraint)."""
+        return self.settings(log_hyper[0].exp(), log_hyper[1].exp().clamp(min=0.01))
 
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx, opt = self.ctx, self.options
@@ -76,6 +88,8 @@ class PFedGP(Algorithm):
             "global": init_params.clone(),
             "gibbs_rng": torch.Generator().manual_seed(seed).get_state(),
         }
+        if opt.learn_kernel:  # (log outputscale, log lengthscale), averaged like the network
+            state["kernel"] = torch.tensor([opt.outputscale, opt.lengthscale]).log()
         if opt.inducing:  # X̄ [classes, M, d] in embedding space, randn · 0.01 (the code's)
             shape = (ctx.model.num_classes, opt.inducing_points, self.dim)
             state["inducing"] = 0.01 * torch.randn(shape, generator=ctx.generator).flatten()
@@ -86,6 +100,8 @@ class PFedGP(Algorithm):
         if self.options.inducing:
             k = self.ctx.model.num_classes
             widths.update(inducing=k * self.options.inducing_points * self.dim, inducing_held=k)
+        if self.options.learn_kernel:
+            widths["kernel"] = 2
         return widths
 
     def global_model(self, state: State) -> torch.Tensor | None:
@@ -100,6 +116,9 @@ class PFedGP(Algorithm):
             down = state["inducing"].expand(len(task.clients), -1)
             sent = self.ctx.send("client_cloud", "down", down, task.clients)
             task.broadcast["inducing"] = sent[0]
+        if self.options.learn_kernel:
+            down = state["kernel"].expand(len(task.clients), -1)
+            task.broadcast["kernel"] = self.ctx.send("client_cloud", "down", down, task.clients)[0]
         return task
 
     def _points(
@@ -135,6 +154,11 @@ class PFedGP(Algorithm):
                 flat = task.broadcast["inducing"].view(self.ctx.model.num_classes, -1)
                 xbar = flat[classes].detach().clone().double().requires_grad_(True)
                 leaves.append(xbar)
+            gp = self.gp
+            if opt.learn_kernel:
+                hyper = task.broadcast["kernel"].detach().clone().double().requires_grad_(True)
+                leaves.append(hyper)
+                gp = self.learned(hyper)
             sgd = torch.optim.SGD(leaves, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.wd)
             total = 0.0
             for _ in range(opt.inner_steps):
@@ -142,9 +166,9 @@ class PFedGP(Algorithm):
                 tree = client_tree(emb.detach(), y)
                 if opt.inducing:
                     ind, ind_y = self._points(xbar, classes)
-                    loss = inducing_tree_loss(emb, y, ind, ind_y, tree, self.gp, gen)
+                    loss = inducing_tree_loss(emb, y, ind, ind_y, tree, gp, gen)
                 else:
-                    loss = tree_loss(emb, y, tree, self.gp, gen)
+                    loss = tree_loss(emb, y, tree, gp, gen)
                 if loss is None:  # one class (or too few samples): nothing to fit
                     break
                 sgd.zero_grad()
@@ -160,6 +184,8 @@ class PFedGP(Algorithm):
                 held[classes] = 1.0
                 out["inducing"].append(rows.flatten())
                 out["inducing_held"].append(held)
+            if opt.learn_kernel:
+                out["kernel"].append(hyper.detach().float())
             losses.append(total / opt.inner_steps)
         state["gibbs_rng"] = gen.get_state()
         return Update(
@@ -178,12 +204,16 @@ class PFedGP(Algorithm):
                 points.shape[1] // self.ctx.model.num_classes, dim=1
             )
             state["inducing"] = held_mean(state["inducing"], points, held, weights)
+        if self.options.learn_kernel:
+            hyper = ctx.send("client_cloud", "up", update.per_client["kernel"], task.clients)
+            state["kernel"] = weighted_mean(hyper, weights)
         assert update.losses is not None
         return {"local_loss": float(update.losses.mean())}
 
     def personal_evaluation(self, state: State, split: ClientTensors) -> ClientEval:
         fed, model = self.ctx.fed, self.ctx.model
         gen = torch.Generator().manual_seed(EVAL_SEED)
+        gp = self.learned(state["kernel"].double()) if self.options.learn_kernel else self.gp
         n = fed.num_clients
         correct = torch.zeros(n, dtype=torch.float64)
         loss_sum = torch.zeros(n, dtype=torch.float64)
@@ -208,7 +238,7 @@ class PFedGP(Algorithm):
                     emb_te,
                     tree,
                     model.num_classes,
-                    self.gp,
+                    gp,
                     self.options.test_chains,
                     gen,
                 )
@@ -231,6 +261,9 @@ class PFedGPOptions(AlgorithmOptions):
     kernel: Literal["rbf", "linear"] = "rbf"
     outputscale: float = pydantic.Field(8.0, gt=0)
     lengthscale: float = pydantic.Field(1.0, ge=0.01)
+    learn_kernel: bool = pydantic.Field(
+        False, description="learn outputscale and lengthscale (the code keeps them fixed)"
+    )
     mean: float = pydantic.Field(0.0, description="the GPs' constant prior mean")
     gibbs_steps: int = pydantic.Field(5, gt=0)
     chains: int = pydantic.Field(20, gt=0, description="parallel Gibbs chains in training")
