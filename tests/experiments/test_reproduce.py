@@ -120,6 +120,7 @@ def fake_runner(acc: dict[str, list[float]], calls: list[list[str]]) -> Any:
         kv = dict(o.split("=", 1) for o in overrides)
         name = kv["algorithm.name"]
         hp = kv.get("algorithm.lam", kv.get("algorithm.mu", kv.get("algorithm.alpha", "")))
+        hp = hp or kv.get("algorithm.lr", "")
         seed = int(kv["seed"])
         value = acc.get(f"{name}{hp}", [0.5, 0.5, 0.5])[seed]
         out: dict[str, Any] = {
@@ -174,18 +175,20 @@ def test_tune_picks_by_validation_accuracy(tmp_path: Path, monkeypatch: pytest.M
         "sfedhp30.0": [-1.0] * 3,
         "fedprox0.01": [0.7] * 3,
         "heurfedamp0.5": [0.9] * 3,
+        "pfedgp0.1": [0.8] * 3,
     }
     calls: list[list[str]] = []
     monkeypatch.setattr(common, "run_config", fake_runner(acc, calls))
     monkeypatch.setattr(
         tune, "run_jobs", lambda j, o, d: common.run_jobs(j, o, d, run=fake_runner(acc, calls))
     )
-    o = opts(tmp_path, methods=["sfedhp", "fedprox", "heurfedamp"])
+    o = opts(tmp_path, methods=["sfedhp", "fedprox", "heurfedamp", "pfedgp"])
     entry = tune.reproduce(o)
     assert entry["choices"] == {
         "fedprox": {"mu": 0.01},
         "sfedhp": {"lam": 25.0},
         "heurfedamp": {"alpha": 0.5},
+        "pfedgp": {"lr": 0.1},
     }
     assert all("eval_split=val" in c and "partition.val_per_class=200" in c for c in calls)
     tuned = tmp_path / "out" / "tuned.json"
@@ -196,6 +199,7 @@ def test_tune_picks_by_validation_accuracy(tmp_path: Path, monkeypatch: pytest.M
     assert "| sfedhp | lam=30 | global | diverged | diverged | diverged |" in md
     chosen = table1.choose(opts(tmp_path, tuned=tuned))
     assert chosen["sfedhp"] == {"lam": 25.0} and chosen["pfedme"] == {"lam": 15.0}
+    assert chosen["pfedgp"] == {"lr": 0.1}
 
 
 def test_eval_split_val_evaluates_validation_samples() -> None:

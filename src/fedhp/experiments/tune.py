@@ -4,10 +4,11 @@ Every run uses the ``labels`` partition with ``val_per_class`` extra samples per
 training samples no client trains on, split among the clients with each client's label mix, and
 evaluates on them (``eval_split=val``). Every method and grid point gets the same budget (rounds,
 R·K = 100 gradient steps per client per round). Grids are the paper's: FedProx μ ∈ {0.001, 0.01,
-0.1, 1}, pFedMe and sFedHP λ ∈ {5, 15, 20, 25, 30}, HeurFedAMP α ∈ {0.1, 0.5}.
+0.1, 1}, pFedMe and sFedHP λ ∈ {5, 15, 20, 25, 30}, HeurFedAMP α ∈ {0.1, 0.5}; pFedGP's step
+size lr ∈ {0.01, 0.05, 0.1} (ours: the paper tunes none for it).
 
 Selection score: the FINAL-round validation accuracy (mean over seeds) — GM for FedProx, pFedMe
-and sFedHP (Table I compares global models), PM for HeurFedAMP; a diverged run never wins; ties go
+and sFedHP (Table I compares global models), PM for HeurFedAMP and pFedGP; a diverged run never wins; ties go
 to the earlier grid value. The PM-optimal λ of pFedMe/sFedHP is recorded too. The choices are
 merged into ``--tuned FILE`` (default ``OUT/tuned.json``) under the key ``<dataset>-s<setting>``;
 ``sfedhp-table1 --tuned FILE`` and ``sfedhp-lambda --tuned FILE`` use them.
@@ -27,12 +28,14 @@ from fedhp.reporting import write_json_atomic
 NAME = "sfedhp-tune"
 VAL_PER_CLASS = {"mnist": 200, "fmnist": 200, "cifar10": 100}
 
+PFEDGP_LRS = (0.01, 0.05, 0.1)  # around the authors' 0.05 (the sFedHP paper gives no grid)
 # method -> (parameter, grid, metric the choice maximizes)
 GRIDS: dict[str, tuple[str, tuple[float, ...], str]] = {
     "fedprox": ("mu", paper.FEDPROX_MUS, "global"),
     "pfedme": ("lam", paper.LAMBDAS, "global"),
     "sfedhp": ("lam", paper.LAMBDAS, "global"),
     "heurfedamp": ("alpha", paper.ALPHAS, "personal"),
+    "pfedgp": ("lr", PFEDGP_LRS, "personal"),
 }
 
 
