@@ -9,9 +9,10 @@ size lr ∈ {0.01, 0.05, 0.1} (ours: the paper tunes none for it).
 
 Selection score: the FINAL-round validation accuracy (mean over seeds) — GM for FedProx, pFedMe
 and sFedHP (Table I compares global models), PM for HeurFedAMP and pFedGP; a diverged run never
-wins; ties go to the earlier grid value. The PM-optimal λ of pFedMe/sFedHP is recorded too. The choices are
-merged into ``--tuned FILE`` (default ``OUT/tuned.json``) under the key ``<dataset>-s<setting>``;
-``sfedhp-table1 --tuned FILE`` and ``sfedhp-lambda --tuned FILE`` use them.
+wins; ties go to the earlier grid value. The PM-optimal λ of pFedMe/sFedHP is recorded too. The
+choices are merged into ``--tuned FILE`` (default ``OUT/tuned.json``) under the key
+``<dataset>-s<setting>``; ``sfedhp-table1 --tuned FILE`` and ``sfedhp-lambda --tuned FILE`` use
+them.
 """
 
 from __future__ import annotations
