@@ -180,11 +180,15 @@ def tree_loss(
         p_left = _left_probability(
             emb[idx[fit]], labels[fit], emb[idx[score]], gp, gp.chains, generator
         )
-        target = labels[score].to(p_left.dtype)
-        p = target * p_left + (1 - target) * (1 - p_left)
-        loss = -torch.log(p.clamp(min=1e-12)).mean()
+        loss = _cross_entropy(p_left, labels[score]).mean()
         total = loss if total is None else total + loss
     return total
+
+
+def _cross_entropy(p_left: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """−log p(label) per sample for left-branch probabilities (label 1 = left)."""
+    target = labels.to(p_left.dtype)
+    return -torch.log((target * p_left + (1 - target) * (1 - p_left)).clamp(min=1e-12))
 
 
 def inducing_tree_loss(
@@ -207,9 +211,7 @@ def inducing_tree_loss(
         if len(idx) == 0 or len(fit) == 0:
             continue
         p_left = _left_probability(inducing[fit], fit_labels, emb[idx], gp, gp.chains, generator)
-        target = labels.to(p_left.dtype)
-        p = target * p_left + (1 - target) * (1 - p_left)
-        ce = -torch.log(p.clamp(min=1e-12))
+        ce = _cross_entropy(p_left, labels)
         per_class = [ce[y[idx] == c].mean() for c in node.classes if bool((y[idx] == c).any())]
         loss = torch.stack(per_class).mean()
         total = loss if total is None else total + loss
