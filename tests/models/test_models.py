@@ -71,3 +71,21 @@ def test_hand_written_backward_matches_autograd() -> None:
     generic_loss, generic_grad = BatchedModel.loss_and_grad(model, flat, x, y)
     torch.testing.assert_close(loss, generic_loss)
     torch.testing.assert_close(grad, generic_grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cnn2", "dnn"])
+def test_loss_grad_correct_is_loss_and_grad_plus_the_forwards_predictions(name: str) -> None:
+    model = MODELS.get(name)().build((1, 28, 28), 10)
+    g = torch.Generator().manual_seed(0)
+    flat = model.init_params(0).expand(3, -1).clone() + 0.01 * torch.randn(
+        3, model.num_params, generator=g
+    )
+    x = torch.randn(3, 5, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (3, 5), generator=g)
+    weight = torch.ones(3, 5)
+    weight[1, 3:] = 0
+    loss, grad, correct = model.loss_grad_correct(flat, x, y, weight=weight)
+    ref_loss, ref_grad = model.loss_and_grad(flat, x, y, weight=weight)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+    assert torch.equal(correct, model.correct(model.forward(flat, x), y))

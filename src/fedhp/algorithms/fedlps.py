@@ -68,9 +68,9 @@ def fedlps_loss_grad(
         units = unit_mask_from_scores(model, scores, ratio)
         pm = param_mask(model, units, opt.structural)
         masked = params * pm
-        loss, grad = model.loss_and_grad(masked, x, y, weight=weight)
+        loss, grad, correct = model.loss_grad_correct(masked, x, y, weight=weight)
         with torch.no_grad():
-            hits = model.correct(model.forward(masked, x), y).double()
+            hits = correct.double()
             w = torch.ones_like(hits) if weight is None else weight.double()
             tally["correct"] += (hits * w).sum(1)
             tally["seen"] += w.sum(1)

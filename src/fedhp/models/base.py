@@ -330,6 +330,18 @@ class BatchedModel(ABC):
         summed before differentiation; as clients share no parameters, row c of the gradient is
         exactly the gradient of client c's own loss.
         """
+        loss, grad, _ = self._autograd_loss(flat, x, y, buffers, weight)
+        return loss, grad
+
+    def _autograd_loss(
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        buffers: torch.Tensor | None,
+        weight: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The generic :meth:`loss_and_grad` and the forward's logits (detached)."""
         leaves = [
             self.layout.view(flat, s).detach().contiguous().requires_grad_(True)
             for s in self.layout.specs
@@ -342,7 +354,27 @@ class BatchedModel(ABC):
         losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
         per_client = weighted_client_mean(losses.view(c, b), weight)
         grads = torch.autograd.grad(per_client.sum(), leaves)
-        return per_client.detach(), torch.cat([g.reshape(c, -1) for g in grads], dim=1)
+        grad = torch.cat([g.reshape(c, -1) for g in grads], dim=1)
+        return per_client.detach(), grad, logits.detach()
+
+    def loss_grad_correct(
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`loss_and_grad` plus each sample's correctness ``[C, B]`` (bool) under the same
+        training-mode forward (no second forward on the generic autograd path; models with their
+        own ``loss_and_grad`` add an evaluation forward)."""
+        if type(self).loss_and_grad is BatchedModel.loss_and_grad:
+            loss, grad, logits = self._autograd_loss(flat, x, y, buffers, weight)
+            return loss, grad, self.correct(logits, y)
+        loss, grad = self.loss_and_grad(flat, x, y, buffers=buffers, weight=weight)
+        with torch.no_grad():
+            return loss, grad, self.correct(self.forward(flat, x, buffers=buffers), y)
 
     def sample_losses(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Per-sample loss (shape of ``y``) from logits ``[..., K]``: cross-entropy."""
