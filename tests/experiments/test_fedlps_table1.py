@@ -26,9 +26,10 @@ def test_every_row_resolves_to_the_paper_setup() -> None:
         algo = cfg.algorithm
         assert cfg.federation.num_clients == 100 and cfg.federation.client_fraction == 0.1
         assert cfg.rounds == 100 and cfg.partition["name"] == "shards"
+        assert cfg.subsample.train == 20_000  # 100 clients × 2 shards of 100 images
         assert algo["lr"] == 0.1 and algo["batch_size"] == 20
         if method == "perfedavg":
-            assert algo["local_steps"] == 5 * 27  # 5 epochs of 540 samples in batches of 20
+            assert algo["local_steps"] == 5 * 9  # 5 epochs of 180 samples in batches of 20
         else:
             assert algo["local_epochs"] == 5
     assert resolve_config(None, fedlps.run_overrides(opts, "fedlps-mu0", 0)).algorithm["mu"] == 0
@@ -42,7 +43,6 @@ def test_end_to_end_lines_flops_and_table(tmp_path: Path, capsys: pytest.Capture
         [
             "reproduce",
             "fedlps-table1",
-            "subsample.train=20000",
             "subsample.test=2000",
             "--quick",
             "--rounds",

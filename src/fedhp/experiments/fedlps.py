@@ -1,8 +1,9 @@
 """``fedlps-table1`` and ``fedlps-ablation``: FedLPS's Table I (MNIST row) and its ablation
 (Xue et al.; ``specs/fedlps.md``), with training FLOPs, simulated time and time to accuracy.
 
-Setup (the paper's / code's): 100 clients with 2 label-sorted shards each, 90/10 train /
-validation, each client's test set the same number of images of each of its classes; 10 clients
+Setup (the paper's / code's): 100 clients with 2 label-sorted shards of 100 images each (the
+code's ``nsamples=100`` per class per client: a class-stratified 20,000-image training subset cut
+into 200 shards), 90/10 train / validation, each client's test set the same number of images of each of its classes; 10 clients
 per round, 100 rounds, SGD lr 0.1, batch 20, 5 local epochs, the 21,840-parameter CNN,
 sample-weighted aggregation. ``--quick``: 30 rounds of 1 local epoch (a CPU check, not the
 table). Accuracy is every method's personalized accuracy the same way: the mean over clients of
@@ -87,6 +88,8 @@ FEDLPS_VARIANTS: dict[str, list[str]] = {
 NUM_CLIENTS = 100
 PER_ROUND = 10
 BATCH = 20
+PER_CLASS = 100  # the code's nsamples: images per class per client (2 classes: 200 images)
+TRAIN_PER_CLIENT = 2 * PER_CLASS * 9 // 10  # after the 10 % validation carve-out
 FEATURE_SHAPES = {"mnist": (1, 28, 28), "fmnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 TARGET = 0.90  # the TTA table's accuracy target (MNIST)
 
@@ -107,7 +110,7 @@ def method_overrides(method: str, epochs: int, rounds: int) -> list[str]:
             *FEDLPS_VARIANTS[method],
         ]
     if method == "perfedavg":  # no epoch budget: the same number of steps, each on 2 batches
-        steps = epochs * math.ceil(540 / BATCH)
+        steps = epochs * math.ceil(TRAIN_PER_CLIENT / BATCH)
         return [
             "algorithm.name=perfedavg",
             f"algorithm.local_steps={steps}",
@@ -127,6 +130,7 @@ def run_overrides(opts: ReproOptions, method: str, seed: int) -> list[str]:
     return [
         f"dataset.name={opts.dataset}",
         *([f"dataset.data_dir={opts.data_dir}"] if opts.data_dir else []),
+        f"subsample.train={NUM_CLIENTS * 2 * PER_CLASS}",
         "partition.name=shards",
         "partition.shards_per_client=2",
         "partition.test_mix=equal",
@@ -273,8 +277,9 @@ def describe(opts: ReproOptions) -> str:
 
     rounds, epochs = scale(opts)
     return (
-        f"{opts.dataset}, {NUM_CLIENTS} clients × 2 label shards (90/10 train/validation, test "
-        f"images equal per own class), {PER_ROUND} per round, R = {rounds}, {epochs} local "
+        f"{opts.dataset}, {NUM_CLIENTS} clients × 2 label shards of {PER_CLASS} images (a "
+        f"class-stratified subset of {NUM_CLIENTS * 2 * PER_CLASS} training images; 90/10 "
+        f"train/validation; test images equal per own class), {PER_ROUND} per round, R = {rounds}, {epochs} local "
         f"epoch(s), SGD lr 0.1, batch {BATCH}, model {opts.model or 'cnn2'}, sample-weighted "
         f"aggregation; capabilities z ∈ {{1, ½, ¼, ⅛, 1/16}} (Dyn unless the row says Fix). acc "
         f"= mean over clients of the personal model's accuracy on its own test data (final "
