@@ -4,10 +4,11 @@
 Setup (the paper's / code's): 100 clients with 2 label-sorted shards of 100 images each (the
 code's ``nsamples=100`` per class per client: a class-stratified 20,000-image training subset cut
 into 200 shards), 90/10 train / validation, each client's test set the same number of images of
-each of its classes; 10 clients per round, 100 rounds, SGD lr 0.1, batch 20, 5 local epochs, the 21,840-parameter CNN,
-sample-weighted aggregation. ``--quick``: 30 rounds of 1 local epoch (a CPU check, not the
-table). Accuracy is every method's personalized accuracy the same way: the mean over clients of
-its personal model's accuracy on its own test data (the global model's for FedAvg).
+each of its classes; 10 clients per round, 100 rounds, SGD lr 0.1, batch 20, 5 local epochs,
+the 21,840-parameter CNN, sample-weighted aggregation. ``--quick``: 30 rounds of 1 local epoch (a
+CPU check, not the table). Accuracy is every method's personalized accuracy the same way: the
+mean over clients of its personal model's accuracy on its own test data (the global model's for
+FedAvg).
 
 Prints one line per method: ``fedlps <experiment> <method> acc=<float> flops=<float>
 sim_time_s=<float>`` (acc: final round, mean over seeds; flops: training FLOPs of the whole run;
@@ -280,8 +281,8 @@ def describe(opts: ReproOptions) -> str:
         f"{opts.dataset}, {NUM_CLIENTS} clients × 2 label shards of {PER_CLASS} images (a "
         f"class-stratified subset of {NUM_CLIENTS * 2 * PER_CLASS} training images; 90/10 "
         f"train/validation; test images equal per own class), {PER_ROUND} per round, "
-        f"R = {rounds}, {epochs} local epoch(s), SGD lr 0.1, batch {BATCH}, model {opts.model or 'cnn2'}, sample-weighted "
-        f"aggregation; capabilities z ∈ {{1, ½, ¼, ⅛, 1/16}} (Dyn unless the row says Fix). acc "
+        f"R = {rounds}, {epochs} local epoch(s), SGD lr 0.1, batch {BATCH}, model "
+        f"{opts.model or 'cnn2'}, sample-weighted aggregation; capabilities z ∈ {{1, ½, ¼, ⅛, 1/16}} (Dyn unless the row says Fix). acc "
         f"= mean over clients of the personal model's accuracy on its own test data (final "
         f"round; FedAvg: the global model), mean over seeds 0..{opts.seeds - 1}; FLOPs = 3 × "
         f"forward FLOPs of what was trained × samples (batch {BATCH}; the paper's MNIST FLOPs "
