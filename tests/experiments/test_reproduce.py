@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +308,31 @@ def test_figures_report_the_zero_threshold_the_runs_use(tmp_path: Path) -> None:
     assert figures.zero_threshold(opts(tmp_path)) == figures.EPS
     o = opts(tmp_path, extra=["comm.zero_threshold=5e-4"])
     assert figures.zero_threshold(o) == 5e-4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_killing_a_parallel_reproduction_leaves_no_orphan_runs(tmp_path: Path) -> None:
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from fedhp.experiments.common import map_runs\n"
+        "from tests.experiments.sleepy_run import sleepy\n"
+        f"root = Path({str(tmp_path)!r})\n"
+        "tasks = [(['60'], root / 'a'), (['60'], root / 'b')]\n"
+        "for _ in map_runs(tasks, 2, sleepy): pass\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).parents[2])
+    pids_files = [tmp_path / "a" / "pid", tmp_path / "b" / "pid"]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() and p.read_text() for p in pids_files):
+        assert time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.2)
+    pids = [int(p.read_text()) for p in pids_files]
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    for pid in alive:
+        os.kill(pid, 9)
+    assert not alive, "workers outlived their killed parent"

@@ -268,6 +268,17 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     return summary
 
 
+def _die_with_parent() -> None:
+    """Worker initializer: on Linux the kernel sends the worker SIGTERM when the process that
+    started it exits, so a killed ``fedhp reproduce --jobs N`` leaves no orphan runs behind
+    (PR_SET_PDEATHSIG; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def map_runs(
     tasks: Sequence[tuple[list[str], Path]], jobs: int, run: Callable[..., Any] = run_config
 ) -> Iterator[tuple[Path, Any, float]]:
@@ -280,7 +291,9 @@ def map_runs(
 
         start = time.perf_counter()
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        with ProcessPoolExecutor(
+            max_workers=jobs, mp_context=ctx, initializer=_die_with_parent
+        ) as pool:
             futures = {pool.submit(run, ov, folder): folder for ov, folder in tasks}
             for fut in as_completed(futures):
                 yield futures[fut], fut.result(), time.perf_counter() - start
