@@ -1,20 +1,22 @@
 """LotteryFL-style personalization (Li et al., 2021): each client keeps an unstructured magnitude
 mask and trains, keeps and uploads only the weights under it.
 
-Per round, each selected client k:
+Per round, each selected client k (as the FedLPS authors' ``LotteryFL.py``):
 
-* receives the global model under its mask, ω^r ⊙ M_k, and trains it (masked SGD, the local
-  budget); the result is its personal model (evaluated on its own test data);
-* if its accuracy on its own training data is ≥ ``acc_threshold`` and its density is above
-  ``target_density``, prunes: in every hidden Linear / Conv2d weight, the ``prune_step`` fraction
-  of its kept entries with the smallest |w| (ties: the lower index) leave M_k, never going below
+* receives the global model under its mask, ω^r ⊙ M_k;
+* if that model's accuracy on the client's validation data (its training data when it has
+  none) is ≥ ``acc_threshold`` (0.5) and its density is above ``target_density`` (0.5), prunes
+  first: in every hidden Linear / Conv2d weight, the ``prune_step`` (10 %) fraction of its kept
+  entries with the smallest |w| (ties: the lower index) leave M_k, never below
   ``target_density`` of the layer (the output layer and biases are never pruned);
+* trains ω^r ⊙ M_k (masked SGD, the local budget); the result is its personal model (evaluated
+  on its own test data);
 * sends up its masked weights and the mask (a bitmap over the parameters, billed); the cloud sets
   each entry to the mean over the clients holding it (:func:`fedhp.engine.ops.held_mean`).
 
-Deviations from LotteryFL: no rewinding of the kept weights to their initial values after a
-pruning step, the training (not validation) accuracy gates pruning, and the pruning is per layer.
-Training FLOPs: 3 × the forward FLOPs of the non-zero weights the client trained
+No rewinding of the kept weights to their initial values (the authors' code has none either);
+pruning is per layer with a floor, and the output layer is kept dense. Training FLOPs: 3 × the
+forward FLOPs of the non-zero weights the client trained
 (:func:`fedhp.models.masks.sparse_flops`) × samples; the capability levels and cost model are
 FedLPS's (:mod:`fedhp.engine.device_cost`), drawn every round or once (``capabilities``).
 """
@@ -114,17 +116,20 @@ class LotteryFL(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         ctx, opt = self.ctx, self.options
         clients = task.clients
-        mask = task.per_client["mask"]
-        params, loss_sum, steps = self.local_update(task.per_client["start"], clients, mask=mask)
-        result = evaluate_personal(ctx.model, params, ctx.fed.train.select(clients))
-        acc = result.correct / result.count.clamp(min=1)
+        start, mask = task.per_client["start"], task.per_client["mask"]
+        # the received model's accuracy on the client's validation data (training data if it
+        # has none) decides whether the mask shrinks before this round's training
+        split = ctx.fed.val if bool((ctx.fed.val.counts[clients] > 0).all()) else ctx.fed.train
+        result = evaluate_personal(ctx.model, start, split.select(clients))
+        acc = (result.correct / result.count.clamp(min=1)).to(mask.device)
         density = sum(mask[:, b].sum(1) for b in self.blocks) / self.prunable
-        gate = (acc.to(mask.device) >= opt.acc_threshold) & (density > opt.target_density)
-        pruned = magnitude_prune(params, mask, self.blocks, opt.prune_step, opt.target_density)
-        new_mask = torch.where(gate.unsqueeze(1), pruned, mask)
-        state["personal"][clients] = params * new_mask
+        gate = (acc >= opt.acc_threshold) & (density > opt.target_density)
+        pruned = magnitude_prune(start, mask, self.blocks, opt.prune_step, opt.target_density)
+        mask = torch.where(gate.unsqueeze(1), pruned, mask)
+        params, loss_sum, steps = self.local_update(start * mask, clients, mask=mask)
+        state["personal"][clients] = params
         return Update(
-            per_client={"params": params * new_mask, "mask": new_mask},
+            per_client={"params": params, "mask": mask},
             losses=loss_sum.unsqueeze(0),
             steps=steps,
         )
@@ -133,21 +138,20 @@ class LotteryFL(Algorithm):
         ctx, opt = self.ctx, self.options
         clients = task.clients
         params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
-        new_mask = update.per_client["mask"]
+        mask = update.per_client["mask"]  # what the client trained with and now keeps
         bitmap = ctx.ledger.record_masks(
             "client_cloud", "up", ctx.model.num_params, len(clients), clients
         )
-        state["global"] = held_mean(state["global"], params, new_mask, ctx.client_weights(clients))
-        trained = task.per_client["mask"]
-        fwd = sparse_flops(ctx.model, trained).double()
+        state["global"] = held_mean(state["global"], params, mask, ctx.client_weights(clients))
+        fwd = sparse_flops(ctx.model, mask).double()
         flops = 3.0 * fwd * opt.sample_counts(ctx.fed.train.counts[clients])
-        down = 4.0 * trained.sum(1).double().cpu()
-        state["mask"][clients] = new_mask
-        up = 4.0 * new_mask.sum(1).double().cpu() + bitmap / max(1, len(clients))
+        down = 4.0 * task.per_client["mask"].sum(1).double().cpu()
+        state["mask"][clients] = mask
+        up = 4.0 * mask.sum(1).double().cpu() + bitmap / max(1, len(clients))
         caps = task.per_client["capability"]
         _, cost = account_round(state, self.cost, flops, caps, up, down)
         stats = self.local_work_stats(task, update)
-        stats.update(cost, mean_density=float(new_mask.double().mean()))
+        stats.update(cost, mean_density=float(mask.double().mean()))
         return stats
 
     def personal_models(self, state: State) -> torch.Tensor | None:
@@ -159,7 +163,7 @@ class LotteryFLOptions(LocalWorkOptions):
     """LotteryFL-style personal magnitude masks (docs/fedlps.md)."""
 
     lr: float = 0.1
-    prune_step: float = pydantic.Field(0.2, gt=0, lt=1, description="fraction pruned per step")
+    prune_step: float = pydantic.Field(0.1, gt=0, lt=1, description="fraction pruned per step")
     target_density: float = pydantic.Field(
         0.5, gt=0, le=1, description="stop pruning a layer at this kept fraction"
     )
