@@ -203,6 +203,25 @@ def test_tune_picks_by_validation_accuracy(tmp_path: Path, monkeypatch: pytest.M
     assert "| sfedhp | lam=30 | global | diverged | diverged | diverged |" in md
     chosen = table1.choose(opts(tmp_path, tuned=tuned))
     assert chosen["sfedhp"] == {"lam": 25.0} and chosen["pfedme"] == {"lam": 15.0}
+
+
+def test_tuning_a_subset_keeps_the_other_methods_choices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--methods pfedgp`` adds pFedGP's choice to the entry; the earlier choices stay, unless
+    the settings differ (then the old entry is replaced, not mixed)."""
+    acc = {"sfedhp25.0": [0.95] * 3, "pfedgp0.01": [0.9] * 3}
+    monkeypatch.setattr(
+        tune, "run_jobs", lambda j, o, d: common.run_jobs(j, o, d, run=fake_runner(acc, []))
+    )
+    tuned = tmp_path / "out" / "tuned.json"
+    tune.reproduce(opts(tmp_path, methods=["sfedhp"]))
+    tune.reproduce(opts(tmp_path, methods=["pfedgp"], runs=tmp_path / "r2"))
+    entry = json.loads(tuned.read_text())["mnist-s1"]
+    assert entry["choices"] == {"sfedhp": {"lam": 25.0}, "pfedgp": {"lr": 0.01}}
+    assert set(entry["scores"]) == {"sfedhp", "pfedgp"}
+    tune.reproduce(opts(tmp_path, methods=["pfedgp"], rounds=3, runs=tmp_path / "r3"))
+    assert json.loads(tuned.read_text())["mnist-s1"]["choices"] == {"pfedgp": {"lr": 0.01}}
     assert chosen["pfedgp"] == {"lr": 0.1}
 
 

@@ -197,6 +197,28 @@ def test_masked_flops_equal_the_flop_counter_on_physically_pruned_modules() -> N
         assert f == _flops(pruned, SHAPE)
 
 
+def test_fedlps_cnn_at_half_width_by_hand() -> None:
+    """The paper's MNIST CNN (conv 1→10, 10→20, 5×5, no padding; FC 320→50→10) at s = 0.5: keep
+    5 of 10, 10 of 20 and 25 of 50 units. Full model: conv1 10·24²·25·2 = 288,000, conv2
+    20·8²·250·2 = 640,000, fc1 50·320·2 = 32,000, fc2 10·50·2 = 1,000 → 961,000 per sample.
+    Pruned (structural): conv1 5·576·25·2 = 144,000; conv2 10·64·(5·25)·2 = 160,000 (5 live
+    inputs); fc1 25·(10·16)·2 = 8,000; fc2 10·25·2 = 500 → 312,500. Row-only masks (the code's)
+    leave dropped units' biases alive, so every next layer reads all its inputs: 144,000 +
+    320,000 + 16,000 + 1,000 = 481,000. Training = 3 × forward."""
+    from fedhp.models.masks import unit_mask_from_scores
+    from fedhp.models.zoo import CNN2Options
+
+    cnn = CNN2Options().build((1, 28, 28), 10)
+    assert [g.size for g in unit_groups(cnn)] == [10, 20, 50]
+    scores = torch.rand(1, num_units(cnn), generator=torch.Generator().manual_seed(0))
+    units = unit_mask_from_scores(cnn, scores, torch.tensor([0.5]))
+    assert [int(b.sum()) for b in units[0].split([10, 20, 50])] == [5, 10, 25]
+    assert cnn.flops_per_sample() == 961_000
+    assert int(masked_flops(cnn, units)[0]) == 312_500
+    assert int(masked_flops(cnn, units, structural=False)[0]) == 481_000
+    assert 3 * int(masked_flops(cnn, units)[0]) == 937_500
+
+
 def test_row_only_masks_keep_the_next_layers_inputs_alive() -> None:
     """Without ``structural``, a dropped unit still outputs its bias: only its own row is saved."""
     dnn = DNNOptions(hidden=[10]).build(SHAPE, CLASSES)

@@ -105,6 +105,20 @@ def _argmax(
     return best
 
 
+SETTING_KEYS = ("rounds", "seeds", "model", "val_per_class", "criterion")
+
+
+def merged(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` with the methods it did not tune kept from ``old`` (a ``--methods`` subset adds to
+    the earlier choices), provided both were tuned under the same settings; otherwise ``new``."""
+    if old is None or any(old.get(k) != new.get(k) for k in SETTING_KEYS):
+        return new
+    out = dict(new)
+    for part in ("choices", "personal_choices", "scores"):
+        out[part] = {**old.get(part, {}), **new.get(part, {})}
+    return out
+
+
 def _fmt(x: float | None) -> str:
     if x is None:
         return "—"
@@ -127,7 +141,8 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     }
     path = opts.tuned or out / "tuned.json"
     data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    data[f"{opts.dataset}-s{opts.setting}"] = entry
+    key = f"{opts.dataset}-s{opts.setting}"
+    data[key] = merged(data.get(key), entry)
     write_json_atomic(path, data)
     lines = []
     for method, table in chosen["scores"].items():
