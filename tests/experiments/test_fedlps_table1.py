@@ -78,3 +78,54 @@ def test_end_to_end_lines_flops_and_table(tmp_path: Path, capsys: pytest.Capture
 def test_unknown_method_is_one_line(capsys: pytest.CaptureFixture) -> None:
     assert main(["reproduce", "fedlps-ablation", "--methods", "fedavg"]) == 2
     assert "--methods: unknown 'fedavg'" in capsys.readouterr().err
+
+
+def test_cifar10_rows_use_the_papers_cifar_setup_and_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """CIFAR-10: 50 clients, VGG-11 (no BatchNorm), the paper's CIFAR-10 column beside the rows,
+    a 70 % TTA target; end to end on fabricated python batches with a narrow VGG."""
+    from tests.experiments.test_reproduce import write_cifar
+
+    cfg = resolve_config(None, fedlps.run_overrides(ReproOptions(dataset="cifar10"), "fedavg", 0))
+    assert cfg.federation.num_clients == 50 and cfg.federation.client_fraction == 0.2
+    assert cfg.model["name"] == "vgg" and cfg.model["cfg"] == "vgg11"
+    assert cfg.subsample.train == 50_000  # 50 clients × 2 shards of 500: the whole training set
+
+    write_cifar(tmp_path / "cifar", per_class=20)  # 1,000 training and 200 test images
+    code = main(
+        [
+            "reproduce",
+            "fedlps-table1",
+            "subsample.train=1000",
+            "model.cfg=[4,M,8,M]",
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(tmp_path / "cifar"),
+            "--quick",
+            "--rounds",
+            "1",
+            "--methods",
+            "fedavg,fedlps",
+            "--out",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert code == 0
+    lines = [LINE.match(x) for x in capsys.readouterr().out.splitlines() if x.startswith("fedlps")]
+    assert {m.group(2) for m in lines if m} == {"fedavg", "fedlps"}
+    table = json.loads((tmp_path / "c" / "table.json").read_text())
+    rows = {r["method"]: r for r in table["rows"]}
+    assert rows["fedlps"]["paper_acc"] == pytest.approx(0.8743)
+    assert rows["fedavg"]["paper_flops"] == pytest.approx(825.4e12)
+    assert rows["fedavg"]["flops"]["mean"] > 0 and rows["fedlps"]["flops"]["mean"] > 0
+    assert "TTA 70% s" in (tmp_path / "c" / "table.md").read_text()
+    assert "50 clients" in table["description"]
+
+
+def test_a_dataset_without_paper_numbers_shows_none() -> None:
+    """Fashion-MNIST runs the MNIST setup; the paper has no Fashion-MNIST column."""
+    opts = ReproOptions(dataset="fmnist")
+    assert resolve_config(None, fedlps.run_overrides(opts, "fedavg", 0)).model["name"] == "cnn2"
+    assert fedlps.PAPER.get("fmnist") is None
