@@ -1,4 +1,4 @@
-"""``fedlps-table1`` and ``fedlps-ablation``: FedLPS's Table I (MNIST row) and its ablation
+"""``fedlps-table1`` and ``fedlps-ablation``: FedLPS's Table I (MNIST, CIFAR-10) and its ablation
 (Xue et al.; ``specs/fedlps.md``), with training FLOPs, simulated time and time to accuracy.
 
 Setup (the paper's / code's), MNIST: 100 clients with 2 label-sorted shards of 100 images each
@@ -8,9 +8,9 @@ images of each of its classes; 10 clients per round, 100 rounds, SGD lr 0.1, bat
 epochs, the 21,840-parameter CNN, sample-weighted aggregation. CIFAR-10 (the user's python
 batches, ``--data-dir``): 50 clients (the spec) with 2 shards of 500 images (the whole training
 set; the paper does not give the shard size), VGG-11 (without BatchNorm: see docs/fedlps.md),
-TTA target 70 % (the paper's). ``--quick``: 30 rounds of 1 local epoch (a CPU check, not the table). Accuracy is every method's personalized accuracy the same way: the
-mean over clients of its personal model's accuracy on its own test data (the global model's for
-FedAvg).
+TTA target 70 % (the paper's). ``--quick``: 30 rounds of 1 local epoch (a CPU check, not the
+table). Accuracy is every method's personalized accuracy the same way: the mean over clients of
+its personal model's accuracy on its own test data (the global model's for FedAvg).
 
 Prints one line per method: ``fedlps <experiment> <method> acc=<float> flops=<float>
 sim_time_s=<float>`` (acc: final round, mean over seeds; flops: training FLOPs of the whole run;
@@ -144,7 +144,9 @@ def scale(opts: ReproOptions) -> tuple[int, int]:
     return (opts.rounds if opts.rounds_given else rounds), epochs
 
 
-def method_overrides(method: str, epochs: int, rounds: int, setup: Setup = MNIST_SETUP) -> list[str]:
+def method_overrides(
+    method: str, epochs: int, rounds: int, setup: Setup = MNIST_SETUP
+) -> list[str]:
     """``algorithm.*`` overrides of one row."""
     if method in FEDLPS_VARIANTS:
         return [
