@@ -114,3 +114,29 @@ def test_a_run_resumes_exactly_with_its_bandits(tmp_path) -> None:  # type: igno
             rows.append(list(csv.DictReader(f))[-1])
     assert rows[0] == rows[1]
     assert 0 <= float(rows[0]["personal_acc"]) <= 1 and float(rows[0]["sim_time_s"]) > 0
+
+
+def test_capability_levels_bound_the_ratio() -> None:
+    """``capability_levels=[1.0]`` lifts the device cap (every z = 1: s is the decided ratio);
+    ``[0.25]`` caps every client's s at ¼ in every round (Dyn re-draws from the same levels)."""
+    exp, state = _run("algorithm.local_steps=1", "algorithm.capability_levels=[1.0]")
+    assert bool((state["capability"] == 1).all())
+    exp.algorithm.run_round(state, 0)
+    exp.algorithm.run_round(state, 1)
+    assert bool((state["capability"] == 1).all())
+
+    exp, state = _run(
+        "algorithm.local_steps=1", "algorithm.ratio=fixed", "algorithm.capability_levels=[0.25]"
+    )
+    for rnd in range(2):
+        stats = exp.algorithm.run_round(state, rnd)
+        assert stats["mean_keep_ratio"] == pytest.approx(0.25)
+        assert bool((state["capability"] == 0.25).all())
+
+
+@pytest.mark.parametrize("levels", ["[0]", "[1.5]", "[]"])
+def test_bad_capability_levels_are_refused(levels: str) -> None:
+    from fedhp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="capability_levels"):
+        _run(f"algorithm.capability_levels={levels}")

@@ -24,7 +24,7 @@ Per round, for each selected client k with server ratio s_k and capability z_k (
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 import torch
@@ -34,6 +34,7 @@ from fedhp.algorithms.pucbv import PUCBV, exploration_xi
 from fedhp.comm import count_nonzero, unit_mask_bytes
 from fedhp.engine.context import RunContext
 from fedhp.engine.device_cost import (
+    CAPABILITY_LEVELS,
     DeviceCost,
     account_round,
     cost_state,
@@ -109,7 +110,7 @@ class FedLPS(Algorithm):
         else:  # the code's sorted random scores: keeps the first units, in index order
             scores = torch.randn(k, self.num_units, generator=ctx.generator)
             scores = scores.sort(dim=1, descending=True).values
-        caps = draw_capabilities(k, ctx.generator).to(init_params.device)
+        caps = draw_capabilities(k, ctx.generator, opt.levels).to(init_params.device)
         state: State = {
             "global": init_params.clone(),
             "scores": scores.to(init_params.device),
@@ -172,7 +173,7 @@ class FedLPS(Algorithm):
     # ------------------------------------------------------------------ round
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator)
+        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator, opt.levels)
         task = self.plan_broadcast_global(state)
         decided = state["ratio"][task.clients.cpu()]
         caps = state["capability"][task.clients].cpu().double()
@@ -270,12 +271,22 @@ class FedLPSOptions(LocalWorkOptions):
     ratio: RatioPolicy = "pucbv"
     fixed_ratio: float = pydantic.Field(0.5, gt=0, le=1, description="FLST's s (ratio=fixed)")
     capabilities: Literal["fix", "dyn"] = "dyn"
+    capability_levels: list[Annotated[float, pydantic.Field(gt=0, le=1)]] = pydantic.Field(
+        default_factory=lambda: list(CAPABILITY_LEVELS),
+        min_length=1,
+        description="z drawn uniformly from these (the paper's 1, ½, ¼, ⅛, 1/16)",
+    )
     rounds: int = pydantic.Field(100, gt=0, description="R in P-UCBV's ξ = R/(K·ε_sel)")
     arms: int = pydantic.Field(5, gt=0, description="P-UCBV's initial arms")
     arms_low: float = pydantic.Field(0.0, ge=0, lt=1, description="arms cover [arms_low, 1)")
     rho: float = pydantic.Field(0.5, gt=0)
     delta_points: float = pydantic.Field(-5.0, description="arm elimination Δ (accuracy points)")
     floor: float = pydantic.Field(1 / 16, gt=0, le=1, description="lowest ratio decided")
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        """``capability_levels`` as the cost model takes them."""
+        return tuple(self.capability_levels)
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedLPS(self, ctx)

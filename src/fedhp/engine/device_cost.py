@@ -29,13 +29,17 @@ def draw_capabilities(
 
 
 def refresh_capabilities(
-    state: dict[str, torch.Tensor], mode: str, rnd: int, generator: torch.Generator
+    state: dict[str, torch.Tensor],
+    mode: str,
+    rnd: int,
+    generator: torch.Generator,
+    levels: tuple[float, ...] = CAPABILITY_LEVELS,
 ) -> None:
     """FedLPS's "Dyn" capabilities (``mode == "dyn"``): ``state["capability"]`` drawn again for
     every client at the start of every round after the first; "Fix" keeps the first draw."""
     if mode == "dyn" and rnd > 0:
         caps = state["capability"]
-        state["capability"] = draw_capabilities(len(caps), generator).to(caps.device)
+        state["capability"] = draw_capabilities(len(caps), generator, levels).to(caps.device)
 
 
 @dataclass(frozen=True)
