@@ -137,3 +137,14 @@ def test_resume_continues_the_count(tmp_path: Path) -> None:
     unknown = run(old, "rounds=3", "checkpoint_every=1", resume=True)
     assert unknown["train_samples"] is None and unknown["train_flops"] is None
     assert unknown["train_flops_per_sample"] == 31_360
+
+
+def test_rounds_on_flower_nodes_report_no_count(tmp_path: Path) -> None:
+    """Under the Flower driver the nodes train: the cloud's model counts nothing, so the run
+    reports null rather than 0."""
+    pytest.importorskip("flwr")
+    from tests.flower.helpers import config_args, run_flower_local
+
+    summary, _ = run_flower_local(tmp_path, config_args("fedavg", "rounds=1"))
+    assert summary["train_samples"] is None and summary["train_flops"] is None
+    assert summary["train_flops_per_sample"] == 31_360
