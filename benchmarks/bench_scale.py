@@ -4,13 +4,14 @@ arithmetic limit measured in the same run.
 Each configuration runs in its own subprocess (so its peak memory is its own): the experiment is
 built, one warm-up round is run, then ``--rounds`` timed rounds of the algorithm's
 ``run_round`` (training, aggregation and the ledger; evaluation is not part of a round). The
-round's real FLOPs are counted, not estimated: every ``loss_and_grad`` call the engine makes is
-counted in samples, and one sample's training FLOPs are what PyTorch's FlopCounterMode counts
-for a forward and backward pass of the plain reference module (parameters need gradients, the
-input does not — so the first layer's input gradient, which the engine never computes, is not
-counted either). ``limit_s`` is those FLOPs at the best fp32 matmul speed measured in the same
-subprocess; ``ratio = s_per_round / limit_s``. ``peak_rss_gb`` is the subprocess's peak
-resident memory, ``data_rss_gb`` the same right after the data were loaded.
+round's real FLOPs are counted, not estimated: the engine counts the samples of every gradient
+evaluation it runs (``BatchedModel.trained_samples``), and one sample's training FLOPs are what
+PyTorch's FlopCounterMode counts for a forward and backward pass of the plain reference module
+(``BatchedModel.train_flops_per_sample``: parameters need gradients, the input does not — so the
+first layer's input gradient, which the engine never computes, is not counted either); the same
+count as summary.json's ``train_flops``. ``limit_s`` is those FLOPs at the best fp32 matmul speed
+measured in the same subprocess; ``ratio = s_per_round / limit_s``. ``peak_rss_gb`` is the
+subprocess's peak resident memory, ``data_rss_gb`` the same right after the data were loaded.
 
 Usage: python benchmarks/bench_scale.py [--threads N] [--rounds R] [--only NAME ...]
 Output: one line per configuration,
@@ -52,24 +53,6 @@ CONFIGS: dict[str, tuple[str, str, int, float, list[str]]] = {
 }
 
 
-def train_flops_per_sample(model: Any, batch: int = 20) -> float:
-    """Training FLOPs of one sample: forward + backward of the reference module (weights need
-    gradients, the input does not), as counted by FlopCounterMode."""
-    import copy
-
-    import torch
-    import torch.nn.functional as F
-    from torch.utils.flop_counter import FlopCounterMode
-
-    module = copy.deepcopy(model.reference).train()
-    x = torch.randn(batch, *model.feature_shape)
-    y = torch.zeros(batch, dtype=torch.long)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        F.cross_entropy(module(x), y).backward()
-    return counter.get_total_flops() / batch
-
-
 def rss_gb() -> float:
     """Peak resident memory of this process image so far (VmHWM; ``ru_maxrss`` would include
     the parent's peak, which Linux carries across execve)."""
@@ -104,24 +87,16 @@ def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
     exp = build_experiment(cfg)
     data_rss = rss_gb()
     model, algo = exp.model, exp.algorithm
-    samples = [0]
-    loss_and_grad = model.loss_and_grad
-
-    def counted(flat: Any, x: Any, *args: Any, **kw: Any) -> Any:
-        samples[0] += int(x.shape[0]) * int(x.shape[1])
-        return loss_and_grad(flat, x, *args, **kw)
-
-    model.loss_and_grad = counted  # type: ignore[method-assign]
     state = algo.init_state(model.init_params(0))
     algo.run_round(state, 0)  # warm-up
-    samples[0] = 0
+    model.trained_samples = 0
     per_round = []
     for r in range(1, rounds + 1):
         start = time.perf_counter()
         algo.run_round(state, r)
         per_round.append(time.perf_counter() - start)
     peak = max(matmul_peak_gflops(), 1e-9)
-    flops = samples[0] / rounds * train_flops_per_sample(model)
+    flops = model.train_flops / rounds
     limit = flops / (peak * 1e9)
     s = sorted(per_round)[len(per_round) // 2]
     return {

@@ -22,6 +22,7 @@ from fedhp.algorithms.base import (
     Update,
 )
 from fedhp.engine.context import RunContext
+from fedhp.engine.ops import batched_loss_grad
 
 
 class Centralized(Algorithm):
@@ -63,10 +64,7 @@ class Centralized(Algorithm):
                 idx = torch.randint(n, (batch,), generator=ctx.generator)
             idx = idx.to(train.x.device)
             x, y = train.x[idx].unsqueeze(0), train.y[idx].unsqueeze(0)
-            if bufs is None:
-                loss, grad = ctx.model.loss_and_grad(params, x, y)
-            else:
-                loss, grad = ctx.model.loss_and_grad(params, x, y, buffers=bufs)
+            loss, grad = batched_loss_grad(ctx.model, params, x, y, buffers=bufs)
             params.add_(grad, alpha=-opt.lr)
             loss_total += float(loss[0])
         state["global"] = params[0]

@@ -12,6 +12,10 @@
               "algorithm.<attr>" for any torch.Generator an algorithm object holds
     ledger    CommLedger.state_dict()
     rows      the metrics rows written so far (for summary.json's best/final values)
+    trained_samples
+              samples of the gradient evaluations so far (``BatchedModel.trained_samples``,
+              for summary.json's ``train_flops``; None where not known; absent in checkpoints
+              written before it existed)
 
 Nothing wall-clock is in it, so the same run (resumed or not) writes the same bytes. The seconds
 spent so far go to ``checkpoint_time.json`` (``{"round": n, "seconds": s}``), written right after
@@ -60,6 +64,7 @@ class Snapshot:
     ledger: dict[str, object]
     rows: list[Row] = field(default_factory=list)
     seconds: float = 0.0
+    trained_samples: int | None = 0
 
     def state_copy(self) -> dict[str, torch.Tensor]:
         """A fresh copy of the algorithm state (to continue from)."""
@@ -105,9 +110,15 @@ def restore_rng(exp: Any, states: dict[str, torch.Tensor]) -> None:
 
 
 def capture(
-    exp: Any, state: dict[str, torch.Tensor], rnd: int, rows: list[Row], seconds: float
+    exp: Any,
+    state: dict[str, torch.Tensor],
+    rnd: int,
+    rows: list[Row],
+    seconds: float,
+    trained_samples: int | None = None,
 ) -> Snapshot:
-    """A :class:`Snapshot` of the run after ``rnd`` rounds (copies the state)."""
+    """A :class:`Snapshot` of the run after ``rnd`` rounds (copies the state);
+    ``trained_samples``: the samples trained so far (None: not known)."""
     return Snapshot(
         round=rnd,
         state={k: v.detach().clone() for k, v in state.items()},
@@ -115,6 +126,7 @@ def capture(
         ledger=exp.ctx.ledger.state_dict(),
         rows=list(rows),
         seconds=seconds,
+        trained_samples=trained_samples,
     )
 
 
@@ -139,6 +151,7 @@ def save_checkpoint(path: Path, snap: Snapshot, config: dict[str, Any]) -> None:
             "rng": {k: v.to("cpu") for k, v in snap.rng.items()},
             "ledger": snap.ledger,
             "rows": snap.rows,
+            "trained_samples": snap.trained_samples,
         },
         path,
     )

@@ -81,8 +81,10 @@ def batched_loss_grad(
 
     The clients' losses are summed before differentiation; since clients share no parameters, the
     gradient's row c is exactly the gradient of client c's own mean loss. ``buffers [C, B]``
-    (BatchNorm running statistics), if given, are updated in place.
+    (BatchNorm running statistics), if given, are updated in place. Counts the samples
+    (:meth:`~fedhp.models.base.BatchedModel.count_trained`).
     """
+    model.count_trained(x)
     if buffers is None:
         return model.loss_and_grad(params.detach(), x, y)
     return model.loss_and_grad(params.detach(), x, y, buffers=buffers)
@@ -185,6 +187,7 @@ def weighted_sgd_steps(
             if active is not None and not bool(active[step, rows].any()):
                 continue
             x, y, weight = batch(step, rows)
+            model.count_trained(x)
             if buffers is None:
                 loss, grad = loss_and_grad(part, x, y, weight=weight)
             else:
@@ -238,6 +241,7 @@ def _sgd_loop(
             loss, grad = batched_loss_grad(model, params, x, y, buffers=buffers)
         else:
             kw = {} if buffers is None else {"buffers": buffers}
+            model.count_trained(x)
             loss, grad = loss_grad(params.detach(), x, y, **kw)
         if extra_grad is not None:
             grad.add_(extra_grad(params))

@@ -227,8 +227,29 @@ def local_work_summary(exp: Experiment) -> Row:
     return out
 
 
-def summarize(exp: Experiment, rows: list[Row], seconds: float, rounds_done: int) -> Row:
-    """summary.json: final and best accuracies, time, communication totals."""
+def train_flops_summary(exp: Experiment, trained_samples: int | None) -> Row:
+    """The run's training arithmetic: ``train_samples`` (samples of every gradient evaluation
+    the engine ran, :attr:`~fedhp.models.base.BatchedModel.trained_samples`),
+    ``train_flops_per_sample`` (:meth:`~fedhp.models.base.BatchedModel.train_flops_per_sample`)
+    and their product ``train_flops``; the first and last are None where the count is not known
+    (rounds run on Flower nodes, a resumed checkpoint written before the count existed)."""
+    per_sample = exp.model.train_flops_per_sample()
+    return {
+        "train_samples": trained_samples,
+        "train_flops_per_sample": per_sample,
+        "train_flops": None if trained_samples is None else trained_samples * per_sample,
+    }
+
+
+def summarize(
+    exp: Experiment,
+    rows: list[Row],
+    seconds: float,
+    rounds_done: int,
+    trained_samples: int | None = None,
+) -> Row:
+    """summary.json: final and best accuracies, time, training FLOPs (``trained_samples``:
+    see :func:`train_flops_summary`), communication totals."""
     summary: Row = {
         "algorithm": exp.cfg.algorithm.get("name"),
         "dataset": exp.cfg.dataset.get("name"),
@@ -242,6 +263,7 @@ def summarize(exp: Experiment, rows: list[Row], seconds: float, rounds_done: int
         "gradient_evaluations_per_round": exp.options.gradient_evaluations(),
     }
     summary.update(local_work_summary(exp))
+    summary.update(train_flops_summary(exp, trained_samples))
     summary.update(exp.algorithm.summary_notes())
     for key in ("global_acc", "personal_acc", "global_balanced_acc"):
         values = [(r["round"], r[key]) for r in rows if key in r]
@@ -339,6 +361,7 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
         ledger=data["ledger"],
         rows=list(data["rows"]),
         seconds=checkpoint_seconds(path),
+        trained_samples=data.get("trained_samples"),
     )
 
 
@@ -424,7 +447,14 @@ def run_experiment(
         from fedhp.tensorboard import TensorBoardWriter
 
         board = TensorBoardWriter(out_dir, start_round)
-    snap = restored or capture(exp, state, 0, rows, 0.0)
+    # Samples trained (the model's counter, from the checkpoint's on resume; None: not known).
+    samples_known = driver is None and (restored is None or restored.trained_samples is not None)
+    exp.model.trained_samples = (restored.trained_samples or 0) if restored is not None else 0
+
+    def trained() -> int | None:
+        return exp.model.trained_samples if samples_known else None
+
+    snap = restored or capture(exp, state, 0, rows, 0.0, trained())
     bar = tqdm(
         total=cfg.rounds, initial=start_round, desc=str(cfg.algorithm.get("name")), disable=not show
     )
@@ -488,7 +518,7 @@ def run_experiment(
                 {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
             )
         bar.update(1)
-        snap = capture(exp, state, rounds_done, rows, seconds)
+        snap = capture(exp, state, rounds_done, rows, seconds, trained())
         due = cfg.checkpoint_every and (
             rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
         )
@@ -513,7 +543,7 @@ def run_experiment(
                 )
         driver.close()
     seconds = prior_seconds + time.perf_counter() - start
-    summary = summarize(exp, rows, seconds, rounds_done)
+    summary = summarize(exp, rows, seconds, rounds_done, trained())
     if error is not None:
         summary["stopped"] = str(error)
     if out_dir is not None:

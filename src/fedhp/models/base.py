@@ -229,6 +229,39 @@ def sample_weight_totals(weight: torch.Tensor) -> torch.Tensor:
     return weight.sum(1).clamp(min=torch.finfo(weight.dtype).tiny)
 
 
+def training_flops(module: nn.Module, feature_shape: tuple[int, ...], batch: int = 2) -> int:
+    """Training FLOPs of one sample for ``module``: a forward pass and the backward pass of the
+    cross-entropy loss with respect to the parameters only, as PyTorch's FlopCounterMode counts
+    them (2 per multiply-add of matrix products and convolutions; bias additions, activations,
+    normalization and the loss are not counted).
+
+    The input does not need a gradient, so the first layer's input gradient, which no training
+    step needs and the engine never computes, is not counted: the first layer's backward pass
+    costs its forward FLOPs once (the weight gradient), every later layer's twice (weight and
+    input gradients). The count runs on the meta device (no arithmetic, no memory; on the
+    CPU if an operation has no meta kernel) in training mode, over ``batch`` samples (the
+    counts are linear in the batch; 2 keeps BatchNorm's training statistics defined)."""
+    try:
+        return _training_flops(module, feature_shape, batch, torch.device("meta"))
+    except (NotImplementedError, RuntimeError):  # an operation without a meta kernel
+        return _training_flops(module, feature_shape, batch, torch.device("cpu"))
+
+
+def _training_flops(
+    module: nn.Module, feature_shape: tuple[int, ...], batch: int, device: torch.device
+) -> int:
+    clone = copy.deepcopy(module).to(device).train()
+    x = torch.zeros(batch, *feature_shape, device=device)
+    y = torch.zeros(batch, dtype=torch.long, device=device)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        F.cross_entropy(clone(x), y).backward()
+    total = int(counter.get_total_flops())
+    if total % batch:
+        raise AssertionError(f"training FLOPs {total} not a multiple of the batch {batch}")
+    return total // batch
+
+
 class BatchedModel(ABC):
     """A model evaluated for many clients at once: ``forward(flat [C,P], x [C,B,...])``.
 
@@ -245,6 +278,9 @@ class BatchedModel(ABC):
         self.layout = ParamLayout(reference)
         self.buffer_layout = BufferLayout(reference)
         self._flops: int | None = None
+        self._train_flops: int | None = None
+        self.trained_samples = 0
+        """Samples of every gradient evaluation the engine ran (:meth:`count_trained`)."""
 
     @property
     def num_params(self) -> int:
@@ -431,6 +467,25 @@ class BatchedModel(ABC):
         with counter, torch.no_grad():
             module(x)
         return int(counter.get_total_flops())
+
+    def train_flops_per_sample(self) -> int:
+        """Training FLOPs of one sample, as the engine computes them (:func:`training_flops` of
+        the reference module; counted once, then cached)."""
+        if self._train_flops is None:
+            self._train_flops = training_flops(self.reference, self.feature_shape)
+        return self._train_flops
+
+    def count_trained(self, x: torch.Tensor) -> None:
+        """Add the samples of one gradient evaluation on ``x [C, B, ...]`` to
+        :attr:`trained_samples`: all ``C * B`` rows, padding (weight 0) included, since the kernels
+        compute those rows too. Reads only the shape: no host sync."""
+        self.trained_samples += int(x.shape[0]) * int(x.shape[1])
+
+    @property
+    def train_flops(self) -> int:
+        """Training FLOPs of the gradient evaluations counted so far: :attr:`trained_samples`
+        times :meth:`train_flops_per_sample`."""
+        return self.trained_samples * self.train_flops_per_sample()
 
 
 DIRECT_MIN_PARAMS = 2_500_000
