@@ -173,8 +173,11 @@ class DenseDeviceCost:
     capability_generator: torch.Generator
     dense_forward_flops: float
 
-    def init_device_cost(self, mode: CapabilityMode) -> None:
-        """Set the model up (call from ``__init__``, after ``self.ctx`` is set)."""
+    def init_device_cost(self, options: AlgorithmOptions) -> None:
+        """Set the model up from ``options.capabilities`` (call from ``__init__``, after
+        ``self.ctx`` is set); options without that field (a plugin's subclass of FedAvg with
+        options of its own) leave it off."""
+        mode: CapabilityMode = getattr(options, "capabilities", "off")
         self.cost_mode = mode
         if mode == "off":
             return

@@ -32,7 +32,7 @@ class FedAvg(DenseDeviceCost, Algorithm):
 
     def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
-        self.init_device_cost(self.options.capabilities)
+        self.init_device_cost(options)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {

@@ -49,7 +49,7 @@ class FedPer(DenseDeviceCost, Algorithm):
                 "model: fedper needs a body below the output layer; this model is one layer "
                 "(use e.g. model.name=dnn or cnn)"
             )
-        self.init_device_cost(options.capabilities)
+        self.init_device_cost(options)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)

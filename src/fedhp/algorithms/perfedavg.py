@@ -65,7 +65,7 @@ class PerFedAvg(DenseDeviceCost, Algorithm):
         gen = torch.Generator(device=counts.device)
         self.eval_generator = gen
         self.eval_sampler = ctx.sampler.with_generator(gen)
-        self.init_device_cost(options.capabilities)
+        self.init_device_cost(options)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.to(self.ctx.device).clone(), **self.device_cost_state()}
