@@ -332,6 +332,11 @@ def test_sparse_models_travel_sparse(tmp_path: Path) -> None:
         # Half the clients per round, one per node: some nodes' first message after the resume
         # is an evaluate message, which must install the checkpoint's rows too.
         ("pfedme", ("flower.nodes=20", "federation.client_fraction=0.5")),
+        # the cloud's capability generator and running sim_time_s / flops in the checkpoint
+        (
+            "ditto",
+            ("federation.client_fraction=0.5", "flower.nodes=2", "algorithm.capabilities=dyn"),
+        ),
     ],
 )
 def test_resume_matches_an_uninterrupted_run(
