@@ -231,3 +231,18 @@ def test_ledger_counts_unit_masks_beside_their_messages() -> None:
     node.record_masks("client_edge", "down", 8, 2)
     merged.merge_round(node.state_dict())
     assert merged.current()["mask_bytes_client_edge_down"] == 2.0
+
+
+def test_round_node_bytes_are_what_each_node_was_billed_this_round() -> None:
+    """Per node of the open round: its messages' wire bytes plus its unit masks; 0 for a node
+    without a message; a closed round no longer counts."""
+    ledger = CommLedger()
+    dense = torch.ones(3, 100)
+    ledger.record("client_cloud", "up", dense, nodes=torch.tensor([4, 7, 4]))
+    ledger.record_masks("client_cloud", "up", 16, 1, nodes=torch.tensor([7]))
+    got = ledger.round_node_bytes("client_cloud", "up", torch.tensor([7, 4, 9]))
+    assert got.dtype == torch.float64
+    assert got.tolist() == [400.0 + 2, 800.0, 0.0]
+    assert ledger.round_node_bytes("client_cloud", "down", torch.tensor([4])).tolist() == [0.0]
+    ledger.end_round()
+    assert ledger.round_node_bytes("client_cloud", "up", torch.tensor([4])).tolist() == [0.0]

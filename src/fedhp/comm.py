@@ -416,6 +416,17 @@ class CommLedger:
         self._with_masks(out, {k: self._mask_round.get(k, 0) for k in self._mask_total})
         return out
 
+    def round_node_bytes(self, link: str, direction: str, nodes: torch.Tensor) -> torch.Tensor:
+        """Wire bytes (float64 ``[len(nodes)]``, unit masks included) billed so far in the open
+        round to each of ``nodes`` (ids as given to :meth:`record`) on ``link`` in
+        ``direction``; 0 for a node with no message."""
+        _check_link(link, direction)
+        table = self._node_round.get((link, direction), {})
+        ids = torch.as_tensor(nodes).detach().flatten().to(torch.int64).tolist()
+        return torch.tensor(
+            [float(table[i]["bytes"]) if i in table else 0.0 for i in ids], dtype=torch.float64
+        )
+
     def end_round(self) -> dict[str, float]:
         """Close the round: return its counters and add them to the accumulated totals."""
         out = self.current()

@@ -27,3 +27,17 @@ def test_client_and_round_seconds_by_hand() -> None:
     assert t.tolist() == pytest.approx([1.0 + 1.0, 4.0 + 1.0])
     assert cost.round_seconds(t) == pytest.approx(5.0)
     assert cost.round_seconds(torch.zeros(0)) == 0.0
+
+
+def test_capability_generator_is_seeded_from_the_run_and_leaves_it_alone() -> None:
+    """The dense methods' capability stream: a function of the engine generator's seed only;
+    making it draws nothing from the engine generator."""
+    from fedhp.engine.device_cost import CAPABILITY_SEED_OFFSET, capability_generator
+
+    engine = torch.Generator().manual_seed(1_000_003)
+    before = engine.get_state()
+    gen = capability_generator(engine)
+    assert torch.equal(engine.get_state(), before)
+    assert gen.initial_seed() == 1_000_003 + CAPABILITY_SEED_OFFSET
+    again = capability_generator(torch.Generator().manual_seed(1_000_003))
+    assert torch.equal(draw_capabilities(50, gen), draw_capabilities(50, again))

@@ -32,6 +32,8 @@ def test_every_row_resolves_to_the_paper_setup() -> None:
             assert algo["local_steps"] == 5 * 9  # 5 epochs of 180 samples in batches of 20
         else:
             assert algo["local_epochs"] == 5
+        if method in fedlps.DENSE:  # FedLPS's device model on the dense rows too (Dyn)
+            assert algo["capabilities"] == "dyn"
     assert resolve_config(None, fedlps.run_overrides(opts, "fedlps-mu0", 0)).algorithm["mu"] == 0
     flst = resolve_config(None, fedlps.run_overrides(opts, "flst", 0)).algorithm
     assert flst["ratio"] == "fixed" and flst["fixed_ratio"] == 0.5
@@ -57,13 +59,17 @@ def test_end_to_end_lines_flops_and_table(tmp_path: Path, capsys: pytest.Capture
     lines = [LINE.match(x) for x in capsys.readouterr().out.splitlines() if x.startswith("fedlps")]
     rows = {m.group(2): m for m in lines if m}
     assert set(rows) == {"fedavg", "ditto", "heterofl"}
-    assert rows["fedavg"].group(5) == "nan" and float(rows["heterofl"].group(5)) > 0
+    assert all(float(rows[m].group(5)) > 0 for m in rows)  # every row: simulated time
     table = json.loads((tmp_path / "t1" / "table.json").read_text())
     flops = {r["method"]: r["flops"]["mean"] for r in table["rows"]}
     assert float(rows["fedavg"].group(4)) == pytest.approx(flops["fedavg"], rel=1e-3)
     samples = 10 * 180  # ten clients, one epoch
-    assert flops["fedavg"] == 3 * CNN_FORWARD_FLOPS * samples
+    assert flops["fedavg"] == 3 * CNN_FORWARD_FLOPS * samples  # from fedavg's metrics.csv
     assert flops["ditto"] == 2 * flops["fedavg"]
+    fedavg = next(r for r in table["rows"] if r["method"] == "fedavg")
+    last = fedlps.read_metrics(Path(fedavg["folders"][0]))[-1]
+    assert fedavg["sim_time_s"]["mean"] == float(last["sim_time_s"]) > 0
+    assert fedlps.time_to_accuracy(Path(fedavg["folders"][0]), 0.0) == float(last["sim_time_s"])
     assert 0 < flops["heterofl"] < flops["fedavg"]  # sub-models of width z ≤ 1
     heterofl = next(r for r in table["rows"] if r["method"] == "heterofl")
     assert heterofl["paper_acc"] == pytest.approx(0.9076) and heterofl[

@@ -77,6 +77,18 @@ P_MLR = 7850  # 784 * 10 + 10
         ("lotteryfl", ("federation.client_fraction=0.5", "flower.nodes=2")),
         ("fedlps", ("federation.client_fraction=0.5", "flower.nodes=2")),
         ("fedavg", ("subsample.train=2500", "subsample.test=600", "partition.test_per_class=50")),
+        # FedLPS's device model on the dense baselines: capabilities drawn at the cloud, the
+        # bytes the cloud's ledger billed each client (FedPer: its body), the same sim_time_s
+        ("fedavg", ("federation.client_fraction=0.5", "algorithm.capabilities=dyn")),
+        (
+            "ditto",
+            ("federation.client_fraction=0.5", "flower.nodes=2", "algorithm.capabilities=dyn"),
+        ),
+        (
+            "fedper",
+            ("flower.nodes=2", "model.name=dnn", "model.hidden=[8]", "algorithm.capabilities=fix"),
+        ),
+        ("perfedavg", ("algorithm.capabilities=dyn",)),
     ],
 )
 def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, ...]) -> None:
@@ -86,6 +98,11 @@ def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, 
     assert_same_metrics(tmp_path / "a", tmp_path / "b")
     assert not driver.events
     assert (tmp_path / "b" / "flower_bytes.csv").exists()
+    if any(e.startswith("algorithm.capabilities=") for e in extra):  # the cost model: exactly
+        cost = ("sim_time_s", "round_sim_time_s", "flops")
+        a_rows, b_rows = (read_csv(tmp_path / d / "metrics.csv") for d in "ab")
+        assert [[r[k] for k in cost] for r in a_rows] == [[r[k] for k in cost] for r in b_rows]
+        assert float(a_rows[-1]["sim_time_s"]) > 0
     # final_state.pt holds the whole state, the nodes' part included, as in-process.
     a, b = (
         torch.load(p / FINAL_STATE_FILE, weights_only=True)["state"] for p in tmp_path.iterdir()
@@ -315,6 +332,11 @@ def test_sparse_models_travel_sparse(tmp_path: Path) -> None:
         # Half the clients per round, one per node: some nodes' first message after the resume
         # is an evaluate message, which must install the checkpoint's rows too.
         ("pfedme", ("flower.nodes=20", "federation.client_fraction=0.5")),
+        # the cloud's capability generator and running sim_time_s / flops in the checkpoint
+        (
+            "ditto",
+            ("federation.client_fraction=0.5", "flower.nodes=2", "algorithm.capabilities=dyn"),
+        ),
     ],
 )
 def test_resume_matches_an_uninterrupted_run(

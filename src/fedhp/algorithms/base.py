@@ -22,6 +22,14 @@ import torch
 
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
+from fedhp.engine.device_cost import (
+    DeviceCost,
+    account_round,
+    capability_generator,
+    cost_state,
+    draw_capabilities,
+    refresh_capabilities,
+)
 from fedhp.engine.evaluate import ClientEval, density
 from fedhp.engine.federation import ClientTensors
 from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad
@@ -129,6 +137,90 @@ def local_epochs_of(options: AlgorithmOptions) -> int | None:
     """The ``local_epochs`` budget of options that offer one (plugins may subclass the plain
     :class:`AlgorithmOptions`: ``local_steps`` only)."""
     return options.local_epochs if isinstance(options, LocalWorkOptions) else None
+
+
+CapabilityMode = Literal["off", "fix", "dyn"]
+"""The dense methods' device model (:class:`DenseDeviceCost`): none, or FedLPS's capabilities
+drawn once (``fix``) or every round (``dyn``)."""
+
+
+def capabilities_field() -> Any:
+    """The dense methods' ``capabilities`` option (:class:`DenseDeviceCost`)."""
+    return pydantic.Field(
+        "off",
+        description="FedLPS's device model (docs/fedlps.md): off, or capabilities z drawn once "
+        "(fix) or every round (dyn) and sim_time_s, round_sim_time_s, flops logged; the training "
+        "is the same",
+    )
+
+
+class DenseDeviceCost:
+    """FedLPS's heterogeneity and cost model (:mod:`fedhp.engine.device_cost`) for a method that
+    trains the full model: an :class:`Algorithm` mixin, on with ``capabilities: fix|dyn``.
+
+    Each client has a capability z ∈ {1, ½, ¼, ⅛, 1/16} (``state["capability"]``, drawn once, or
+    again every round under ``dyn``) from :attr:`capability_generator`, a generator of its own
+    seeded from the run's seed and checkpointed with the run (``algorithm.capability_generator``),
+    so the draws leave the training untouched. The model is trained at full width whatever z is:
+    T_k = 3 × the dense model's forward FLOPs per sample (``masked_flops`` with every unit kept,
+    FedLPS's convention) × the samples k processed / (z · 727 GFLOP/s) + the bytes the ledger
+    billed k this round up / 14.0 MB/s + down / 110.6 MB/s; the round lasts its slowest client.
+    ``off`` (default) adds nothing: no state entry, no generator, no metric."""
+
+    ctx: RunContext
+    cost_mode: CapabilityMode = "off"
+    device_cost: DeviceCost
+    capability_generator: torch.Generator
+    dense_forward_flops: float
+
+    def init_device_cost(self, options: AlgorithmOptions) -> None:
+        """Set the model up from ``options.capabilities`` (call from ``__init__``, after
+        ``self.ctx`` is set); options without that field (a plugin's subclass of FedAvg with
+        options of its own) leave it off."""
+        mode: CapabilityMode = getattr(options, "capabilities", "off")
+        self.cost_mode = mode
+        if mode == "off":
+            return
+        from fedhp.models.masks import masked_flops, num_units
+
+        model = self.ctx.model
+        self.device_cost = DeviceCost()
+        self.capability_generator = capability_generator(self.ctx.generator)
+        every_unit = torch.ones(1, num_units(model), dtype=torch.bool)
+        self.dense_forward_flops = float(masked_flops(model, every_unit)[0])
+
+    def device_cost_state(self) -> State:
+        """The initial state's entries: ``capability [C]`` and the running ``sim_time_s``,
+        ``flops`` (none when off)."""
+        if self.cost_mode == "off":
+            return {}
+        caps = draw_capabilities(self.ctx.num_clients, self.capability_generator)
+        return {"capability": caps, **cost_state()}
+
+    def refresh_device_cost(self, state: State, rnd: int) -> None:
+        """Start of round ``rnd`` (cloud, in ``plan``): ``dyn`` draws every z again."""
+        if self.cost_mode != "off":
+            refresh_capabilities(state, self.cost_mode, rnd, self.capability_generator)
+
+    def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
+        """The samples (float64 ``[len(clients)]``) each of ``clients`` trained on in a round,
+        over every gradient evaluation of its local work (the method's own count)."""
+        raise NotImplementedError
+
+    def account_device_cost(self, state: State, clients: torch.Tensor) -> dict[str, float]:
+        """End of a round (cloud, in ``aggregate``, after the uploads are billed): add the round
+        of ``clients`` to ``state``; the round metrics ``sim_time_s``, ``round_sim_time_s``,
+        ``flops`` (none when off)."""
+        if self.cost_mode == "off":
+            return {}
+        ctx = self.ctx
+        ids = ctx.global_clients(clients)
+        up = ctx.ledger.round_node_bytes("client_cloud", "up", ids)
+        down = ctx.ledger.round_node_bytes("client_cloud", "down", ids)
+        flops = 3.0 * self.dense_forward_flops * self.round_samples(clients).double().cpu()
+        caps = state["capability"][clients.cpu()]
+        _, stats = account_round(state, self.device_cost, flops, caps, up, down)
+        return stats
 
 
 @dataclass

@@ -53,6 +53,10 @@ class Ditto(FedAvg):
         state["personal"][clients] = params
         return update
 
+    def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
+        """FedAvg's samples twice: the personal update has the same budget."""
+        return 2 * super().round_samples(clients)
+
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["personal"]
 

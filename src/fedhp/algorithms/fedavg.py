@@ -5,20 +5,46 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmOptions,
+    CapabilityMode,
+    DenseDeviceCost,
+    LocalWorkOptions,
+    State,
+    Task,
+    Update,
+    capabilities_field,
+)
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ExtraGrad, LossGrad, prox_grad, weighted_mean
 
 
-class FedAvg(Algorithm):
-    """Sampled clients run local SGD from the global model; the cloud averages their models."""
+class FedAvg(DenseDeviceCost, Algorithm):
+    """Sampled clients run local SGD from the global model; the cloud averages their models.
+    ``capabilities: fix|dyn``: FedLPS's device model and simulated time
+    (:class:`DenseDeviceCost`)."""
 
     options: FedAvgOptions
     client_outputs = ("params",)
     client_buffer_outputs = ("buffers",)
 
+    def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        self.init_device_cost(options)
+
     def init_state(self, init_params: torch.Tensor) -> State:
-        return {"global": init_params.clone(), **self.init_buffer_state(init_params.device)}
+        return {
+            "global": init_params.clone(),
+            **self.init_buffer_state(init_params.device),
+            **self.device_cost_state(),
+        }
+
+    def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
+        """Samples of the local work: all of a client's data per epoch, or ``batch_size`` per
+        step."""
+        return self.options.sample_counts(self.ctx.fed.train.counts[clients])
 
     def local_extra_grad(self, w: torch.Tensor) -> ExtraGrad | None:
         """Additive gradient term of the local objective around the global model ``w`` (none
@@ -30,6 +56,7 @@ class FedAvg(Algorithm):
         return None
 
     def plan(self, state: State, rnd: int) -> Task:
+        self.refresh_device_cost(state, rnd)
         return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
@@ -61,13 +88,17 @@ class FedAvg(Algorithm):
         state["global"] = weighted_mean(params, weights)
         if bufs is not None:
             state["global_buffers"] = weighted_mean(bufs, weights)
-        return self.local_work_stats(task, update)
+        stats = self.local_work_stats(task, update)
+        stats.update(self.account_device_cost(state, clients))
+        return stats
 
 
 @ALGORITHMS.register("fedavg")
 class FedAvgOptions(LocalWorkOptions):
     """FedAvg: ``local_steps`` SGD steps (or ``local_epochs`` epochs) per round, then (uniform or
     sample-weighted) averaging."""
+
+    capabilities: CapabilityMode = capabilities_field()
 
     supports_buffers = True
 
@@ -89,6 +120,7 @@ class FedProxOptions(LocalWorkOptions):
     """FedProx; the sFedHP paper's grid is mu in {0.001, 0.01, 0.1, 1}."""
 
     mu: float = pydantic.Field(0.01, ge=0)
+    capabilities: CapabilityMode = capabilities_field()
 
     supports_buffers = True
 

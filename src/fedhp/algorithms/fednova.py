@@ -53,7 +53,9 @@ class FedNova(FedAvg):
         state["global"] = normalized_average(state["global"], y, a, weights)
         if bufs is not None:
             state["global_buffers"] = weighted_mean(bufs, weights)
-        return self.local_work_stats(task, update)
+        stats = self.local_work_stats(task, update)
+        stats.update(self.account_device_cost(state, clients))
+        return stats
 
 
 @ALGORITHMS.register("fednova")

@@ -12,15 +12,26 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    CapabilityMode,
+    DenseDeviceCost,
+    LocalWorkOptions,
+    State,
+    Task,
+    Update,
+    capabilities_field,
+)
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import weighted_mean
 from fedhp.errors import ConfigError
 from fedhp.models.masks import output_layer_mask
 
 
-class FedPer(Algorithm):
-    """Averaged body, per-client heads."""
+class FedPer(DenseDeviceCost, Algorithm):
+    """Averaged body, per-client heads; ``capabilities: fix|dyn``: FedLPS's device model
+    (:class:`DenseDeviceCost`)."""
 
     options: FedPerOptions
     client_outputs = ("body",)
@@ -38,13 +49,18 @@ class FedPer(Algorithm):
                 "model: fedper needs a body below the output layer; this model is one layer "
                 "(use e.g. model.name=dnn or cnn)"
             )
+        self.init_device_cost(options)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
         return {
             "global": p.clone(),
             "head": p[self.head_idx].expand(self.ctx.num_clients, -1).clone(),
+            **self.device_cost_state(),
         }
+
+    def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
+        return self.options.sample_counts(self.ctx.fed.train.counts[clients])
 
     def client_widths(self) -> dict[str, int]:
         return {"body": len(self.body_idx)}
@@ -59,6 +75,7 @@ class FedPer(Algorithm):
         return {"body": row}
 
     def plan(self, state: State, rnd: int) -> Task:
+        self.refresh_device_cost(state, rnd)
         return self.plan_broadcast_global(state)
 
     def _models(self, body: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
@@ -80,7 +97,9 @@ class FedPer(Algorithm):
         ctx = self.ctx
         bodies = ctx.send("client_cloud", "up", update.per_client["body"], task.clients)
         state["global"][self.body_idx] = weighted_mean(bodies, ctx.client_weights(task.clients))
-        return self.local_work_stats(task, update)
+        stats = self.local_work_stats(task, update)
+        stats.update(self.account_device_cost(state, task.clients))
+        return stats
 
     def personal_models(self, state: State) -> torch.Tensor | None:
         return self._models(state["global"][self.body_idx], state["head"])
@@ -89,6 +108,8 @@ class FedPer(Algorithm):
 @ALGORITHMS.register("fedper")
 class FedPerOptions(LocalWorkOptions):
     """FedPer: averaged body, per-client head (the output layer) kept on the client."""
+
+    capabilities: CapabilityMode = capabilities_field()
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedPer(self, ctx)

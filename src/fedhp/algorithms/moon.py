@@ -18,7 +18,7 @@ is MOON's own option (the reference code shares FedProx's ``--mu``); ``temperatu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 import torch
@@ -128,6 +128,11 @@ class MoonOptions(FedAvgOptions):
 
     mu: float = pydantic.Field(1.0, ge=0, description="weight of the contrastive term (MOON's own)")
     temperature: float = pydantic.Field(0.5, gt=0, description="contrastive temperature tau")
+    capabilities: Literal["off"] = pydantic.Field(
+        "off",
+        description="FedAvg's device model is not offered: MOON's two extra forwards per sample "
+        "are outside its 3 × forward FLOPs",
+    )
 
     supports_buffers = True
 

@@ -17,7 +17,17 @@ import pydantic
 import torch
 import torch.nn.functional as F
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    AlgorithmOptions,
+    CapabilityMode,
+    DenseDeviceCost,
+    State,
+    Task,
+    Update,
+    capabilities_field,
+)
 from fedhp.comm import truncate
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
@@ -40,8 +50,9 @@ def batched_hvp(
     return hv
 
 
-class PerFedAvg(Algorithm):
-    """Per-FedAvg (FO or HF); global model ``w``, personalized = ``w`` adapted by one step."""
+class PerFedAvg(DenseDeviceCost, Algorithm):
+    """Per-FedAvg (FO or HF); global model ``w``, personalized = ``w`` adapted by one step.
+    ``capabilities: fix|dyn``: FedLPS's device model (:class:`DenseDeviceCost`)."""
 
     options: PerFedAvgOptions
     client_outputs = ("params",)
@@ -54,9 +65,17 @@ class PerFedAvg(Algorithm):
         gen = torch.Generator(device=counts.device)
         self.eval_generator = gen
         self.eval_sampler = ctx.sampler.with_generator(gen)
+        self.init_device_cost(options)
 
     def init_state(self, init_params: torch.Tensor) -> State:
-        return {"global": init_params.to(self.ctx.device).clone()}
+        return {"global": init_params.to(self.ctx.device).clone(), **self.device_cost_state()}
+
+    def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
+        """Every minibatch of a meta-step: 2 (FO) or 3 (HF; the Hessian-vector product's batch
+        counted as one gradient evaluation) per step."""
+        opt = self.options
+        per_client = float(opt.gradient_evaluations() * opt.batch_size)
+        return torch.full((len(clients),), per_client, dtype=torch.float64)
 
     def meta_step(
         self, params: torch.Tensor, draw: Callable[[], tuple[torch.Tensor, torch.Tensor]]
@@ -73,6 +92,7 @@ class PerFedAvg(Algorithm):
         return params - opt.beta * g, loss
 
     def plan(self, state: State, rnd: int) -> Task:
+        self.refresh_device_cost(state, rnd)
         return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
@@ -92,7 +112,9 @@ class PerFedAvg(Algorithm):
         assert update.losses is not None
         params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
         state["global"] = weighted_mean(params, ctx.client_weights(clients))
-        return {"local_loss": mean_group_loss(update.losses, opt.local_steps)}
+        stats = {"local_loss": mean_group_loss(update.losses, opt.local_steps)}
+        stats.update(self.account_device_cost(state, clients))
+        return stats
 
     def adapt(self, w: torch.Tensor, clients: torch.Tensor) -> torch.Tensor:
         """Each client's copy of ``w`` after one ``alpha`` step on a training minibatch."""
@@ -118,6 +140,7 @@ class PerFedAvgOptions(AlgorithmOptions):
     variant: Literal["fo", "hf"] = "fo"
     alpha: float = pydantic.Field(0.05, gt=0, description="inner (personalization) step size")
     beta: float = pydantic.Field(0.001, gt=0, description="outer (meta) step size")
+    capabilities: CapabilityMode = capabilities_field()
 
     def gradient_evaluations(self) -> int:
         return self.local_steps * (3 if self.variant == "hf" else 2)

@@ -5,6 +5,12 @@ bytes at 14.0 MB/s up and 110.6 MB/s down (the authors' code; MB = 10⁶ bytes).
 T_k = training FLOPs / (z · peak) + bytes up / up rate + bytes down / down rate (Eq. 14 with
 α = 1 and the download counted, which the paper's formula leaves out); a synchronous round lasts
 as long as its slowest selected client (Eq. 18).
+
+The dense methods (FedAvg, FedProx, FedNova, FedPer, Ditto, Per-FedAvg) carry the same model
+when asked (``capabilities: fix|dyn``, :class:`fedhp.algorithms.base.DenseDeviceCost`): they
+train the full model whatever z is, so z only stretches their compute time. Their capabilities
+come from a generator of their own (:func:`capability_generator`), so drawing them leaves the
+training's random stream untouched.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ CAPABILITY_LEVELS = (1.0, 1 / 2, 1 / 4, 1 / 8, 1 / 16)
 PEAK_FLOPS = 727e9
 UP_BYTES_PER_S = 14.0e6
 DOWN_BYTES_PER_S = 110.6e6
+CAPABILITY_SEED_OFFSET = 5_000_011
+"""Offset of the dense methods' capability stream from the engine generator's seed (the run's
+seed + ``ENGINE_SEED_OFFSET``)."""
 
 
 def draw_capabilities(
@@ -40,6 +49,13 @@ def refresh_capabilities(
     if mode == "dyn" and rnd > 0:
         caps = state["capability"]
         state["capability"] = draw_capabilities(len(caps), generator, levels).to(caps.device)
+
+
+def capability_generator(engine: torch.Generator) -> torch.Generator:
+    """A CPU generator of its own for capability draws, seeded from the run's seed (``engine``'s
+    initial seed + :data:`CAPABILITY_SEED_OFFSET`; reading it draws nothing from ``engine``)."""
+    seed = (engine.initial_seed() + CAPABILITY_SEED_OFFSET) % 2**63
+    return torch.Generator(device="cpu").manual_seed(seed)
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,13 @@ TTA target 70 % (the paper's). ``--quick``: 30 rounds of 1 local epoch (a CPU ch
 table). Accuracy is every method's personalized accuracy the same way: the mean over clients of
 its personal model's accuracy on its own test data (the global model's for FedAvg).
 
-Prints one line per method: ``fedlps <experiment> <method> acc=<float> flops=<float>
-sim_time_s=<float>`` (acc: final round, mean over seeds; flops: training FLOPs of the whole run;
-sim_time_s: FedLPS's cost model, ``nan`` for the dense methods, which have no capability
-model); writes ``table.md`` / ``table.json`` and ``acc.png`` (accuracy vs round) next to the
-paper's numbers.
+Every row runs under FedLPS's heterogeneity and cost model (Dyn capabilities; the dense methods
+FedAvg, FedPer, Ditto and Per-FedAvg with ``algorithm.capabilities=dyn``: full-width training,
+slower on a weaker device), so the FLOPs, the simulated time and the TTA of every row come from
+its own ``metrics.csv``. Prints one line per method: ``fedlps <experiment> <method>
+acc=<float> flops=<float> sim_time_s=<float>`` (acc: final round, mean over seeds; flops:
+training FLOPs of the whole run; sim_time_s: the run's simulated seconds); writes ``table.md`` /
+``table.json`` and ``acc.png`` (accuracy vs round) next to the paper's numbers.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ TABLE1 = (
     "ditto",
     "lotteryfl",
 )
+DENSE = ("fedavg", "perfedavg", "fedper", "ditto")
+"""Rows that train the full model (``capabilities`` off unless asked: :func:`method_overrides`
+turns it on)."""
 ABLATION = ("flst", "rcr-fix", "pucbv-fix", "rcr-dyn", "pucbv-dyn")
 LABELS = {
     "fedlps": "FedLPS (μ = 1, paper)",
@@ -109,7 +114,6 @@ FEDLPS_VARIANTS: dict[str, list[str]] = {
 }
 PER_ROUND = 10
 BATCH = 20
-FEATURE_SHAPES = {"mnist": (1, 28, 28), "fmnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,8 @@ def method_overrides(
             f"algorithm.rounds={rounds}",
             *FEDLPS_VARIANTS[method],
         ]
+    # the dense rows carry FedLPS's device model (Dyn, like Table I): simulated time and TTA
+    dense = ["algorithm.capabilities=dyn"] if method in DENSE else []
     if method == "perfedavg":  # no epoch budget: the same number of steps, each on 2 batches
         steps = epochs * math.ceil(setup.train_per_client / BATCH)
         return [
@@ -162,8 +168,9 @@ def method_overrides(
             f"algorithm.local_steps={steps}",
             "algorithm.alpha=0.01",
             "algorithm.beta=0.1",
+            *dense,
         ]
-    return [f"algorithm.name={method}", f"algorithm.local_epochs={epochs}"]
+    return [f"algorithm.name={method}", f"algorithm.local_epochs={epochs}", *dense]
 
 
 def setup_of(opts: ReproOptions) -> Setup:
@@ -215,28 +222,9 @@ def personal_curve(folder: Path) -> list[tuple[int, float]]:
     return [(r, sum(v) / len(v)) for r, v in sorted(per_round.items())]
 
 
-def dense_flops(folder: Path, dataset: str, summary: dict[str, Any]) -> float:
-    """Training FLOPs of a dense method: 3 × the run's model's forward FLOPs per sample × the
-    samples of its minibatch gradient evaluations (summary.json: per client per round; Ditto's
-    personal update, not in that count, doubles it) × clients × rounds."""
-    import torch
-
-    from fedhp.config import resolve_config
-    from fedhp.models import MODELS
-    from fedhp.models.masks import masked_flops, num_units
-
-    cfg = resolve_config(folder / "config.yaml")
-    model = MODELS.build(cfg.model, "model").build(FEATURE_SHAPES[dataset], 10)
-    fwd = float(masked_flops(model, torch.ones(1, num_units(model), dtype=torch.bool))[0])
-    evals = float(summary["gradient_evaluations_per_round"])
-    if summary["algorithm"] == "ditto":  # the same budget again on the personal model
-        evals *= 2
-    return 3.0 * fwd * BATCH * evals * PER_ROUND * int(summary["rounds"])
-
-
 def time_to_accuracy(folder: Path, target: float) -> float:
     """Simulated seconds (FedLPS's cost model) until the personal accuracy first reaches
-    ``target`` (nan if never, or if the method has no cost model)."""
+    ``target`` (nan if never)."""
     sim = {
         int(r["round"]): float(r["sim_time_s"]) for r in read_metrics(folder) if "sim_time_s" in r
     }
@@ -256,12 +244,9 @@ def row_of(method: str, summaries: list[dict[str, Any]], opts: ReproOptions) -> 
         bests.append(max(a for _, a in curve))
         metrics = read_metrics(folder)
         last = metrics[-1] if metrics else {}
-        if "flops" in last:
-            flops.append(float(last["flops"]))
-            sims.append(float(last["sim_time_s"]))
-        else:
-            flops.append(dense_flops(folder, opts.dataset, s))
-            sims.append(math.nan)
+        # every row carries FedLPS's cost model (the dense ones: capabilities=dyn)
+        flops.append(float(last.get("flops", math.nan)))
+        sims.append(float(last.get("sim_time_s", math.nan)))
         ttas.append(time_to_accuracy(folder, setup_of(opts).target))
 
     def stat(values: list[float]) -> dict[str, float]:
@@ -340,7 +325,8 @@ def describe(opts: ReproOptions) -> str:
         f"round; FedAvg: the global model), mean over seeds 0..{opts.seeds - 1}; FLOPs = 3 × "
         f"forward FLOPs of what was trained × samples (batch {BATCH}; the paper's MNIST FLOPs "
         f"match batch 32); sim. time and TTA (first round at ≥ {setup.target:.0%}) under FedLPS's "
-        f"cost model, for the methods that carry it; wall s: wall-clock seconds per run, torch "
+        f"cost model, every row (FedAvg, FedPer, Ditto, Per-FedAvg train the full model "
+        f"at any z); wall s: wall-clock seconds per run, torch "
         f"threads = {opts.threads}, {opts.jobs} runs at once (machine: {os.cpu_count()} CPUs, "
         f"torch {torch.__version__})."
     )
