@@ -86,6 +86,9 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)
     options = ALGORITHMS.build(cfg.algorithm, "algorithm")
     generator = torch.Generator(device="cpu").manual_seed(cfg.seed + ENGINE_SEED_OFFSET)
+    # The global generators too (what dropout draws from; checkpoints save and restore them):
+    # torch seeds them differently in every process, which made dropout runs irreproducible.
+    torch.manual_seed(cfg.seed + ENGINE_SEED_OFFSET + 2)
     sampler_gen = generator if device.type == "cpu" else torch.Generator(device=device)
     if device.type != "cpu":
         sampler_gen.manual_seed(cfg.seed + ENGINE_SEED_OFFSET + 1)
