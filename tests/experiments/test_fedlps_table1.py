@@ -135,3 +135,30 @@ def test_a_dataset_without_paper_numbers_shows_none() -> None:
     opts = ReproOptions(dataset="fmnist")
     assert resolve_config(None, fedlps.run_overrides(opts, "fedavg", 0)).model["name"] == "cnn2"
     assert fedlps.PAPER.get("fmnist") is None
+
+
+def test_density_breakdown_groups_clients_by_their_personal_models_density(
+    tmp_path: Path,
+) -> None:
+    """Client 0: 1 of 10 entries non-zero (0.1), client 1: 5 (0.5), client 2: 10 (1.0); the
+    final round's accuracies are averaged within each density bin."""
+    import torch
+
+    personal = torch.zeros(3, 10)
+    personal[0, :1], personal[1, :5], personal[2] = 1.0, 2.0, 3.0
+    torch.save({"state": {"personal": personal}}, tmp_path / "final_state.pt")
+    (tmp_path / "per_client.csv").write_text(
+        "round,client,edge,global_acc,personal_acc\n"
+        "1,0,0,0.1,0.1\n1,1,0,0.1,0.1\n1,2,0,0.1,0.1\n"
+        "2,0,0,0.5,0.6\n2,1,0,0.5,0.7\n2,2,0,0.5,0.9\n"
+    )
+    bins = fedlps.density_breakdown(tmp_path)
+    assert bins == [
+        {"low": 0.1, "high": 0.2, "clients": 1, "acc": 0.6},
+        {"low": 0.35, "high": 0.6, "clients": 1, "acc": 0.7},
+        {"low": 0.6, "high": 1.0, "clients": 1, "acc": 0.9},
+    ]
+    rows = [{"label": "FedLPS", "density": bins}]
+    assert "| FedLPS | [0.60, 1.00] | 1 | 0.9000 |" in fedlps.density_markdown(rows)
+    torch.save({"state": {"global": personal[0]}}, tmp_path / "final_state.pt")
+    assert fedlps.density_breakdown(tmp_path) is None

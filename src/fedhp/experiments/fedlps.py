@@ -265,9 +265,60 @@ def row_of(method: str, summaries: list[dict[str, Any]], opts: ReproOptions) -> 
         "paper_acc": paper_acc / 100,
         "paper_flops": None if paper_flops is None else paper_flops * 1e12,
         "seconds": stat([float(s["seconds"]) for s in summaries]),
+        "density": (
+            density_breakdown(Path(summaries[0]["folder"])) if method in SPARSE_PERSONAL else None
+        ),
         "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
         "folders": [s["folder"] for s in summaries],
     }
+
+
+DENSITY_EDGES = (0.0, 0.1, 0.2, 0.35, 0.6, 1.0)
+SPARSE_PERSONAL = (*FEDLPS_VARIANTS, "lotteryfl")
+"""Rows whose personal models are sparse full-size parameter vectors (``state["personal"]``)."""
+
+
+def density_breakdown(folder: Path) -> list[dict[str, float]] | None:
+    """The final round's personal accuracy grouped by the density of each client's personal
+    model (its non-zero fraction, from ``final_state.pt``'s ``personal``): one entry per
+    density bin of :data:`DENSITY_EDGES` that holds clients (None without personal models)."""
+    import torch
+
+    from fedhp.engine.checkpoint import FINAL_STATE_FILE
+
+    state = torch.load(folder / FINAL_STATE_FILE, weights_only=True)["state"]
+    if "personal" not in state:
+        return None
+    density = (state["personal"] != 0).double().mean(1).tolist()
+    with (folder / "per_client.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    last = max(int(r["round"]) for r in rows)
+    acc = {int(r["client"]): float(r["personal_acc"]) for r in rows if int(r["round"]) == last}
+    out = []
+    for lo, hi in zip(DENSITY_EDGES, DENSITY_EDGES[1:], strict=False):
+        group = [
+            a for c, a in acc.items() if lo <= density[c] < hi or (hi == 1 and density[c] == 1)
+        ]
+        if group:
+            out.append(
+                {"low": lo, "high": hi, "clients": len(group), "acc": sum(group) / len(group)}
+            )
+    return out
+
+
+def density_markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows' :func:`density_breakdown` as a table (seed 0), empty if no row has one."""
+    body = []
+    for r in rows:
+        for b in r.get("density") or []:
+            label = f"[{b['low']:.2f}, {b['high']:.2f}{']' if b['high'] == 1 else ')'}"
+            body.append([r["label"], label, str(b["clients"]), f"{b['acc']:.4f}"])
+    if not body:
+        return ""
+    header = ["method", "personal model density", "clients", "personal acc (final)"]
+    return "\n\nPersonal accuracy by the density of each client's personal model (seed 0):\n\n" + (
+        markdown_table(header, body)
+    )
 
 
 def _cell(stat: dict[str, float], fmt: str) -> str:
@@ -383,7 +434,7 @@ def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
         "personalized accuracy (mean over clients, seed 0)",
         f"FedLPS {experiment}, {opts.dataset}",
     )
-    text = markdown(rows, setup_of(opts).target)
+    text = markdown(rows, setup_of(opts).target) + density_markdown(rows)
     result = {
         "experiment": experiment,
         "dataset": opts.dataset,
