@@ -312,15 +312,17 @@ def hard_threshold(params: torch.Tensor, tau: int, groups: int = 1) -> torch.Ten
     # the τ-th largest |x| per block, then everything above it plus the lowest-index ties
     kth = size.kthvalue(size.shape[-1] - tau + 1, dim=-1, keepdim=True).values
     mask = size >= kth
-    if not bool((mask.sum(-1) == tau).all()):  # some block has more than τ at or above it
-        mask = _lowest_ties(size, kth, tau)
+    tied = mask.sum(-1) != tau  # blocks where ties straddle the τ-th place (or NaN)
+    if bool(tied.any()):
+        mask[tied] = _lowest_ties(size[tied], kth[tied], tau)
     return torch.where(mask, blocks, 0.0).reshape(params.shape)
 
 
 def _lowest_ties(size: torch.Tensor, kth: torch.Tensor, tau: int) -> torch.Tensor:
-    """Entries above ``kth`` plus, of those equal to it, the lowest-index ones up to ``tau`` per
-    block (H_τ's mask when ties straddle the τ-th place; the cumulative sum is the costly part,
-    so :func:`hard_threshold` takes ``size >= kth`` directly when that holds exactly τ)."""
+    """H_τ's mask of the blocks ``size [n, m]`` (τ-th largest ``kth [n, 1]``): the entries above
+    ``kth`` plus, of those equal to it, the lowest-index ones up to ``tau`` per block. Only the
+    blocks whose ``size >= kth`` does not hold exactly τ entries need it
+    (:func:`hard_threshold`)."""
     above, tied = size > kth, size == kth
     need = tau - above.sum(-1, keepdim=True)
     return above | (tied & (tied.cumsum(-1) <= need))
