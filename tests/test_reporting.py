@@ -66,6 +66,35 @@ def test_resume_drops_later_rows_and_keeps_types(tmp_path: Path) -> None:
     assert rows[3]["cum_bytes_total"] == ""
 
 
+def test_throttled_writer_holds_rows_until_flush_and_writes_the_same_bytes(
+    tmp_path: Path,
+) -> None:
+    """With ``min_interval`` the file is rewritten at most that often (the first append at once);
+    :meth:`flush` writes what is held back; the final bytes equal an unthrottled writer's, new
+    columns and quoted cells included."""
+    rows: list[dict[str, float | int | str]] = [
+        {"round": 1, "loss": 0.5},
+        {"round": 2, "loss": 1 / 3, "note": 'a "quoted", cell'},
+        {"round": 3, "loss": float("nan"), "acc": 0.25},
+    ]
+    plain, held = MetricsWriter(tmp_path / "plain.csv"), MetricsWriter(tmp_path / "held.csv", 1e9)
+    plain.append(rows[0])
+    held.append(rows[0])
+    assert (tmp_path / "held.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
+    for row in rows[1:]:
+        plain.append(row)
+        held.extend([row])
+    assert [r["round"] for r in _read_csv(tmp_path / "held.csv")[1]] == ["1"]  # held back
+    held.flush()
+    assert (tmp_path / "held.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
+    assert _read_csv(tmp_path / "held.csv")[0] == ["round", "loss", "note", "acc"]
+    held.append({"round": 4, "loss": 0.1})
+    resumed = MetricsWriter.resume(tmp_path / "held.csv", round=10, min_interval=1e9)
+    assert [r["round"] for r in resumed.rows] == [1, 2, 3]  # round 4 never reached the file
+    assert (tmp_path / "held.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
+    assert _no_tmp_files(tmp_path)
+
+
 def test_resume_missing_file_and_nan(tmp_path: Path) -> None:
     w = MetricsWriter.resume(tmp_path / "metrics.csv", round=10)
     assert w.rows == []

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,24 +135,31 @@ class MetricsWriter:
 
     ``path`` is the CSV file, or a folder (then ``folder/metrics.csv``). The column order is
     ``round`` first, then keys in the order they were first seen. The whole file is rewritten
-    atomically on every :meth:`append`, so it is always complete. A fresh writer replaces any
-    existing file on its first append; use :meth:`resume` to continue one.
+    atomically, so it is always complete: on every :meth:`append`, or with ``min_interval`` > 0
+    at most once per ``min_interval`` seconds (rows appended in between wait for the next
+    rewrite or :meth:`flush`). Rows are formatted once, when appended (again only when a new
+    column appears). A fresh writer replaces any existing file on its first append; use
+    :meth:`resume` to continue one.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, min_interval: float = 0.0) -> None:
         path = Path(path)
         self.path = path if path.suffix == ".csv" else path / "metrics.csv"
+        self.min_interval = min_interval
         self._rows: list[dict[str, Value]] = []
         self._columns: list[str] = ["round"]
+        self._text: list[str] = []  # the formatted rows, under the current header
+        self._pending = False  # rows not in the file yet
+        self._last_write = -math.inf  # time.monotonic() of the last rewrite
 
     @classmethod
-    def resume(cls, path: Path, round: int) -> MetricsWriter:
+    def resume(cls, path: Path, round: int, min_interval: float = 0.0) -> MetricsWriter:
         """Reopen an existing file, keeping only rows with ``round <= round``.
 
         The trimmed file is written back at once, so rows from after the checkpoint are gone
         even if no new row is appended. A missing file gives an empty writer.
         """
-        writer = cls(path)
+        writer = cls(path, min_interval)
         if writer.path.exists():
             columns, rows = _read_csv(writer.path)
             writer._columns += [c for c in columns if c not in writer._columns]
@@ -160,7 +168,8 @@ class MetricsWriter:
                 if isinstance(r, int | float) and r > round:
                     continue
                 writer._rows.append(row)
-            writer._flush()
+            writer._text = [writer._format(writer._rows)]
+            writer._write()
         return writer
 
     @property
@@ -174,25 +183,43 @@ class MetricsWriter:
         return list(self._columns)
 
     def append(self, row: Mapping[str, Value]) -> None:
-        """Add one row and rewrite the file atomically."""
+        """Add one row and rewrite the file atomically (see ``min_interval``)."""
         self.extend([row])
 
     def extend(self, rows: Iterable[Mapping[str, Value]]) -> None:
-        """Add several rows with one atomic rewrite."""
-        for row in rows:
-            for key in row:
-                if key not in self._columns:
-                    self._columns.append(key)
-            self._rows.append(dict(row))
-        self._flush()
+        """Add several rows with one atomic rewrite (see ``min_interval``)."""
+        new = [dict(row) for row in rows]
+        columns = len(self._columns)
+        for row in new:
+            self._columns += [key for key in row if key not in self._columns]
+        self._rows += new
+        if len(self._columns) > columns:  # a new column: every row gets its empty cells
+            self._text = [self._format(self._rows)]
+        else:
+            self._text.append(self._format(new))
+        self._pending = True
+        if time.monotonic() - self._last_write >= self.min_interval:
+            self._write()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Rewrite the file now if some rows are not in it yet."""
+        if self._pending:
+            self._write()
+
+    def _format(self, rows: Iterable[Mapping[str, Value]]) -> str:
+        """``rows`` as CSV lines under the current header."""
         buf = io.StringIO()
         out = csv.writer(buf, lineterminator="\n")
-        out.writerow(self._columns)
-        for row in self._rows:
+        for row in rows:
             out.writerow([_format_cell(row[c]) if c in row else "" for c in self._columns])
-        write_text_atomic(self.path, buf.getvalue())
+        return buf.getvalue()
+
+    def _write(self) -> None:
+        header = self._format([{c: c for c in self._columns}])
+        write_text_atomic(self.path, header + "".join(self._text))
+        self._text = ["".join(self._text)]
+        self._pending = False
+        self._last_write = time.monotonic()
 
 
 def _to_float(value: object) -> float:

@@ -54,6 +54,35 @@ def test_hard_threshold_matches_a_stable_sort(values: list[int], tau: int) -> No
     assert hard_threshold(x, tau)[0].tolist() == expected.tolist()
 
 
+def reference_threshold(params: torch.Tensor, tau: int, groups: int = 1) -> torch.Tensor:
+    """H_τ as first written: the lowest-index tie rule on every block (no shortcut)."""
+    blocks = params.reshape(*params.shape[:-1], groups, -1)
+    size = blocks.abs()
+    kth = size.kthvalue(size.shape[-1] - tau + 1, dim=-1, keepdim=True).values
+    above, tied = size > kth, size == kth
+    need = tau - above.sum(-1, keepdim=True)
+    mask = above | (tied & (tied.cumsum(-1) <= need))
+    return torch.where(mask, blocks, torch.zeros_like(blocks)).reshape(params.shape)
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_hard_threshold_shortcut_is_bit_identical(groups: int) -> None:
+    """The ``size >= kth`` shortcut (taken when no block has ties straddling the τ-th place)
+    gives the bits of the tie rule, for untied rows, tied rows, ±0, inf and NaN."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 40 * groups, generator=g)
+    x[1, :6] = 0.0  # ties at zero, and signed zeros
+    x[1, 6:9] = -0.0
+    x[2, 3], x[2, 7] = float("inf"), -float("inf")
+    x[3, 5] = float("nan")
+    untied, tied = x[[0, 2]], x.clone()
+    tied[4, :] = torch.tensor([0.5, -0.5] * 20 * groups)  # every entry ties
+    for data in (untied, x, tied):
+        for tau in (1, 7, 25, 39):
+            got, want = hard_threshold(data, tau, groups), reference_threshold(data, tau, groups)
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (tau, data.shape)
+
+
 # --------------------------------------------------------------------------- one round by hand
 
 D, N_PER, TAU, GAMMA, K = 6, 5, 2, 0.02, 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from fedhp.data import load_dataset, split_dataset
@@ -54,3 +55,35 @@ def test_gaussian_sparse_is_noiseless() -> None:
     assert abs(float(data.true_params.norm()) - 1.0) < 1e-6
     residual = data.train_y - data.train_x.double().matmul(data.true_params.double()).float()
     assert float(residual.abs().max()) < 1e-5
+
+
+def first_written_recipe(
+    num_clients: int, samples: int, test_samples: int, dim: int, support: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Simulation I's features and targets (train, test) as the generator first computed them:
+    float64 arrays, z = v + normal · Σ^½, concatenated, then converted to float32."""
+    rng = np.random.default_rng(seed)
+    cov_sqrt = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2) ** 0.5
+    parts = []
+    for _ in range(num_clients):
+        u, b_shift = rng.normal(0.1, 0.1), rng.normal(0, 0.1)
+        v = rng.normal(b_shift, 1, dim)
+        x_i = np.zeros(dim)
+        x_i[:support] = rng.normal(u, 1, support)
+        b = rng.normal(u, 1)
+        z = v + rng.standard_normal((samples + test_samples, dim)) * cov_sqrt
+        parts.append((z, z @ x_i + b))
+    train_x = np.concatenate([z[:samples] for z, _ in parts]).astype(np.float32)
+    test_x = np.concatenate([z[samples:] for z, _ in parts]).astype(np.float32)
+    train_y = np.concatenate([y[:samples] for _, y in parts]).astype(np.float32)
+    return torch.from_numpy(train_x), torch.from_numpy(test_x), torch.from_numpy(train_y)
+
+
+def test_in_place_float32_generation_gives_the_first_written_values() -> None:
+    """The generator builds z in place and keeps each client's part as float32 (half the memory,
+    less than half the time on Simulation II): bit for bit the values of the first recipe."""
+    cfg = {"name": "fedht_sim", "num_clients": 5, "samples": 40, "test_samples": 10, "dim": 30}
+    data = load_dataset({**cfg, "support": 8, "seed": 3})
+    train_x, test_x, train_y = first_written_recipe(5, 40, 10, 30, 8, 3)
+    assert torch.equal(data.train_x, train_x) and torch.equal(data.test_x, test_x)
+    assert torch.equal(data.train_y, train_y)

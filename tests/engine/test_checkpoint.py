@@ -284,3 +284,29 @@ def test_configs_written_before_new_top_level_keys_still_match() -> None:
         k: v for k, v in today.items() if k not in ("public", "subsample", "tensorboard", "flower")
     }
     assert with_added_defaults(old) == today
+
+
+def test_held_back_rows_reach_the_files_at_checkpoints_and_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The result CSVs are rewritten at most every WRITE_EVERY_S seconds: with the interval
+    never reached, each checkpoint still finds its rows on disk (written before it), and the
+    finished files are byte-identical to a run that rewrites them after every round."""
+    ref = tmp_path / "ref"
+    monkeypatch.setattr(runner, "WRITE_EVERY_S", 0.0)
+    run(ref)
+    monkeypatch.setattr(runner, "WRITE_EVERY_S", 1e9)
+    out = tmp_path / "held"
+    on_disk = {}
+    real_save = runner.save_checkpoint
+
+    def save(path: Path, snap: runner.Snapshot, config: dict[str, object]) -> None:
+        on_disk[snap.round] = len((out / "metrics.csv").read_text().splitlines()) - 1
+        real_save(path, snap, config)
+
+    monkeypatch.setattr(runner, "save_checkpoint", save)
+    run(out)
+    assert on_disk == {2: 2, 4: 4, 6: 6}  # eval_every=1: one row per round
+    for name in ("metrics.csv", "per_client.csv"):
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+    assert len((out / "timings.csv").read_text().splitlines()) == 7

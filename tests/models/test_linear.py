@@ -71,3 +71,34 @@ def test_evaluation_hooks_and_errors() -> None:
     soft = MODELS.build({"name": "softmax", "lam": 2.0}, "model").build((1, 2, 2), 3)
     assert soft.sparsity_groups == 3 and soft.num_params == 12
     assert soft.regularizer(torch.ones(12)).item() == 12.0
+
+
+def test_evaluation_of_image_shaped_inputs() -> None:
+    """MNIST's [1, 28, 28] features: evaluation sizes its chunks from the FLOPs without feeding
+    the unflattened shape to the reference nn.Linear, and FlopCounterMode agrees on the count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedhp.engine.evaluate import evaluate_shared
+    from fedhp.engine.federation import ClientTensors
+
+    soft = MODELS.build({"name": "softmax"}, "model").build((1, 2, 2), 3)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        soft.reference(torch.zeros(1, 4))
+    assert soft.flops_per_sample() == counter.get_total_flops() == 2 * 4 * 3
+    x, y = torch.randn(6, 1, 2, 2), torch.tensor([0, 1, 2, 0, 1, 2])
+    data = ClientTensors.from_parts([x[:4], x[4:]], [y[:4], y[4:]], torch.device("cpu"))
+    flat = torch.randn(12)
+    result = evaluate_shared(soft, flat, data)
+    logits = x.reshape(6, 4) @ flat.view(3, 4).T
+    expected = F.cross_entropy(logits, y, reduction="sum").double()
+    torch.testing.assert_close(result.loss_sum.sum(), expected)
+
+
+def test_training_flops_of_image_shaped_inputs() -> None:
+    """The training count on [1, 2, 2] features: PyTorch's count of a forward and the weight
+    gradient of the flattened product (no input gradient), 4·d·out."""
+    from fedhp.models.base import training_flops
+
+    soft = MODELS.build({"name": "softmax"}, "model").build((1, 2, 2), 3)
+    assert soft.train_flops_per_sample() == training_flops(soft.reference, (4,)) == 4 * 4 * 3

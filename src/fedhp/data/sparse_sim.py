@@ -41,7 +41,8 @@ def _arrays(
     te = [(x[n_train:], y[n_train:]) for x, y in parts]
 
     def cat(split: list[tuple[np.ndarray, np.ndarray]], k: int, dtype: type) -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([p[k] for p in split]).astype(dtype))
+        # part by part: the same values as converting the concatenation, without its float64 copy
+        return torch.from_numpy(np.concatenate([p[k].astype(dtype, copy=False) for p in split]))
 
     def owners(split: list[tuple[np.ndarray, np.ndarray]]) -> torch.Tensor:
         return torch.from_numpy(
@@ -85,7 +86,9 @@ def _make_sim(
         x_i = np.zeros(dim)
         x_i[:support] = rng.normal(u, 1, support)
         b = rng.normal(u, 1)
-        z = v + rng.standard_normal((n, dim)) * cov_sqrt
+        z = rng.standard_normal((n, dim))
+        z *= cov_sqrt  # in place: the values of v + normal * cov_sqrt, without two temporaries
+        z += v
         s = z @ x_i + b
         if task == "linear":
             y = s
@@ -96,7 +99,7 @@ def _make_sim(
                 (samples, n, positives * test_samples // samples),
             ):
                 y[lo + np.argsort(-s[lo:hi], kind="stable")[:k]] = 1
-        parts.append((z, y))
+        parts.append((z.astype(np.float32), y))  # float32 now (what _arrays keeps): half the memory
         models.append(x_i)
     mask = np.zeros(dim, dtype=bool)
     mask[:support] = True

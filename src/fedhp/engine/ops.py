@@ -315,7 +315,18 @@ def hard_threshold(params: torch.Tensor, tau: int, groups: int = 1) -> torch.Ten
     size = blocks.abs()
     # the τ-th largest |x| per block, then everything above it plus the lowest-index ties
     kth = size.kthvalue(size.shape[-1] - tau + 1, dim=-1, keepdim=True).values
+    mask = size >= kth
+    tied = mask.sum(-1) != tau  # blocks where ties straddle the τ-th place (or NaN)
+    if bool(tied.any()):
+        mask[tied] = _lowest_ties(size[tied], kth[tied], tau)
+    return torch.where(mask, blocks, 0.0).reshape(params.shape)
+
+
+def _lowest_ties(size: torch.Tensor, kth: torch.Tensor, tau: int) -> torch.Tensor:
+    """H_τ's mask of the blocks ``size [n, m]`` (τ-th largest ``kth [n, 1]``): the entries above
+    ``kth`` plus, of those equal to it, the lowest-index ones up to ``tau`` per block. Only the
+    blocks whose ``size >= kth`` does not hold exactly τ entries need it
+    (:func:`hard_threshold`)."""
     above, tied = size > kth, size == kth
     need = tau - above.sum(-1, keepdim=True)
-    mask = above | (tied & (tied.cumsum(-1) <= need))
-    return torch.where(mask, blocks, torch.zeros_like(blocks)).reshape(params.shape)
+    return above | (tied & (tied.cumsum(-1) <= need))

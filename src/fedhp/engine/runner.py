@@ -401,6 +401,18 @@ def _save_checkpoint(
     return snap.state
 
 
+WRITE_EVERY_S = 2.0
+"""metrics.csv, per_client.csv and timings.csv are rewritten at most this often during a run
+(and at every checkpoint and the end): rewriting them after every evaluated round cost more than
+the rounds themselves for cheap models evaluated every round (the rewrite grows with the file)."""
+
+
+def _flush(writers: dict[str, MetricsWriter]) -> None:
+    """Write the rows the result CSVs still hold back (see :data:`WRITE_EVERY_S`)."""
+    for writer in writers.values():
+        writer.flush()
+
+
 def run_experiment(
     exp: Experiment,
     out_dir: Path | None,
@@ -440,7 +452,9 @@ def run_experiment(
         for name in ("metrics", "per_client", "timings"):
             path = out_dir / f"{name}.csv"
             writers[name] = (
-                MetricsWriter.resume(path, start_round) if resume else MetricsWriter(path)
+                MetricsWriter.resume(path, start_round, WRITE_EVERY_S)
+                if resume
+                else MetricsWriter(path, WRITE_EVERY_S)
             )
     board = None
     if out_dir is not None and cfg.tensorboard:
@@ -462,71 +476,77 @@ def run_experiment(
     rounds_done = start_round
     error: DivergenceError | None = None
     saved: State | None = None  # the whole state of the last checkpoint, if this round's
-    for rnd in range(start_round, cfg.rounds):
-        ctx.begin_round(rnd)
-        try:
-            if driver is None:
-                stats: Row = algo.run_round(state, rnd)
+    try:
+        for rnd in range(start_round, cfg.rounds):
+            ctx.begin_round(rnd)
+            try:
+                if driver is None:
+                    stats: Row = algo.run_round(state, rnd)
+                else:
+                    stats = driver.run_round(state, rnd)
+            except RoundSkipped as why:
+                state.clear()
+                state.update(snap.state_copy())
+                ledger.load_state_dict(snap.ledger)  # drop anything recorded before the skip
+                stats = {}
+                _round_skipped(exp, rnd, str(why))
             else:
-                stats = driver.run_round(state, rnd)
-        except RoundSkipped as why:
-            state.clear()
-            state.update(snap.state_copy())
-            ledger.load_state_dict(snap.ledger)  # drop anything recorded before the skip
-            stats = {}
-            _round_skipped(exp, rnd, str(why))
-        else:
-            _charge_stragglers(exp, snap.state)
-        _charge_evaluation(exp, state, rnd)
-        round_comm = ledger.end_round()
-        problem = divergence_problem(state, stats, cfg.max_loss)
-        if problem is None and not is_eval_round(cfg, rnd):
-            evals: Row | None = None
-        else:
-            evaluate = evaluate_state if driver is None else lambda _, s: driver.evaluate(s)
-            evals, clients = evaluate(exp, state) if problem is None else ({}, [])
-            problem = problem or divergence_problem({}, evals, cfg.max_loss)
-        if problem is not None:
-            error = _divergence(exp, rnd, problem, out_dir)
-            state.clear()
-            state.update(snap.state_copy())  # keep the last good state, not the diverged one
-            ledger.load_state_dict(snap.ledger)
-            break
-        rounds_done = rnd + 1
-        seconds = prior_seconds + time.perf_counter() - start
-        if evals is not None:
-            row: Row = {"round": rounds_done, **evals, **stats}
-            if cfg.faults.enabled:
-                participants = ctx.round_participants
-                row["clients_participating"] = 0 if participants is None else len(participants)
-            row.update({f"round_{k}": v for k, v in round_comm.items() if k.startswith("bytes")})
-            row.update(
-                {
-                    f"cum_{k}": v
-                    for k, v in ledger.totals().items()
-                    if k.startswith(("bytes", "remark1"))
-                }
+                _charge_stragglers(exp, snap.state)
+            _charge_evaluation(exp, state, rnd)
+            round_comm = ledger.end_round()
+            problem = divergence_problem(state, stats, cfg.max_loss)
+            if problem is None and not is_eval_round(cfg, rnd):
+                evals: Row | None = None
+            else:
+                evaluate = evaluate_state if driver is None else lambda _, s: driver.evaluate(s)
+                evals, clients = evaluate(exp, state) if problem is None else ({}, [])
+                problem = problem or divergence_problem({}, evals, cfg.max_loss)
+            if problem is not None:
+                error = _divergence(exp, rnd, problem, out_dir)
+                state.clear()
+                state.update(snap.state_copy())  # keep the last good state, not the diverged one
+                ledger.load_state_dict(snap.ledger)
+                break
+            rounds_done = rnd + 1
+            seconds = prior_seconds + time.perf_counter() - start
+            if evals is not None:
+                row: Row = {"round": rounds_done, **evals, **stats}
+                if cfg.faults.enabled:
+                    participants = ctx.round_participants
+                    row["clients_participating"] = 0 if participants is None else len(participants)
+                row.update(
+                    {f"round_{k}": v for k, v in round_comm.items() if k.startswith("bytes")}
+                )
+                row.update(
+                    {
+                        f"cum_{k}": v
+                        for k, v in ledger.totals().items()
+                        if k.startswith(("bytes", "remark1"))
+                    }
+                )
+                rows.append(row)
+                if writers:
+                    writers["metrics"].append(row)
+                    writers["per_client"].extend({"round": rounds_done, **c} for c in clients)
+                    writers["timings"].append({"round": rounds_done, "seconds": seconds})
+                if board is not None:
+                    board.append(row)
+                bar.set_postfix(
+                    {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
+                )
+            bar.update(1)
+            snap = capture(exp, state, rounds_done, rows, seconds, trained())
+            due = cfg.checkpoint_every and (
+                rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
             )
-            rows.append(row)
-            if writers:
-                writers["metrics"].append(row)
-                writers["per_client"].extend({"round": rounds_done, **c} for c in clients)
-                writers["timings"].append({"round": rounds_done, "seconds": seconds})
-            if board is not None:
-                board.append(row)
-            bar.set_postfix(
-                {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
-            )
-        bar.update(1)
-        snap = capture(exp, state, rounds_done, rows, seconds, trained())
-        due = cfg.checkpoint_every and (
-            rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
-        )
-        saved = None
-        if out_dir is not None and due:
-            saved = _save_checkpoint(
-                exp, out_dir, snap, config, driver, last=rounds_done == cfg.rounds
-            )
+            saved = None
+            if out_dir is not None and due:
+                _flush(writers)  # the rows up to the checkpoint's round, before it
+                saved = _save_checkpoint(
+                    exp, out_dir, snap, config, driver, last=rounds_done == cfg.rounds
+                )
+    finally:  # every row in the files, also when a round raised
+        _flush(writers)
     bar.close()
     if board is not None:
         board.close()

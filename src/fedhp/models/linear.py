@@ -87,6 +87,17 @@ class LinearModel(BatchedModel):
         features = x.to_dense() if x.is_sparse else x
         return self.forward(flat, x), features.reshape(x.shape[0], x.shape[1], -1)
 
+    def flops_per_sample(self) -> int:
+        """Forward FLOPs of one sample, ``2·d·out`` (what FlopCounterMode counts for the product;
+        the reference ``nn.Linear`` cannot take the unflattened ``feature_shape``)."""
+        return 2 * self.d * self.out
+
+    def train_flops_per_sample(self) -> int:
+        """Training FLOPs of one sample, ``4·d·out``: the forward product and the weight gradient
+        (no input gradient is computed). Dense features; CSR features cost in proportion to their
+        stored entries instead, which this count does not see."""
+        return 4 * self.d * self.out
+
     def dlogits(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Derivative of the per-sample loss in the logits ``[C, B, out]``."""
         raise NotImplementedError
