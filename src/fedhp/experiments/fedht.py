@@ -495,7 +495,9 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
         for r in rs
     ]
     rec_rows = [
-        [LABELS[m], *(_cell(recovery[m].get(k)) for k in REC_KEYS)] for m in METHODS if recovery[m]
+        [LABELS[m], *(_cell(recovery[m].get(k, "—")) for k in REC_KEYS)]
+        for m in METHODS
+        if any(k in recovery[m] for k in REC_KEYS)  # none without a true x* (MNIST, LibSVM)
     ]
     text = (
         f"### fedht-{name}\n\nTarget: Distributed-IHT's objective at round {prob.target_round} "
