@@ -208,3 +208,19 @@ def test_learned_kernel_hyperparameters_move_and_are_averaged() -> None:
     assert not torch.allclose(rows, torch.tensor([8.0, 1.0]).log().expand_as(rows))
     weights = exp.ctx.client_weights(task.clients)
     torch.testing.assert_close(state["kernel"], (weights[:, None] * rows).sum(0) / weights.sum())
+
+
+def test_the_training_count_sees_every_full_batch_step() -> None:
+    """summary.json's ``train_samples``: each inner step is one gradient evaluation of the
+    network over the client's whole training set; a one-class client fits nothing."""
+    exp = small_experiment(*TINY, "rounds=1", "algorithm.inner_steps=2")
+    algo = exp.algorithm
+    state = algo.init_state(exp.model.init_params(0))
+    exp.model.trained_samples = 0
+    algo.run_round(state, 0)
+    train = exp.ctx.fed.train
+    expected = 0
+    for c in range(exp.ctx.num_clients):
+        _, y = algo._client_data(train, c)
+        expected += 2 * len(y) if len(torch.unique(y)) > 1 else 0
+    assert expected > 0 and exp.model.trained_samples == expected

@@ -171,6 +171,7 @@ class PFedGP(Algorithm):
                     loss = tree_loss(emb, y, tree, gp, gen)
                 if loss is None:  # one class (or too few samples): nothing to fit
                     break
+                self.ctx.model.count_trained(x.unsqueeze(0))  # a full-batch gradient evaluation
                 sgd.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(leaves, opt.clip)
