@@ -35,6 +35,8 @@ def test_every_row_resolves_to_the_paper_setup() -> None:
         if method in fedlps.DENSE:  # FedLPS's device model on the dense rows too (Dyn)
             assert algo["capabilities"] == "dyn"
     assert resolve_config(None, fedlps.run_overrides(opts, "fedlps-mu0", 0)).algorithm["mu"] == 0
+    code = resolve_config(None, fedlps.run_overrides(opts, "fedlps-code", 0)).algorithm
+    assert code["mu"] == 0 and code["score_init"] == "ordered" and code["ste"] is False
     flst = resolve_config(None, fedlps.run_overrides(opts, "flst", 0)).algorithm
     assert flst["ratio"] == "fixed" and flst["fixed_ratio"] == 0.5
 
