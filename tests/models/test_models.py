@@ -89,3 +89,22 @@ def test_loss_grad_correct_is_loss_and_grad_plus_the_forwards_predictions(name: 
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(grad, ref_grad)
     assert torch.equal(correct, model.correct(model.forward(flat, x), y))
+
+
+@pytest.mark.parametrize(
+    "cfg", [{"name": "mlr"}, {"name": "dnn", "hidden": [64, 32]}, {"name": "cnn2"}]
+)
+def test_sgd_step_is_loss_and_grad_then_a_step(cfg: dict[str, object]) -> None:
+    """The fused step (MLPs: inside the backward pass) moves every client's rows by
+    ``-lr * grad`` of its own loss, layer by layer: the old weights pass ``delta`` down."""
+    model = MODELS.build(cfg, "model").build((1, 28, 28), 10)
+    g = torch.Generator().manual_seed(1)
+    flat = model.init_params(0).expand(3, -1).clone()
+    flat += 0.05 * torch.randn(flat.shape, generator=g)
+    x, y = torch.randn(3, 6, 1, 28, 28, generator=g), torch.randint(0, 10, (3, 6), generator=g)
+    loss, grad = model.loss_and_grad(flat, x, y)
+    stepped = flat.clone()
+    step_loss = model.sgd_step(stepped, x, y, 0.5)
+    torch.testing.assert_close(step_loss, loss)
+    torch.testing.assert_close(stepped, flat - 0.5 * grad, atol=1e-6, rtol=1e-5)
+    assert not torch.equal(stepped, flat)

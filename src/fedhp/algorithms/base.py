@@ -32,7 +32,8 @@ from fedhp.engine.device_cost import (
 )
 from fedhp.engine.evaluate import ClientEval, density
 from fedhp.engine.federation import ClientTensors
-from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad
+from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad, client_chunk, normalized
+from fedhp.engine.sampler import EpochBatches
 from fedhp.errors import ConfigError
 from fedhp.registry import Registry
 
@@ -238,10 +239,64 @@ class Task:
     # Clients that receive the round's messages but do not train (stragglers), for algorithms
     # that bill them themselves (``Algorithm.bills_stragglers``); sorted, may be empty.
     stragglers: torch.Tensor | None = None
+    # The clients' minibatch indices for the round, drawn ahead when it is trained in parts
+    # (:meth:`Algorithm.round_parts`): ``[steps, C', B]`` or local epochs' batches; None: the
+    # local work draws them itself.
+    batches: torch.Tensor | EpochBatches | None = None
 
     @property
     def up_edges(self) -> torch.Tensor | None:
         return self.agg_edges if self.agg_edges is not None else self.edges
+
+    def part(self, rows: slice) -> Task:
+        """The task of the clients in ``rows`` (a slice of ``clients``) of a flat round."""
+        batches = self.batches
+        if isinstance(batches, EpochBatches):
+            batches = batches.part(rows)
+        elif batches is not None:
+            batches = batches[:, rows]
+        return Task(
+            self.clients[rows],
+            broadcast=self.broadcast,
+            per_client={k: v[rows] for k, v in self.per_client.items()},
+            scalars=self.scalars,
+            batches=batches,
+        )
+
+
+class UploadFold:
+    """A round's client uploads folded into weighted means part by part, so that no more than a
+    part of the clients' models is ever held: rows ``[c, W]`` of the next ``c`` clients are
+    added with their share of ``weights`` (normalized over all the round's clients), and their
+    losses and step counts kept for the round's statistics."""
+
+    def __init__(self, weights: torch.Tensor) -> None:
+        self.weights = normalized(weights)
+        self.sums: dict[str, torch.Tensor] = {}
+        self.done = 0
+        self._losses: list[torch.Tensor] = []
+        self._steps: list[torch.Tensor] = []
+
+    def add(self, rows: dict[str, torch.Tensor | None], update: Update) -> None:
+        """Fold in the next clients' uploaded ``rows`` (by key; None: absent) and their
+        ``update``'s losses and steps."""
+        present = {k: v for k, v in rows.items() if v is not None}
+        count = next(iter(present.values())).shape[0]
+        weights = self.weights[self.done : self.done + count]
+        for key, value in present.items():
+            share = weights.to(value.dtype) @ value
+            self.sums[key] = share if key not in self.sums else self.sums[key].add_(share)
+        if update.losses is not None:
+            self._losses.append(update.losses)
+        if update.steps is not None:
+            self._steps.append(update.steps)
+        self.done += count
+
+    def update(self) -> Update:
+        """The folded clients' losses ``[S, n]`` and steps ``[n]`` (as one :class:`Update`)."""
+        losses = torch.cat(self._losses, dim=1) if self._losses else None
+        steps = torch.cat(self._steps) if len(self._steps) == len(self._losses) else None
+        return Update(losses=losses, steps=steps)
 
 
 @dataclass
@@ -428,10 +483,10 @@ class Algorithm(ABC):
         """The flat methods' plan: sample clients and send each the global model."""
         ctx = self.ctx
         clients = ctx.sample_clients()
-        down = self.downlink(state, len(clients))
+        down = self.downlink(state, 1)
         assert down is not None
-        received = ctx.send("client_cloud", "down", down, clients)
-        return Task(clients, broadcast=self.received_broadcast(received[0]))
+        received = ctx.broadcast("client_cloud", "down", down[0], clients)
+        return Task(clients, broadcast=self.received_broadcast(received))
 
     @abstractmethod
     def train(self, state: State, task: Task) -> Update:
@@ -450,19 +505,23 @@ class Algorithm(ABC):
         mask: torch.Tensor | None = None,
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
+        batches: torch.Tensor | EpochBatches | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The round's local SGD of ``clients`` from ``start`` (rows) under the options'
         ``local_steps`` or ``local_epochs`` (:class:`LocalWorkOptions`), on the sub-models of
         ``mask [C', P]`` if given (:mod:`fedhp.models.masks`), updating BatchNorm ``buffers``
         ``[C', B]`` in place if given, on the method's own objective ``loss_grad`` if given
-        (:data:`fedhp.engine.ops.LossGrad`): the new parameters, each client's loss summed over
-        its steps, and its step count ``[C']`` (int64)."""
+        (:data:`fedhp.engine.ops.LossGrad`), on the minibatches ``batches`` drawn ahead
+        (``Task.batches``) if given: the new parameters, each client's loss summed over its
+        steps, and its step count ``[C']`` (int64)."""
         ctx, opt = self.ctx, self.options
         kw: dict[str, Any] = {} if buffers is None else {"buffers": buffers}
         if loss_grad is not None:
             kw["loss_grad"] = loss_grad
         if isinstance(opt, LocalWorkOptions) and (opt.momentum or opt.weight_decay):
             kw["optimizer"] = LocalOptimizer(opt.momentum, opt.weight_decay)
+        if batches is not None:
+            kw["drawn"] = batches
         epochs = local_epochs_of(opt)
         if epochs is not None:
             return ctx.local_sgd_epochs(
@@ -505,10 +564,70 @@ class Algorithm(ABC):
             "local_steps_max": float(steps.max()),
         }
 
+    folds_uploads: ClassVar[bool] = False
+    """The method's :meth:`aggregate` is :meth:`open_fold`, :meth:`fold_in` of the whole update,
+    :meth:`close_fold`, and its ``train`` of a part of the clients (:meth:`Task.part`) touches
+    only their rows and draws no minibatches beyond ``Task.batches``: a round is then trained
+    and aggregated in parts of its clients (:meth:`round_parts`). A subclass that overrides
+    ``aggregate`` without saying so again is not streamed."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "aggregate" in cls.__dict__ and "folds_uploads" not in cls.__dict__:
+            cls.folds_uploads = False
+
     def run_round(self, state: State, rnd: int) -> dict[str, float]:
-        """Run global round ``rnd`` in place on ``state``; returns scalar round statistics."""
+        """Run global round ``rnd`` in place on ``state``; returns scalar round statistics.
+
+        A method that :attr:`folds_uploads` runs it in parts of the clients sized to the cache
+        (:meth:`round_parts`): each part is trained from the broadcast and its uploads folded into
+        the aggregate before the next starts, so no more than a part of the client models is
+        ever held."""
         task = self.plan(state, rnd)
-        return self.aggregate(state, task, self.train(state, task))
+        parts = self.round_parts(task)
+        if len(parts) == 1:
+            return self.aggregate(state, task, self.train(state, task))
+        fold = self.open_fold(state, task)
+        for part in parts:
+            self.fold_in(state, fold, part, self.train(state, part))
+        return self.close_fold(state, task, fold)
+
+    def round_parts(self, task: Task) -> list[Task]:
+        """The parts of a flat ``task`` trained one after another: ``task`` itself, or (for a
+        method that :attr:`folds_uploads`) runs of :func:`~fedhp.engine.ops.client_chunk`
+        clients with the round's minibatches drawn ahead for all of them in the order the whole
+        round would draw them, so the result does not depend on the parts. Data with per-access
+        feature noise (drawn while gathering) is trained whole."""
+        ctx = self.ctx
+        n = len(task.clients)
+        if not self.folds_uploads or task.edges is not None or ctx.fed.train.noise_std is not None:
+            return [task]
+        chunk = client_chunk(ctx.model.num_params + self.num_buffers, n)
+        if chunk >= n:
+            return [task]
+        task.batches = self.draw_batches(task.clients)
+        return [task.part(slice(s, s + chunk)) for s in range(0, n, chunk)]
+
+    def draw_batches(self, clients: torch.Tensor) -> torch.Tensor | EpochBatches:
+        """The round's minibatch indices of ``clients`` under the options' local work, drawn
+        ahead (:meth:`BatchSampler.steps` or :meth:`BatchSampler.epochs`)."""
+        opt, sampler = self.options, self.ctx.sampler
+        epochs = local_epochs_of(opt)
+        if epochs is not None:
+            return sampler.epochs(clients, opt.batch_size, epochs)
+        return sampler.steps(clients, opt.batch_size, opt.local_steps)
+
+    def open_fold(self, state: State, task: Task) -> UploadFold:
+        """Start folding ``task``'s uploads (methods that :attr:`folds_uploads`)."""
+        raise NotImplementedError
+
+    def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
+        """Record and fold in the uploads of ``part``'s clients."""
+        raise NotImplementedError
+
+    def close_fold(self, state: State, task: Task, fold: UploadFold) -> dict[str, float]:
+        """Write the folded aggregate into ``state``; the round's statistics."""
+        raise NotImplementedError
 
     def global_model(self, state: State) -> torch.Tensor | None:
         """The global model ``[P]`` (None where the method has none)."""

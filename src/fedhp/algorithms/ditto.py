@@ -29,6 +29,7 @@ class Ditto(FedAvg):
 
     options: DittoOptions
     node_keys = {"personal": "client"}
+    folds_uploads = False  # the personal models' minibatches are drawn after the global ones
     personal_on_node = True
 
     def init_state(self, init_params: torch.Tensor) -> State:

@@ -15,10 +15,11 @@ from fedhp.algorithms.base import (
     State,
     Task,
     Update,
+    UploadFold,
     capabilities_field,
 )
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import ExtraGrad, LossGrad, prox_grad, weighted_mean
+from fedhp.engine.ops import ExtraGrad, LossGrad, prox_grad
 
 
 class FedAvg(DenseDeviceCost, Algorithm):
@@ -27,6 +28,7 @@ class FedAvg(DenseDeviceCost, Algorithm):
     (:class:`DenseDeviceCost`)."""
 
     options: FedAvgOptions
+    folds_uploads = True
     client_outputs = ("params",)
     client_buffer_outputs = ("buffers",)
 
@@ -71,6 +73,7 @@ class FedAvg(DenseDeviceCost, Algorithm):
             self.local_extra_grad(w),
             buffers=bufs,
             loss_grad=self.local_loss_grad(state, task),
+            batches=task.batches,
         )
         per_client = {"params": params}
         if bufs is not None:  # uploaded in both modes: the global model is evaluated with them
@@ -79,17 +82,25 @@ class FedAvg(DenseDeviceCost, Algorithm):
         return Update(per_client=per_client, losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
-        ctx = self.ctx
-        clients = task.clients
+        fold = self.open_fold(state, task)
+        self.fold_in(state, fold, task, update)
+        return self.close_fold(state, task, fold)
+
+    def open_fold(self, state: State, task: Task) -> UploadFold:
+        return UploadFold(self.ctx.client_weights(task.clients))
+
+    def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
+        """Bill the part's uploads and add them to the sample- or uniformly-weighted means."""
         bufs = update.per_client.get("buffers")
-        up = ctx.send("client_cloud", "up", self.wire(update.per_client["params"], bufs), clients)
+        message = self.wire(update.per_client["params"], bufs)
+        up = self.ctx.send("client_cloud", "up", message, part.clients)
         params, bufs = self.unwire(up, bufs is not None)
-        weights = ctx.client_weights(clients)
-        state["global"] = weighted_mean(params, weights)
-        if bufs is not None:
-            state["global_buffers"] = weighted_mean(bufs, weights)
-        stats = self.local_work_stats(task, update)
-        stats.update(self.account_device_cost(state, clients))
+        fold.add({"global": params, "global_buffers": bufs}, update)
+
+    def close_fold(self, state: State, task: Task, fold: UploadFold) -> dict[str, float]:
+        state.update(fold.sums)
+        stats = self.local_work_stats(task, fold.update())
+        stats.update(self.account_device_cost(state, task.clients))
         return stats
 
 

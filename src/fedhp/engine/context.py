@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from fedhp.comm import CommLedger, truncate
+from fedhp.comm import CommLedger, count_nonzero, truncate
 from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
 from fedhp.engine.ops import (
@@ -18,7 +18,7 @@ from fedhp.engine.ops import (
     sgd_steps,
     weighted_sgd_steps,
 )
-from fedhp.engine.sampler import BatchSampler
+from fedhp.engine.sampler import BatchSampler, EpochBatches
 from fedhp.models.base import BatchedModel
 from fedhp.topology import Topology
 
@@ -195,6 +195,17 @@ class RunContext:
         self.ledger.record(link, direction, sent, self.zero_threshold, nodes=nodes)
         return sent
 
+    def broadcast(
+        self, link: str, direction: str, message: torch.Tensor, nodes: torch.Tensor
+    ) -> torch.Tensor:
+        """Bill one copy of ``message [P]`` per node of ``nodes`` (the same model sent to each)
+        and return what each receives, once (``[P]``): like :meth:`send` with ``message``
+        repeated, but its non-zeros are counted once, not once per copy."""
+        sent = truncate(message, self.zero_threshold)
+        nnz = count_nonzero(sent, self.zero_threshold)
+        self.ledger.record_counts(link, direction, nnz.expand(len(nodes)), sent.shape[-1], nodes)
+        return sent
+
     def round_stragglers_under(self, edges: torch.Tensor) -> torch.Tensor:
         """This round's stragglers whose edge is one of ``edges`` (sorted; empty: none)."""
         stragglers = self.round_stragglers
@@ -205,12 +216,15 @@ class RunContext:
         return stragglers[torch.isin(edge_of[stragglers], edges)]
 
     def batches(
-        self, clients: torch.Tensor, batch_size: int
+        self, clients: torch.Tensor, batch_size: int, drawn: torch.Tensor | None = None
     ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-        """A callable yielding a fresh minibatch ``(x [C',B,..], y [C',B])`` of ``clients``."""
+        """A callable yielding a fresh minibatch ``(x [C',B,..], y [C',B])`` of ``clients``;
+        from the indices ``drawn [S, C', B]`` (drawn ahead, :meth:`BatchSampler.steps`) in turn
+        where given."""
+        ahead = None if drawn is None else iter(drawn)
 
         def draw() -> tuple[torch.Tensor, torch.Tensor]:
-            idx = self.sampler.draw(clients, batch_size)
+            idx = self.sampler.draw(clients, batch_size) if ahead is None else next(ahead)
             x, y = self.fed.train.gather(clients, idx, self.generator)
             return x, y
 
@@ -228,14 +242,16 @@ class RunContext:
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
         optimizer: LocalOptimizer | None = None,
+        drawn: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``steps`` minibatch SGD steps of ``clients`` (rows of ``params``), all at once;
         ``buffers`` (their BatchNorm running statistics ``[C', B]``) are updated in place;
-        ``loss_grad`` replaces the model's loss (:data:`fedhp.engine.ops.LossGrad`)."""
+        ``loss_grad`` replaces the model's loss (:data:`fedhp.engine.ops.LossGrad`);
+        ``drawn [steps, C', B]``: the minibatch indices, drawn ahead (else drawn step by step)."""
         return sgd_steps(
             self.model,
             params,
-            self.batches(clients, batch_size),
+            self.batches(clients, batch_size, drawn),
             steps,
             lr,
             extra_grad,
@@ -257,8 +273,10 @@ class RunContext:
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
         optimizer: LocalOptimizer | None = None,
+        drawn: EpochBatches | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``epochs`` passes of each of ``clients`` over its own shuffled data, all at once.
+        """``epochs`` passes of each of ``clients`` over its own shuffled data, all at once
+        (``drawn``: their minibatches, drawn ahead by :meth:`BatchSampler.epochs`).
 
         Client c takes ``ceil(n_c / batch_size)`` steps per epoch (:meth:`BatchSampler.epochs`);
         clients of unequal size step together, the ones that have finished frozen. ``mask``
@@ -266,7 +284,7 @@ class RunContext:
         statistics, updated in place (see :func:`weighted_sgd_steps`). Returns the new
         parameters, the per-client loss summed over its steps and its step count ``[C']``.
         """
-        plan = self.sampler.epochs(clients, batch_size, epochs)
+        plan = self.sampler.epochs(clients, batch_size, epochs) if drawn is None else drawn
 
         def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             x, y = self.fed.train.gather(clients[rows], plan.index[step, rows], self.generator)

@@ -236,7 +236,13 @@ def _sgd_loop(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     loss_sum = torch.zeros(params.shape[0], device=params.device)
     velocity = _velocity(params, optimizer)
+    plain = extra_grad is None and loss_grad is None and buffers is None
+    plain = plain and (optimizer is None or optimizer.plain)
     for x, y in batches:
+        if plain:  # the model steps inside its backward pass (BatchedModel.sgd_step)
+            model.count_trained(x)
+            loss_sum += model.sgd_step(params, x, y, lr)
+            continue
         if loss_grad is None:
             loss, grad = batched_loss_grad(model, params, x, y, buffers=buffers)
         else:

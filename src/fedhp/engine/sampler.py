@@ -72,6 +72,13 @@ class BatchSampler:
         cyc = torch.arange(batch_size, device=device).unsqueeze(0) % counts.unsqueeze(1)
         return perm.gather(1, cyc)
 
+    def steps(self, clients: torch.Tensor, batch_size: int, steps: int) -> torch.Tensor:
+        """The indices ``[steps, C', B]`` of ``steps`` consecutive :meth:`draw` calls (drawn
+        ahead, e.g. for a round trained in parts of its clients)."""
+        if steps == 0:
+            return torch.zeros(0, len(clients), batch_size, dtype=torch.long)
+        return torch.stack([self.draw(clients, batch_size) for _ in range(steps)])
+
     def epochs(self, clients: torch.Tensor, batch_size: int, epochs: int) -> EpochBatches:
         """Every minibatch of ``epochs`` passes of ``clients`` over their own shuffled data.
 
@@ -121,3 +128,7 @@ class EpochBatches:
     def num_steps(self) -> int:
         """Batched steps ``S`` (the longest client's, epoch by epoch)."""
         return int(self.index.shape[0])
+
+    def part(self, rows: slice) -> EpochBatches:
+        """The minibatches of the clients in ``rows`` (a slice of the client dimension)."""
+        return EpochBatches(self.index[:, rows], self.weight[:, rows], self.steps[rows])

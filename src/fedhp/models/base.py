@@ -279,6 +279,9 @@ class BatchedModel(ABC):
         self.buffer_layout = BufferLayout(reference)
         self._flops: int | None = None
         self._train_flops: int | None = None
+        self._batch_norm = any(
+            isinstance(m, nn.modules.batchnorm._BatchNorm) for m in reference.modules()
+        )
         self.trained_samples = 0
         """Samples of every gradient evaluation the engine ran (:meth:`count_trained`)."""
 
@@ -290,6 +293,12 @@ class BatchedModel(ABC):
     def num_buffers(self) -> int:
         """``B``: running-statistics values per client (0 without BatchNorm)."""
         return self.buffer_layout.size
+
+    def statistic_weight(self, weight: torch.Tensor | None) -> torch.Tensor | None:
+        """``weight [C, B]`` as BatchNorm's per-sample statistic weights
+        (:func:`batch_norm_weight`); None for a model without BatchNorm layers, whose forward
+        ignores them: its training steps then skip the all-ones check, a host sync on CUDA."""
+        return batch_norm_weight(weight) if self._batch_norm else None
 
     def init_params(self, seed: int) -> torch.Tensor:
         """Initial flat ``[P]`` parameters: PyTorch's default init of the reference module."""
@@ -369,6 +378,17 @@ class BatchedModel(ABC):
         loss, grad, _ = self._autograd_loss(flat, x, y, buffers, weight)
         return loss, grad
 
+    def sgd_step(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float
+    ) -> torch.Tensor:
+        """One plain SGD step of every client's rows of ``flat [C, P]`` in place on its minibatch
+        ``x, y`` (``flat -= lr * grad`` of its mean cross-entropy); returns the losses ``[C]``
+        at the start point. Models that can update the parameters inside their backward pass
+        (:class:`~fedhp.models.zoo.BatchedMLP`) override it to skip the ``[C, P]`` gradient."""
+        loss, grad = self.loss_and_grad(flat, x, y)
+        flat.add_(grad, alpha=-lr)
+        return loss
+
     def _autograd_loss(
         self,
         flat: torch.Tensor,
@@ -384,7 +404,7 @@ class BatchedModel(ABC):
         ]
         params = {s.name: leaf for s, leaf in zip(self.layout.specs, leaves, strict=True)}
         logits = self.forward_params(
-            params, x, buffers=buffers, train=True, weight=batch_norm_weight(weight)
+            params, x, buffers=buffers, train=True, weight=self.statistic_weight(weight)
         )
         c, b = logits.shape[0], logits.shape[1]
         losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
@@ -540,7 +560,7 @@ class VmapModel(BatchedModel):
         if not isinstance(self.reference, FeatureNet):
             raise TypeError(f"{type(self.reference).__name__} has no features/head split")
         out = self._call(
-            self.layout.unflatten(flat), x, buffers, train, True, batch_norm_weight(weight)
+            self.layout.unflatten(flat), x, buffers, train, True, self.statistic_weight(weight)
         )
         assert isinstance(out, tuple)
         return out

@@ -100,6 +100,43 @@ class BatchedMLP(BatchedModel):
         acts = self._activations(flat, x)
         return acts[-1], acts[-2]
 
+    def _loss_delta(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The layers' inputs, the per-client (weighted) mean cross-entropy ``[C]`` and its
+        derivative with respect to the logits ``[C, B, K]``."""
+        acts = self._activations(flat, x)
+        logp = torch.log_softmax(acts[-1], dim=-1)
+        c, b = y.shape
+        target = y.unsqueeze(2)
+        loss = weighted_client_mean(-logp.gather(2, target).squeeze(2), weight)
+        delta = logp.exp_()  # softmax
+        delta.scatter_add_(2, target, torch.full_like(target, -1, dtype=delta.dtype))
+        if weight is None:
+            delta.div_(b)  # d(mean loss)/d(logits)
+        else:  # d(weighted mean loss)/d(logits)
+            delta.mul_((weight / sample_weight_totals(weight).unsqueeze(1)).unsqueeze(2))
+        return acts, loss, delta
+
+    def sgd_step(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float
+    ) -> torch.Tensor:
+        """The SGD step inside the backward pass: each layer's ``W -= lr * delta^T h`` is one
+        ``baddbmm`` into the flat rows (after the layer's old weights have passed ``delta`` on),
+        so no ``[C, P]`` gradient is written and read back. Equal to ``loss_and_grad`` then
+        ``flat -= lr * grad`` up to rounding (one rounding of the update instead of two)."""
+        with torch.no_grad():
+            acts, loss, delta = self._loss_delta(flat, x, y, None)
+            layers = self._layers(flat)
+            for i in reversed(range(len(layers))):
+                w, b = layers[i]
+                h_in = acts[i]
+                below = torch.bmm(delta, w).mul_(h_in > 0) if i > 0 else delta
+                b.sub_(delta.sum(1), alpha=lr)
+                w.baddbmm_(delta.transpose(1, 2), h_in, alpha=-lr)
+                delta = below
+            return loss
+
     def loss_and_grad(
         self,
         flat: torch.Tensor,
@@ -110,17 +147,7 @@ class BatchedMLP(BatchedModel):
         weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
-            acts = self._activations(flat, x)
-            logp = torch.log_softmax(acts[-1], dim=-1)
-            c, b = y.shape
-            target = y.unsqueeze(2)
-            loss = weighted_client_mean(-logp.gather(2, target).squeeze(2), weight)
-            delta = logp.exp_()  # softmax
-            delta.scatter_add_(2, target, torch.full_like(target, -1, dtype=delta.dtype))
-            if weight is None:
-                delta.div_(b)  # d(mean loss)/d(logits)
-            else:  # d(weighted mean loss)/d(logits)
-                delta.mul_((weight / sample_weight_totals(weight).unsqueeze(1)).unsqueeze(2))
+            acts, loss, delta = self._loss_delta(flat, x, y, weight)
             grad = torch.empty_like(flat)
             layers = self._layers(flat)
             grads = self._layers(grad)

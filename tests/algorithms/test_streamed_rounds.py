@@ -1,0 +1,120 @@
+"""Rounds trained in parts of the clients (``Algorithm.round_parts``) give the whole round's
+result: the same model, the same bill, the same statistics, with no part above the chunk."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import fedhp.engine.ops as ops
+from fedhp.algorithms.base import Algorithm, State, Task, Update
+from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions, FedProxOptions
+from fedhp.algorithms.fednova import FedNovaOptions
+from tests.algorithms.tiny import tiny_context
+
+# MLR on 4 features and 3 classes: 15 parameters; 30 floats -> parts of 2 clients.
+SMALL_CACHE = 30
+
+
+def run_rounds(
+    options: Any, monkeypatch: pytest.MonkeyPatch, cache: int, **ctx_kw: Any
+) -> tuple[State, list[dict[str, float]], Any, list[int]]:
+    """Three rounds of ``options`` on the tiny federation with client chunks of ``cache``
+    floats: the state, each round's statistics, the ledger and the sizes of the trained parts."""
+    monkeypatch.setattr(ops, "CACHE_FLOATS", cache)
+    ctx = tiny_context(edge_sizes=(3, 2, 2), **ctx_kw)
+    algo = options.build(ctx)
+    sizes: list[int] = []
+    train = algo.train
+
+    def spy(state: State, task: Task) -> Update:
+        sizes.append(len(task.clients))
+        return train(state, task)
+
+    algo.train = spy  # type: ignore[method-assign]
+    state = algo.init_state(ctx.model.init_params(0))
+    stats = []
+    for rnd in range(3):
+        stats.append(algo.run_round(state, rnd))
+        ctx.ledger.end_round()
+    return state, stats, ctx.ledger, sizes
+
+
+CASES = {
+    "fedavg steps": (FedAvgOptions(local_steps=3, batch_size=2, lr=0.3), {}),
+    "fedavg epochs, samples": (
+        FedAvgOptions(local_epochs=2, batch_size=2, lr=0.3),
+        {"n_train": (3, 5, 2, 6, 4, 1, 5), "weighting": "samples"},
+    ),
+    "fedprox": (FedProxOptions(local_steps=2, batch_size=3, lr=0.2, mu=0.5), {}),
+    "fedavg momentum, device cost": (
+        FedAvgOptions(local_steps=2, batch_size=2, lr=0.2, momentum=0.9, capabilities="fix"),
+        {},
+    ),
+    "fedavg zero threshold": (
+        FedAvgOptions(local_steps=2, batch_size=2, lr=0.3),
+        {"zero_threshold": 0.05},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_round_in_parts_equals_the_whole_round(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options, ctx_kw = CASES[name]
+    whole, whole_stats, whole_ledger, whole_sizes = run_rounds(
+        options, monkeypatch, 10**9, **ctx_kw
+    )
+    parts, part_stats, part_ledger, part_sizes = run_rounds(
+        options, monkeypatch, SMALL_CACHE, **ctx_kw
+    )
+    assert whole_sizes == [7, 7, 7]  # one part: the whole round
+    assert part_sizes == [2, 2, 2, 1] * 3  # never more than a chunk of clients at once
+    assert whole.keys() == parts.keys()
+    for key in whole:
+        # the weighted sum is added part by part: equal up to float summation order
+        torch.testing.assert_close(parts[key], whole[key], rtol=1e-6, atol=1e-7, msg=key)
+    assert part_ledger.totals() == whole_ledger.totals()
+    assert part_ledger.node_totals("client_cloud") == whole_ledger.node_totals("client_cloud")
+    for a, b in zip(part_stats, whole_stats, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-6), key
+
+
+def test_one_part_is_the_plain_aggregate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the round fits one chunk it is ``aggregate(train(plan))``: bit for bit the weighted
+    mean of the uploaded models."""
+    monkeypatch.setattr(ops, "CACHE_FLOATS", 10**9)
+    ctx = tiny_context(weighting="samples", n_train=(3, 5, 2, 6, 4))
+    algo = FedAvgOptions(local_steps=2, batch_size=2, lr=0.3).build(ctx)
+    state = algo.init_state(ctx.model.init_params(0))
+    task = algo.plan(state, 0)
+    assert algo.round_parts(task) == [task]
+    update = algo.train(state, task)
+    algo.aggregate(state, task, update)
+    weights = ctx.fed.train.counts.float()
+    expected = (weights / weights.sum()) @ update.per_client["params"]
+    assert torch.equal(state["global"], expected)
+
+
+def test_methods_with_their_own_aggregate_are_not_streamed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FedNova overrides ``aggregate``: its rounds stay whole, whatever the chunk."""
+    monkeypatch.setattr(ops, "CACHE_FLOATS", SMALL_CACHE)
+    ctx = tiny_context()
+    algo = FedNovaOptions(local_steps=2, batch_size=2).build(ctx)
+    assert isinstance(algo, FedAvg) and not algo.folds_uploads
+    state = algo.init_state(ctx.model.init_params(0))
+    task = algo.plan(state, 0)
+    assert algo.round_parts(task) == [task]
+
+    class Custom(FedAvg):
+        def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+            return {}
+
+    assert not Custom.folds_uploads and FedAvg.folds_uploads and not Algorithm.folds_uploads
