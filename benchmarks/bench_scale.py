@@ -13,10 +13,12 @@ count as summary.json's ``train_flops``. ``limit_s`` is those FLOPs at the best 
 measured in the same subprocess; ``ratio = s_per_round / limit_s``. ``peak_rss_gb`` is the
 subprocess's peak resident memory, ``data_rss_gb`` the same right after the data were loaded.
 
-Usage: python benchmarks/bench_scale.py [--threads N] [--rounds R] [--only NAME ...]
+Usage: python benchmarks/bench_scale.py [--threads N] [--rounds R] [--only NAME ...] [--no-anchor]
 Output: one line per configuration,
   scale <alg> <model> clients=<n> per_round=<n> s_per_round=<f> limit_s=<f> ratio=<f>
         peak_rss_gb=<f> data_rss_gb=<f>
+and the public anchor (FLUTE's lr_mnist workload, end to end with ``fedhp run``),
+  anchor flute-lr-mnist clients=1000 per_round=10 rounds=100 fedhp_wall_s=<f> fedhp_acc=<f> ...
 """
 
 from __future__ import annotations
@@ -114,6 +116,52 @@ def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
     }
 
 
+# FLUTE's published CPU comparison (its README, "Flower Comparison", task lr_mnist): logistic
+# regression on MNIST, 1,000 clients, 10 per round, batch 10, SGD lr 0.03, 1 local epoch, 100
+# rounds, test every 20: FLUTE 3 min 20 s, Flower 1.0.0 30 min 14 s (accuracy ~80 for both).
+FLUTE_S, FLOWER_S = 200.0, 1814.0
+FLUTE_LR_MNIST = [
+    "dataset.name=mnist",
+    "partition.name=shards",
+    "federation.num_clients=1000",
+    "federation.num_edges=1",
+    "federation.client_fraction=0.01",
+    "model.name=mlr",
+    "algorithm.name=fedavg",
+    "algorithm.local_epochs=1",
+    "algorithm.batch_size=10",
+    "algorithm.lr=0.03",
+    "rounds=100",
+    "eval_every=20",
+    "checkpoint_every=0",
+    "progress=false",
+]
+
+
+def flute_anchor(threads: int) -> str:
+    """FLUTE's lr_mnist workload run end to end by ``fedhp run`` (data loading, evaluation and
+    writing the run folder included): one ``anchor`` line with fedhp's total wall time beside
+    FLUTE's and Flower's published CPU times."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        fedhp = str(Path(sys.executable).with_name("fedhp"))
+        cmd = [fedhp, "run", *FLUTE_LR_MNIST, f"threads={threads}"]
+        done = subprocess.run([*cmd, "--out", out], capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["?"])[-1]
+            return f"anchor flute-lr-mnist failed: {tail}"
+        summary = json.loads((Path(out) / "summary.json").read_text())
+    acc = float(summary.get("final_global_acc", float("nan")))
+    return (
+        f"anchor flute-lr-mnist clients=1000 per_round=10 rounds=100 fedhp_wall_s={wall:.1f} "
+        f"fedhp_acc={acc:.4f} flute_cpu_s={FLUTE_S:.0f} flower_cpu_s={FLOWER_S:.0f} "
+        f"vs_flute={FLUTE_S / wall:.1f}x vs_flower={FLOWER_S / wall:.1f}x"
+    )
+
+
 def line(r: dict[str, Any]) -> str:
     return (
         f"scale {r['alg']} {r['model']} clients={r['clients']} per_round={r['per_round']} "
@@ -127,6 +175,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
     parser.add_argument("--only", nargs="*", choices=sorted(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--no-anchor", action="store_true", help="skip the FLUTE anchor line")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one configuration, print JSON
     args = parser.parse_args()
     if args.one:
@@ -145,6 +194,8 @@ def main() -> None:
             print(f"scale {name} failed: {tail}", flush=True)
             continue
         print(line(json.loads(done.stdout.strip().splitlines()[-1])), flush=True)
+    if not args.no_anchor:
+        print(flute_anchor(args.threads), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedhp.comm import CommLedger, decode_sparse, encode_sparse, message_cost
+from fedhp.comm import CommLedger, count_nonzero, decode_sparse, encode_sparse, message_cost
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, width=32)
 
@@ -246,3 +246,16 @@ def test_round_node_bytes_are_what_each_node_was_billed_this_round() -> None:
     assert ledger.round_node_bytes("client_cloud", "down", torch.tensor([4])).tolist() == [0.0]
     ledger.end_round()
     assert ledger.round_node_bytes("client_cloud", "up", torch.tensor([4])).tolist() == [0.0]
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_count_nonzero_row_by_row_or_at_once_agree(rows: int, eps: float) -> None:
+    """Few messages are counted one row at a time, many with one reduction: the same counts."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 50, generator=g)
+    x[x.abs() < 0.5] = 0.0
+    x[0, 0] = float("nan")  # non-zero for a count of exact zeros, not above a threshold
+    kept = (lambda v: abs(v) > eps) if eps > 0 else (lambda v: v != 0)
+    expected = torch.tensor([sum(1 for v in r if kept(v)) for r in x.tolist()])
+    assert torch.equal(count_nonzero(x, eps), expected)

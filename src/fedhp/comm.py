@@ -124,9 +124,18 @@ class _PerMessage:
         )
 
 
+ROW_BY_ROW = 256
+"""Up to this many messages are counted one row at a time: PyTorch's whole-vector count is ~5x
+faster on CPU than its per-row reduction (``dim=1``), which pays off below this many rows."""
+
+
 def count_nonzero(messages: torch.Tensor, zero_threshold: float = 0.0) -> torch.Tensor:
     """Entries with ``|x| > zero_threshold`` in each message ``[M, P]`` → int64 ``[M]``."""
     batch = _as_batch(messages).detach()
+    if 0 < batch.shape[0] <= ROW_BY_ROW and batch.is_contiguous():
+        if zero_threshold <= 0:
+            return torch.stack([torch.count_nonzero(row) for row in batch])
+        return torch.stack([torch.count_nonzero(row.abs() > zero_threshold) for row in batch])
     if zero_threshold <= 0:
         return torch.count_nonzero(batch, dim=1)
     return torch.count_nonzero(batch.abs() > zero_threshold, dim=1)

@@ -382,6 +382,7 @@ def _make_synthetic(
         y = np.argmax(x @ w + b, axis=1)
         n_test = int(round(test_fraction * len(y)))
         n_train = len(y) - n_test
+        x = x.astype(np.float32)  # kept as float32 from here on (memory at 10^5 clients)
         for key, part in (
             ("trx", x[:n_train]),
             ("try", y[:n_train]),

@@ -7,6 +7,11 @@ from dataclasses import dataclass
 import torch
 
 
+MAX_KEYS = 1 << 24
+"""Above this many random keys per draw (``total * max_count``), :meth:`BatchSampler.draw` draws
+without a key per sample (:meth:`BatchSampler._partial_shuffle`)."""
+
+
 class BatchSampler:
     """Draws per-client minibatch indices ``[C', B]`` within each client's sample count.
 
@@ -61,6 +66,8 @@ class BatchSampler:
         if self.replacement:
             u = torch.rand(self.total, batch_size, generator=self.generator, device=device)[rows]
             return (u * counts.unsqueeze(1)).long()
+        if batch_size <= self.min_count and self.total * self.max_count > MAX_KEYS:
+            return self._partial_shuffle(clients, rows, batch_size)
         keys = torch.rand(self.total, self.max_count, generator=self.generator, device=device)
         keys = keys[rows]
         pos = torch.arange(self.max_count, device=device)
@@ -71,6 +78,32 @@ class BatchSampler:
         perm = torch.argsort(keys, dim=1)
         cyc = torch.arange(batch_size, device=device).unsqueeze(0) % counts.unsqueeze(1)
         return perm.gather(1, cyc)
+
+    def _partial_shuffle(
+        self, clients: torch.Tensor, rows: torch.Tensor, batch_size: int
+    ) -> torch.Tensor:
+        """:meth:`draw` for federations too large for a key per sample (``total * max_count``
+        above :data:`MAX_KEYS`, e.g. 100,000 natively federated clients, some with 10^5
+        samples): the first ``batch_size`` places of a Fisher–Yates shuffle of each client's
+        ``0 .. n_c - 1`` (place j swaps with a uniform one of j .. n_c - 1), from ``batch_size``
+        uniforms per client of the federation — ``B`` distinct indices, every ordered B-subset
+        equally likely, in O(C B^2)."""
+        counts = self.counts[clients]
+        device = counts.device
+        u = torch.rand(self.total, batch_size, generator=self.generator, device=device)[rows]
+        moved = torch.empty(len(clients), batch_size, dtype=torch.long, device=device)
+        target = torch.empty_like(moved)
+        picks = torch.empty_like(moved)
+        for j in range(batch_size):
+            r = j + (u[:, j] * (counts - j)).long().clamp(max=counts - 1 - j)
+            # A place holds its own index until a swap moved a value there (the latest wins).
+            at_j = torch.full_like(r, j)
+            at_r = r.clone()
+            for k in range(j):
+                at_j = torch.where(target[:, k] == j, moved[:, k], at_j)
+                at_r = torch.where(target[:, k] == r, moved[:, k], at_r)
+            moved[:, j], target[:, j], picks[:, j] = at_j, r, at_r
+        return picks
 
     def steps(self, clients: torch.Tensor, batch_size: int, steps: int) -> torch.Tensor:
         """The indices ``[steps, C', B]`` of ``steps`` consecutive :meth:`draw` calls (drawn
