@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fedhp.data import DATASETS, PARTITIONERS, split_dataset
-from fedhp.data.partition import apportion, client_labels
+from fedhp.data.partition import rows_by_owner, apportion, client_labels
 from fedhp.errors import ConfigError, DatasetError
 
 ALL_SCHEMES = [
@@ -268,10 +268,18 @@ def test_natural_uses_owners(small) -> None:
     for i, c in enumerate(clients):
         assert c.num_train == int((data.train_owner == i).sum())
         assert len(c.test_y) == int((data.test_owner == i).sum())
+        assert torch.equal(c.train_x, data.train_x[data.train_owner == i])  # rows, in order
+        assert torch.equal(c.test_y, data.test_y[data.test_owner == i])
     with pytest.raises(ConfigError, match="num_clients: 5 does not match the 8"):
         split_dataset(data, {"name": "natural"}, 5, seed=0)
     with pytest.raises(ConfigError, match="natively federated"):
         split_dataset(small, {"name": "natural"}, 5, seed=0)
+
+
+def testrows_by_owner_keeps_each_owners_rows_in_order() -> None:
+    owner = np.array([2, 0, 2, 3, 0, 2])
+    rows = rows_by_owner(owner, 5)  # owners 1 and 4 have no rows
+    assert [r.tolist() for r in rows] == [[1, 4], [], [0, 2, 5], [3], []]
 
 
 def test_val_fraction_carves_train(small) -> None:
