@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fedhp.data import DATASETS, PARTITIONERS, split_dataset
-from fedhp.data.partition import rows_by_owner, apportion, client_labels
+from fedhp.data.partition import apportion, client_labels, rows_by_owner
 from fedhp.errors import ConfigError, DatasetError
 
 ALL_SCHEMES = [
