@@ -12,6 +12,7 @@ import fedhp.engine.ops as ops
 from fedhp.algorithms.base import Algorithm, State, Task, Update
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions, FedProxOptions
 from fedhp.algorithms.fednova import FedNovaOptions
+from fedhp.algorithms.moon import MoonOptions
 from tests.algorithms.tiny import tiny_context
 
 # MLR on 4 features and 3 classes: 15 parameters; 30 floats -> parts of 2 clients.
@@ -53,6 +54,7 @@ CASES = {
         FedAvgOptions(local_steps=2, batch_size=2, lr=0.2, momentum=0.9, capabilities="fix"),
         {},
     ),
+    "moon": (MoonOptions(local_steps=2, batch_size=2, lr=0.2, mu=1.0), {}),
     "fedavg zero threshold": (
         FedAvgOptions(local_steps=2, batch_size=2, lr=0.3),
         {"zero_threshold": 0.05},
