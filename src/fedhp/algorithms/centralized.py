@@ -56,21 +56,25 @@ class Centralized(Algorithm):
         batch = opt.batch_size * ctx.num_clients
         params = state["global"].unsqueeze(0).clone()
         bufs = state["global_buffers"].unsqueeze(0).clone() if self.num_buffers else None
-        loss_total = 0.0
-        for _ in range(opt.local_steps):
-            if batch <= n:
-                idx = torch.randperm(n, generator=ctx.generator)[:batch]
-            else:
-                idx = torch.randint(n, (batch,), generator=ctx.generator)
-            idx = idx.to(train.x.device)
+        # Every step's indices drawn ahead on the host generator (the same draws in the same
+        # order as step by step) and moved to the device once: no host sync inside the loop.
+        drawn = [
+            torch.randperm(n, generator=ctx.generator)[:batch]
+            if batch <= n
+            else torch.randint(n, (batch,), generator=ctx.generator)
+            for _ in range(opt.local_steps)
+        ]
+        indices = torch.stack(drawn).to(train.x.device)
+        loss_total = torch.zeros((), dtype=torch.float64, device=params.device)
+        for idx in indices:
             x, y = train.x[idx].unsqueeze(0), train.y[idx].unsqueeze(0)
             loss, grad = batched_loss_grad(ctx.model, params, x, y, buffers=bufs)
             params.add_(grad, alpha=-opt.lr)
-            loss_total += float(loss[0])
+            loss_total += loss[0].double()
         state["global"] = params[0]
         if bufs is not None:
             state["global_buffers"] = bufs[0]
-        return {"local_loss": loss_total / opt.local_steps}
+        return {"local_loss": float(loss_total) / opt.local_steps}
 
 
 @ALGORITHMS.register("centralized")

@@ -60,6 +60,7 @@ def fedlps_loss_grad(
     """The clients' FedLPS step (rows align with ``scores [n, U]``, updated in place) and the
     running training-accuracy counters it fills (``correct``, ``seen``: ``[n]``)."""
     model, opt = algo.ctx.model, algo.options
+    ratio = ratio.to(scores.device)  # once per round, not a host copy at every step
     seen = torch.zeros(scores.shape[0], dtype=torch.float64, device=scores.device)
     tally = {"correct": torch.zeros_like(seen), "seen": seen}
 
@@ -78,7 +79,10 @@ def fedlps_loss_grad(
         q_grad = 2 * opt.lam * (scores - torch.sigmoid(unit_weight_norms(model, params)))
         if opt.ste:
             q_grad = q_grad + unit_mask_grad(model, params, grad, opt.structural)
-        live = torch.ones(len(scores), dtype=torch.bool) if weight is None else weight.sum(1) > 0
+        if weight is None:
+            live = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
+        else:
+            live = weight.sum(1) > 0
         scores.sub_(opt.lr * q_grad * live.unsqueeze(1).to(q_grad.dtype))
         step = pm * (grad + 2 * opt.mu * (params - global_params))
         return loss, step

@@ -64,7 +64,7 @@ def class_avg_norms(
     correct = torch.zeros(n, dtype=torch.float64)
     for start in range(0, len(y), EVAL_ROWS):
         xb, yb = x[start : start + EVAL_ROWS], y[start : start + EVAL_ROWS]
-        xs = xb.unsqueeze(0).expand(n, *xb.shape)
+        xs = xb.to(params.device).unsqueeze(0).expand(n, *xb.shape)
         logits, feats = model.forward_with_features(params, xs, buffers=buffers)
         norms = feats.norm(dim=-1).double().cpu()  # [n, b]
         sums.index_add_(1, yb.cpu(), norms)
@@ -119,13 +119,14 @@ def refine_loss(
     logits, feats = model.forward_with_features(params, xs, buffers=buffers, train=True)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(n), reduction="none")
     loss = ce.view(n, -1).mean(1)
-    counts = torch.bincount(y, minlength=k).to(loss.dtype)
+    # one-hot labels [B, K] and class counts without bincount / one_hot (host syncs on CUDA)
+    onehot = (y.unsqueeze(1) == torch.arange(k, device=y.device)).to(loss.dtype)
+    counts = onehot.sum(0)
     rho = counts / len(y)
     if regularizer == "paper":  # a constant of the weights: contributes no gradient
         reg = (rho * torch.nan_to_num(delta.to(loss.dtype))).sum(1)
     else:
         norms = feats.norm(dim=-1)  # [n, B]
-        onehot = F.one_hot(y, k).to(loss.dtype)  # [B, K]
         batch_mean = norms @ onehot / counts.clamp(min=1)  # [n, K]
         want = target.to(loss.dtype)
         use = (counts > 0) & ~torch.isnan(want)
@@ -220,6 +221,7 @@ class FnrFl(Algorithm):
         public = ctx.fed.public
         assert public is not None
         w = start.detach().clone().requires_grad_(True)
+        delta, target = delta.to(w.device), target.to(w.device)  # computed on the host
         optim: torch.optim.Optimizer = (
             torch.optim.SGD([w], lr=opt.lr)
             if opt.refine_optimizer == "sgd"
@@ -227,7 +229,7 @@ class FnrFl(Algorithm):
         )
         n_pub = len(public.y)
         for _ in range(opt.refine_epochs):
-            order = torch.randperm(n_pub, generator=ctx.generator)
+            order = torch.randperm(n_pub, generator=ctx.generator).to(public.x.device)
             for s in range(0, n_pub, opt.refine_batch):
                 idx = order[s : s + opt.refine_batch]
                 x, y = public.x[idx].to(w.device), public.y[idx].to(w.device)

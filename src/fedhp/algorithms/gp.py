@@ -96,15 +96,19 @@ def gibbs(
     with torch.no_grad():
         k = kernel.detach()
         prior = safe_cholesky(k)
-        eps = torch.randn(chains, n, generator=generator, dtype=dtype)
-        f = mean + eps @ prior.T
+        # Draws from ``generator`` on its own device (the host for pFedGP's), then moved: a
+        # run on CUDA draws the same numbers as on the CPU.
+        eps = torch.randn(chains, n, generator=generator, dtype=dtype, device=generator.device)
+        f = mean + eps.to(k.device) @ prior.T
         omega = torch.empty_like(f)
         for _ in range(steps):
             omega = sample_pg1(f, generator, PG_TERMS)
             mu, cov = _posterior(k, kappa, omega, mean)
             chol = safe_cholesky(cov, "the Gibbs posterior covariance")
-            eps = torch.randn(chains, n, 1, generator=generator, dtype=dtype)
-            f = mu + (chol @ eps).squeeze(-1)
+            eps = torch.randn(
+                chains, n, 1, generator=generator, dtype=dtype, device=generator.device
+            )
+            f = mu + (chol @ eps.to(k.device)).squeeze(-1)
     return GibbsState(omega, f)
 
 

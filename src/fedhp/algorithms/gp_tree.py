@@ -230,7 +230,7 @@ def class_probabilities(
 ) -> torch.Tensor:
     """``[m, num_classes]`` class probabilities of test points (0 outside the client's classes;
     a one-class client gives its class probability 1)."""
-    probs = torch.zeros(len(emb_test), num_classes, dtype=emb_test.dtype)
+    probs = torch.zeros(len(emb_test), num_classes, dtype=emb_test.dtype, device=emb_test.device)
     classes = sorted(int(c) for c in torch.unique(y_train))
     probs[:, classes] = 1.0
     for node in tree:

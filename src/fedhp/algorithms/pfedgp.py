@@ -62,7 +62,7 @@ class PFedGP(Algorithm):
     def __init__(self, options: PFedGPOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
         self.gp = self.settings(options.outputscale, options.lengthscale)
-        probe = torch.zeros(ctx.model.num_params)
+        probe = torch.zeros(ctx.model.num_params, device=ctx.device)
         self.dim = self.embed(probe, ctx.fed.train.x[:1]).shape[-1]  # embedding size d
 
     def settings(self, scale: float | torch.Tensor, length: float | torch.Tensor) -> GPSettings:
@@ -88,11 +88,14 @@ class PFedGP(Algorithm):
             "global": init_params.clone(),
             "gibbs_rng": torch.Generator().manual_seed(seed).get_state(),
         }
+        device = init_params.device
         if opt.learn_kernel:  # (log outputscale, log lengthscale), averaged like the network
-            state["kernel"] = torch.tensor([opt.outputscale, opt.lengthscale]).log()
+            hyper = torch.tensor([opt.outputscale, opt.lengthscale], device=device)
+            state["kernel"] = hyper.log()
         if opt.inducing:  # X̄ [classes, M, d] in embedding space, randn · 0.01 (the code's)
             shape = (ctx.model.num_classes, opt.inducing_points, self.dim)
-            state["inducing"] = 0.01 * torch.randn(shape, generator=ctx.generator).flatten()
+            drawn = torch.randn(shape, generator=ctx.generator)  # on the host generator
+            state["inducing"] = 0.01 * drawn.flatten().to(device)
         return state
 
     def client_widths(self) -> dict[str, int]:
@@ -181,7 +184,7 @@ class PFedGP(Algorithm):
             if opt.inducing:
                 rows = torch.zeros_like(task.broadcast["inducing"]).view(len(flat), -1)
                 rows[classes] = xbar.detach().to(rows.dtype)
-                held = torch.zeros(len(flat))
+                held = torch.zeros(len(flat), device=flat.device)
                 held[classes] = 1.0
                 out["inducing"].append(rows.flatten())
                 out["inducing_held"].append(held)
@@ -244,7 +247,7 @@ class PFedGP(Algorithm):
                     gen,
                 )
                 correct[c] = float((probs.argmax(1) == y_te).sum())
-                truth = probs[torch.arange(len(y_te)), y_te]
+                truth = probs[torch.arange(len(y_te), device=probs.device), y_te]
                 loss_sum[c] = float(-torch.log(truth.clamp(min=1e-12)).sum())
         return ClientEval(correct, loss_sum, split.counts.double().cpu())
 

@@ -40,7 +40,11 @@ def sample_pg1(
     cd = c.detach().double().reshape(-1, 1)
     k = torch.arange(1, terms + 1, dtype=torch.float64, device=c.device)
     denom = (k - 0.5) ** 2 + cd**2 / (4 * math.pi**2)  # [N, terms]
-    g = torch.empty_like(denom).exponential_(1.0, generator=generator)
+    if generator is None or generator.device == denom.device:
+        g = torch.empty_like(denom).exponential_(1.0, generator=generator)
+    else:  # a generator on another device (the host's for CUDA data): draw there, then move
+        g = torch.empty(denom.shape, dtype=denom.dtype, device=generator.device)
+        g = g.exponential_(1.0, generator=generator).to(denom.device)
     kept = (g / denom).sum(1) / (2 * math.pi**2)
     kept_mean = (1 / denom).sum(1) / (2 * math.pi**2)
     tail = pg1_mean(cd[:, 0]) - kept_mean

@@ -79,8 +79,8 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     fed = Federation.from_clients(clients, data.num_classes, device)
     if data.true_params is not None or data.true_support is not None:
         fed = replace(fed, true_params=data.true_params, true_support=data.true_support)
-    if public is not None:
-        fed = replace(fed, public=public)
+    if public is not None:  # D_pub on the run's device, beside the clients' data
+        fed = replace(fed, public=replace(public, x=public.x.to(device), y=public.y.to(device)))
     topo_cfg = cfg.federation
     topology = Topology.build(topo_cfg.num_clients, topo_cfg.num_edges, topo_cfg.edge_sizes)
     model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)

@@ -430,7 +430,9 @@ def run_experiment(
     cfg, algo, ledger, ctx = exp.cfg, exp.algorithm, exp.ctx.ledger, exp.ctx
     show = cfg.progress if progress is None else progress
     config = config_to_dict(cfg)
-    state = algo.init_state(exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET))
+    # The initial parameters on the run's device: init_state keeps them where they are given.
+    init = exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET).to(exp.ctx.device)
+    state = algo.init_state(init)
     restored: Snapshot | None = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

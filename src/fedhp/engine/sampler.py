@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 MAX_KEYS = 1 << 24
 """Above this many random keys per draw (``total * max_count``), :meth:`BatchSampler.draw` draws
 without a key per sample (:meth:`BatchSampler._partial_shuffle`)."""
