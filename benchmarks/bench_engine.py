@@ -19,9 +19,22 @@ steps for 10 clients, batch 20, on random inputs of their datasets' shape (1x28x
 values); their line adds ``vmap_all_s``, all clients in one vmap, beside the engine's choice
 (``chunk`` clients at a time, see ``fedhp.engine.ops.client_chunk``).
 
+Then one line per method for whole rounds of the runner (``--rounds``, issue 15): a FedAvg round
+of 100 local steps, a sFedHP round (R = 20 local rounds of K = 5 steps) and a pFedMe round
+(R = 20, K = 5), i.e. 100 gradient steps per client each, MNIST Setting 1, DNN 784-100-10, 20
+clients, every run's defaults otherwise. A round is timed as the runner's ``seconds_per_round``
+counts it with ``eval_every=1``: ``run_round``, the ledger's round close and the runner's
+evaluation (``evaluate_state``: global and, for the personalized methods, personalized models,
+on test and train). The methods' rounds are interleaved, each continuing its own run;
+``s_per_round`` is the median, split into ``train_s`` and ``eval_s`` (medians of their own), and
+``ratio_to_fedavg`` divides it by the FedAvg round's median of the same run.
+
 Usage: python benchmarks/bench_engine.py [--threads N] [--repeats R] [--steps S] [--models ...]
+  [--rounds METHOD ...] [--round-repeats N]
 Output: one line per model,
   bench <model> vectorized_s=… reference_s=… speedup=… train_gflops=… peak_gflops=…
+then one line per method of ``--rounds`` (default fedavg sfedhp pfedme; none: ``--rounds``),
+  bench round <method> s_per_round=… ratio_to_fedavg=… threads=… train_s=… eval_s=…
 """
 
 from __future__ import annotations
@@ -33,9 +46,10 @@ import time
 import torch
 
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
+from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment, build_experiment
 from fedhp.engine.ops import _sgd_loop, client_chunk, sgd_steps, weighted_mean
 from fedhp.engine.reference import reference_fedavg_round, reference_local_sgd
+from fedhp.engine.runner import evaluate_state
 from fedhp.models import MODELS as ZOO
 from fedhp.models.base import BatchedModel
 
@@ -85,7 +99,8 @@ def bench_model(name: str, steps: int, repeats: int, peak_before: float) -> str:
         return reference_fedavg_round(model, w0, batches, 0.05, weights)
 
     drift = (vectorized() - reference()).abs().max().item()  # also warms both paths up
-    vec_times, ref_times = [], []
+    vec_times: list[float] = []
+    ref_times: list[float] = []
     model.trained_samples = 0
     for _ in range(repeats):
         for fn, times in ((reference, ref_times), (vectorized, vec_times)):
@@ -166,6 +181,72 @@ def bench_conv(name: str, repeats: int, peak_before: float) -> str:
     )
 
 
+# method -> its overrides: 100 gradient steps per client per round each (MNIST Setting 1,
+# DNN 784-100-10, 20 clients: the defaults)
+ROUND_METHODS: dict[str, list[str]] = {
+    "fedavg": ["algorithm.name=fedavg", "algorithm.local_steps=100"],
+    "sfedhp": ["algorithm.name=sfedhp", "algorithm.R=20", "algorithm.K=5"],
+    "pfedme": ["algorithm.name=pfedme", "algorithm.R=20", "algorithm.K=5"],
+}
+
+
+class RoundTimer:
+    """One method's run, a round at a time: ``run_round``, the ledger's round close and the
+    runner's evaluation, as ``seconds_per_round`` counts a round under ``eval_every=1``."""
+
+    def __init__(self, method: str) -> None:
+        self.exp: Experiment = build_experiment(
+            resolve_config(None, ["progress=false", "checkpoint_every=0", *ROUND_METHODS[method]])
+        )
+        seed = self.exp.cfg.seed + MODEL_SEED_OFFSET
+        self.state = self.exp.algorithm.init_state(self.exp.model.init_params(seed))
+        self.rnd = 0
+        self.train_s: list[float] = []
+        self.eval_s: list[float] = []
+        self.grad_evals = self.exp.options.gradient_evaluations()
+
+    def round(self) -> None:
+        """Run and evaluate the next round, keeping its two timings."""
+        exp = self.exp
+        start = time.perf_counter()
+        exp.ctx.begin_round(self.rnd)
+        exp.algorithm.run_round(self.state, self.rnd)
+        exp.ctx.ledger.end_round()
+        trained = time.perf_counter()
+        evaluate_state(exp, self.state)
+        self.eval_s.append(time.perf_counter() - trained)
+        self.train_s.append(trained - start)
+        self.rnd += 1
+
+    @property
+    def seconds(self) -> float:
+        """The median round, evaluation included."""
+        return statistics.median(t + e for t, e in zip(self.train_s, self.eval_s, strict=True))
+
+
+def bench_rounds(methods: list[str], repeats: int) -> list[str]:
+    """``repeats`` interleaved rounds of each method (after one warm-up round each); FedAvg's
+    round is always timed, as the ratios' denominator."""
+    names = ["fedavg", *(m for m in methods if m != "fedavg")]
+    timers = {name: RoundTimer(name) for name in names}
+    for timer in timers.values():  # warm-up
+        timer.round()
+        timer.train_s.clear()
+        timer.eval_s.clear()
+    for _ in range(repeats):
+        for timer in timers.values():
+            timer.round()
+    base = timers["fedavg"].seconds
+    return [
+        f"bench round {name} s_per_round={timers[name].seconds:.4f} "
+        f"ratio_to_fedavg={timers[name].seconds / base:.2f} threads={torch.get_num_threads()} "
+        f"train_s={statistics.median(timers[name].train_s):.4f} "
+        f"eval_s={statistics.median(timers[name].eval_s):.4f} "
+        f"grad_evals={timers[name].grad_evals}"
+        for name in methods
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
@@ -173,6 +254,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--models", nargs="*", default=[*MODELS, *CONV_MODELS])
     parser.add_argument("--conv-repeats", type=int, default=1, help="repeats of the conv models")
+    parser.add_argument(
+        "--rounds",
+        nargs="*",
+        default=list(ROUND_METHODS),
+        choices=list(ROUND_METHODS),
+        help="methods whose whole rounds are timed against FedAvg's (none: skip)",
+    )
+    parser.add_argument("--round-repeats", type=int, default=9, help="timed rounds per method")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -189,6 +278,9 @@ def main() -> None:
         else:
             line = bench_model(name, args.steps, args.repeats, matmul_peak_gflops())
         print(line, flush=True)
+    if args.rounds:
+        for line in bench_rounds(args.rounds, args.round_repeats):
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,25 @@
-"""sFedHP: one round against an independent per-client hand computation, the smooth l1 penalty,
-the sparsity schedule, communication accounting and an end-to-end smoke run."""
+"""sFedHP: one round against an independent per-client hand computation, the fused round
+against the straightforward vectorized formula (bit for bit), the smooth l1 penalty, the
+sparsity schedule, communication accounting and an end-to-end smoke run."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from fedhp.algorithms.base import Task, Update
 from fedhp.algorithms.penalties import smooth_l1, smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp import SFedHP, SFedHPOptions
+from fedhp.comm import count_nonzero
 from fedhp.config import resolve_config
 from fedhp.engine.build import build_experiment
 from fedhp.engine.faults import RoundFaults
+from fedhp.engine.ops import batched_loss_grad, segment_mean
 from fedhp.engine.runner import run_experiment
+from fedhp.topology import Topology
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context
 
 OPTS = dict(lam1=2.0, lam2=3.0, K=3, R=2, lr=0.1, global_lr=0.2, beta=0.7, rho=0.5)
@@ -299,3 +305,134 @@ def test_straggler_is_billed_every_edge_message_it_received() -> None:
         assert nodes[mate]["messages_up"] == r
         assert nodes[1]["bytes_down"] == nodes[mate]["bytes_down"]
         assert nodes[1]["nnz_down"] == nodes[mate]["nnz_down"]
+
+
+def unfused_train(algo: SFedHP, state: dict[str, torch.Tensor], task: Task) -> Update:
+    """``SFedHP.train`` before issue 15 (fedhp 38d7633), verbatim but for ``self``: the
+    straightforward vectorized formula, one new tensor per op, the edge rows gathered per
+    client, every message batch recorded as it is sent."""
+    ctx, opt = algo.ctx, algo.options
+    eps = ctx.zero_threshold
+    lam1, lam2, rho, lr = opt.lam1_value, opt.lam2_value, opt.rho, opt.lr
+    gamma1, gamma2 = task.scalars["gamma1"], task.scalars["gamma2"]
+    clients, edges, agg = task.clients, task.edges, task.up_edges
+    assert edges is not None and agg is not None
+    seg = ctx.edge_positions(clients, edges)
+    ids = ctx.global_clients(clients)
+    stragglers = task.stragglers if task.stragglers is not None else clients[:0]
+    recv_seg = torch.cat((seg, ctx.edge_positions(stragglers, edges)))
+    recv_ids = torch.cat((ids, ctx.global_clients(stragglers)))
+    weights = ctx.client_weights(clients)
+    n = len(edges)
+    sent_w = task.broadcast["global"].expand(n, -1)
+    w_edge, phi_edge = sent_w.clone(), sent_w.clone()
+    theta = state["theta"][clients]
+    draw = ctx.batches(clients, opt.batch_size)
+    losses = []
+    for r in range(opt.R):
+        phi_sent, w_sent = truncate(phi_edge, eps), truncate(w_edge, eps)
+        for sent in (phi_sent, w_sent):
+            nnz = count_nonzero(sent, eps)[recv_seg]
+            ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=recv_ids)
+        phi_recv, w_recv = phi_sent[seg], w_sent[seg]
+        if opt.theta_init == "reset" or (opt.theta_init == "round" and r == 0):
+            theta = phi_recv.clone()
+        x, y = draw()
+        theta = theta.clone()
+        velocity = torch.zeros_like(theta) if opt.inner == "nesterov" else None
+        for _ in range(opt.K):
+            loss, grad = batched_loss_grad(ctx.model, theta, x, y)
+            if gamma1 > 0:
+                grad.add_(smooth_l1_grad(theta, rho), alpha=gamma1)
+            if velocity is None:
+                theta.lerp_(phi_recv, lr * lam1).add_(grad, alpha=-lr)
+            else:
+                grad.add_(theta - phi_recv, alpha=lam1)
+                velocity.mul_(opt.momentum).add_(grad)
+                theta.add_(grad.add(velocity, alpha=opt.momentum), alpha=-lr)
+        losses.append(loss)
+        phi_local = truncate(torch.lerp(w_recv, theta, lam1 / (lam1 + lam2)), eps)
+        ctx.ledger.record("client_edge", "up", phi_local, eps, nodes=ids)
+        phi_edge = segment_mean(phi_local, seg, weights, n)
+        step = (w_edge - phi_edge).mul_(lam2)
+        if gamma2 > 0:
+            step.add_(smooth_l1_grad(w_edge, rho), alpha=gamma2)
+        w_edge = w_edge.sub(step, alpha=opt.global_lr)
+    state["theta"][clients] = theta
+    state["edge"][edges] = w_edge
+    sent_up = truncate(w_edge[torch.searchsorted(edges, agg)], eps)
+    return Update(per_edge={"w": sent_up}, losses=torch.stack(losses))
+
+
+FUSED_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    # name: (context keywords, option keywords, client layout)
+    "plain, uneven edges": ({}, {}, "contiguous"),
+    "equal edges, sparse, reset": (
+        {"edge_sizes": (2, 2), "zero_threshold": 0.05},
+        {"gamma1": 0.05, "gamma2": 0.05, "theta_init": "reset"},
+        "contiguous",
+    ),
+    "nesterov, warm, weighted": (
+        {"n_train": (6, 3, 2, 6, 3), "weighting": "samples", "zero_threshold": 0.02},
+        {"inner": "nesterov", "theta_init": "warm", "gamma1": 0.05},
+        "contiguous",
+    ),
+    "clients not grouped by edge": ({"zero_threshold": 0.05}, {"gamma2": 0.05}, "interleaved"),
+    "lr lam1 = 1, theta restarts at the centre": (
+        {"zero_threshold": 0.02},
+        {"lam1": 10.0, "gamma1": 0.05},
+        "interleaved",
+    ),
+    "lr lam1 = 1, grouped": ({"edge_sizes": (2, 2)}, {"lam1": 10.0}, "contiguous"),
+    "stragglers, all edges train": (
+        {"edge_sizes": (2, 2, 2), "zero_threshold": 0.05},
+        {"all_edges_train": True, "gamma1": 0.05},
+        "faults",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_fused_round_is_the_unfused_formula_bit_for_bit(case: str) -> None:
+    """Two rounds of the fused ``train`` against the straightforward formula (``unfused_train``)
+    on identical contexts: the same state, uploads, losses and ledger, exactly (no tolerance;
+    ``torch.equal``, for which -0.0 == 0.0: see ``SFedHP.solve_theta`` on ``lr * lam1 = 1``)."""
+    ctx_kw, opt_kw, layout = FUSED_CASES[case]
+    runs = []
+    for _ in range(2):
+        ctx = tiny_context(**ctx_kw)
+        if layout == "interleaved":  # clients 0, 2, 4 on edge 0: rows must be gathered
+            ctx.topology = Topology(torch.tensor([0, 1, 0, 1, 0]), 2)
+        if layout == "faults":
+            ctx.edges_per_round = 2
+        algo = SFedHPOptions(**{**OPTS, **opt_kw}, batch_size=6).build(ctx)
+        assert isinstance(algo, SFedHP)
+        state = algo.init_state(init_params())
+        state["theta"] += 0.1 * torch.randn(
+            state["theta"].shape, generator=torch.Generator().manual_seed(5)
+        )
+        runs.append((ctx, algo, state))
+    for rnd in range(2):
+        results = []
+        for (ctx, algo, state), train in zip(runs, (SFedHP.train, unfused_train), strict=True):
+            if layout == "faults":
+                ctx.round_faults = RoundFaults(
+                    dropped=torch.tensor([False, False, False, False, True, False]),
+                    straggler=torch.tensor([False, True, False, False, False, False]),
+                    edge_failed=torch.tensor([False, False, False]),
+                )
+            task = algo.plan(state, rnd)
+            update = train(algo, state, task)
+            stats = algo.aggregate(state, task, update)
+            results.append((task, update, stats, ctx.ledger.state_dict()))
+        (task, fused, stats, ledger), (_, plain, plain_stats, plain_ledger) = results
+        if layout == "faults":
+            assert task.stragglers is not None and len(task.stragglers) == 1
+            assert task.up_edges is not None and len(task.up_edges) == 2
+        assert fused.losses is not None and plain.losses is not None
+        assert torch.equal(fused.losses, plain.losses)
+        assert torch.equal(fused.per_edge["w"], plain.per_edge["w"])
+        for key, value in runs[0][2].items():
+            assert torch.equal(value, runs[1][2][key]), key
+        assert stats == plain_stats
+        assert ledger == plain_ledger

@@ -26,6 +26,9 @@ def smooth_l1(x: torch.Tensor, rho: float) -> torch.Tensor:
     return rho * (z + torch.log1p(torch.exp(-2.0 * z)) - _LOG2).sum(-1)
 
 
-def smooth_l1_grad(x: torch.Tensor, rho: float) -> torch.Tensor:
-    """Gradient of :func:`smooth_l1`: ``tanh(x/rho)`` elementwise."""
-    return torch.tanh(x / rho)
+def smooth_l1_grad(x: torch.Tensor, rho: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Gradient of :func:`smooth_l1`: ``tanh(x/rho)`` elementwise (written into ``out``, a
+    tensor of ``x``'s shape, if given: no temporaries)."""
+    if out is None:
+        return torch.tanh(x / rho)
+    return torch.div(x, rho, out=out).tanh_()

@@ -29,6 +29,7 @@ from fedhp.algorithms.base import (
     theta_init_field,
 )
 from fedhp.engine.context import RunContext
+from fedhp.engine.fused import send_rows
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
 
 
@@ -48,23 +49,28 @@ class PFedMe(Algorithm):
         return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
+        """The R local rounds in place on two ``[C, P]`` buffers (``theta``, ``w_loc``): per
+        step the prox pull towards ``w_loc`` and the gradient step, per local round the
+        ``w_loc`` step; no copies and no host syncs inside the loop."""
         ctx, opt = self.ctx, self.options
         clients = task.clients
         received = task.broadcast["global"].expand(len(clients), -1)
         local = received.clone()
-        theta = state["theta"][clients].clone() if opt.theta_init == "warm" else received.clone()
+        # (advanced indexing already copies the state's rows)
+        theta = state["theta"][clients] if opt.theta_init == "warm" else received.clone()
         draw = ctx.batches(clients, opt.batch_size)
+        pull, plr = opt.personal_lr * opt.lam, opt.personal_lr
         losses = []
-        for _ in range(opt.R):
-            if opt.theta_init == "reset":
-                theta = received.clone()
+        for r in range(opt.R):
+            if opt.theta_init == "reset" and r > 0:  # (round 0 starts from it already)
+                theta.copy_(received)
             x, y = draw()
             for _ in range(opt.K):
                 loss, grad = batched_loss_grad(ctx.model, theta, x, y)
                 if opt.l2 > 0:
                     grad.add_(theta, alpha=opt.l2)
                 # theta - plr (grad + lam (theta - local)), fused: no temporaries.
-                theta.lerp_(local, opt.personal_lr * opt.lam).add_(grad, alpha=-opt.personal_lr)
+                theta.lerp_(local, pull).add_(grad, alpha=-plr)
             losses.append(loss)
             local.lerp_(theta, opt.lr * opt.lam)  # local - lr lam (local - theta)
         state["theta"][clients] = theta
@@ -74,7 +80,7 @@ class PFedMe(Algorithm):
         ctx, opt = self.ctx, self.options
         clients = task.clients
         assert update.losses is not None
-        local = ctx.send("client_cloud", "up", update.per_client["local"], clients)
+        local = send_rows(ctx, "client_cloud", "up", update.per_client["local"], clients)
         mean = weighted_mean(local, ctx.client_weights(clients))
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
         return {"local_loss": mean_group_loss(update.losses, opt.R)}

@@ -14,6 +14,7 @@ as 0) and the receiver uses the truncated values.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import pydantic
@@ -34,7 +35,8 @@ from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss, segment_mean, weighted_mean
+from fedhp.engine.fused import EdgeRows, Received, count_sent, truncate_
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
 
 
 class SFedHP(Algorithm):
@@ -75,31 +77,43 @@ class SFedHP(Algorithm):
     def solve_theta(
         self,
         theta: torch.Tensor,
-        center: torch.Tensor,
+        center: Received,
         x: torch.Tensor,
         y: torch.Tensor,
         gamma1: float,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K steps on ``l(theta; x, y) + gamma1 phi_rho(theta) + lam1/2 ||theta - center||^2``.
+        scratch: torch.Tensor,
+    ) -> torch.Tensor:
+        """K steps, in place on ``theta [C, P]``, on
+        ``l(theta; x, y) + gamma1 phi_rho(theta) + lam1/2 ||theta - center||^2`` where ``center``
+        is each client's received ``phi_i`` (read from the edge rows, not copied per client);
+        ``scratch [C, P]`` is overwritten. Returns the data loss at the last step's start point.
 
-        Returns the new ``theta`` and the data loss at the last step's start point."""
+        Where ``lr * lam1 == 1`` the step is ``center - lr grad``, one pass: the values of the
+        lerp then the step, bit for bit, but for the sign of a zero (``lerp(theta, c, 1)`` may
+        turn a centre entry of -0.0 into +0.0) and for entries where theta is not finite."""
         opt = self.options
-        lam1, rho, lr = opt.lam1_value, opt.rho, opt.lr
-        theta = theta.clone()
+        lam1, lr = opt.lam1_value, opt.lr
         velocity = torch.zeros_like(theta) if opt.inner == "nesterov" else None
         loss = torch.zeros(theta.shape[0], device=theta.device)
         for _ in range(opt.K):
             loss, grad = batched_loss_grad(self.ctx.model, theta, x, y)
             if gamma1 > 0:
-                grad.add_(smooth_l1_grad(theta, rho), alpha=gamma1)
-            if velocity is None:
-                # theta - lr (grad + lam1 (theta - center)), fused: no temporaries.
-                theta.lerp_(center, lr * lam1).add_(grad, alpha=-lr)
+                grad.add_(smooth_l1_grad(theta, opt.rho, out=scratch), alpha=gamma1)
+            if velocity is None and lr * lam1 == 1.0:
+                # theta - lr (grad + lam1 (theta - center)) = center - lr grad: the pull lands
+                # on the centre (the paper's lr = 0.05, lam1 = 20), so one pass does the step.
+                step = grad.contiguous()  # (split like theta: a no-op for the zoo's models)
+                center.apply(lambda c, th, g: torch.add(c, g, alpha=-lr, out=th), theta, step)
+            elif velocity is None:
+                # the same, in general: a lerp towards the centre, then the gradient step.
+                center.apply(lambda c, th: th.lerp_(c, lr * lam1), theta)
+                theta.add_(grad, alpha=-lr)
             else:  # PyTorch's Nesterov SGD form, momentum reset every local round
-                grad.add_(theta - center, alpha=lam1)
+                center.apply(lambda c, th, out: torch.sub(th, c, out=out), theta, scratch)
+                grad.add_(scratch, alpha=lam1)
                 velocity.mul_(opt.momentum).add_(grad)
-                theta.add_(grad.add(velocity, alpha=opt.momentum), alpha=-lr)
-        return theta, loss
+                theta.add_(grad.add_(velocity, alpha=opt.momentum), alpha=-lr)
+        return loss
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
@@ -111,7 +125,8 @@ class SFedHP(Algorithm):
             edges = torch.arange(ctx.topology.num_edges, device=ctx.device)
         clients, _ = ctx.clients_of_edges(edges)
         w = truncate(state["global"], eps)
-        ctx.ledger.record("edge_cloud", "down", w.expand(len(edges), -1), eps, nodes=edges)
+        nnz = count_nonzero(w, eps).expand(len(edges))  # one model to every edge: count once
+        ctx.ledger.record_counts("edge_cloud", "down", nnz, w.shape[-1], nodes=edges)
         scalars = {"gamma1": float(state["gamma1"]), "gamma2": float(state["gamma2"])}
         return Task(
             clients,
@@ -123,49 +138,30 @@ class SFedHP(Algorithm):
         )
 
     def train(self, state: State, task: Task) -> Update:
+        """The R local rounds of every training edge and its clients, fused: buffers allocated
+        once per round, the edges' models read in place by their clients (not copied into every
+        client row), the uploads mixed, truncated, counted and averaged edge by edge in a
+        cache-sized buffer, and the messages counted on the device and billed once at the end,
+        so the loop never waits on the host. Computes exactly what the per-message formulas in
+        the module docstring give (up to the sign of a zero, see :meth:`solve_theta`)."""
         ctx, opt = self.ctx, self.options
-        eps = ctx.zero_threshold
-        lam1, lam2 = opt.lam1_value, opt.lam2_value
-        gamma1, gamma2 = task.scalars["gamma1"], task.scalars["gamma2"]
-        clients, edges, agg = task.clients, task.edges, task.up_edges
+        edges, agg = task.edges, task.up_edges
         assert edges is not None and agg is not None
-        seg = ctx.edge_positions(clients, edges)
-        ids = ctx.global_clients(clients)
-        # Who receives the edge's broadcasts: the clients, and the stragglers (they never reply).
-        stragglers = task.stragglers if task.stragglers is not None else clients[:0]
-        recv_seg = torch.cat((seg, ctx.edge_positions(stragglers, edges)))
-        recv_ids = torch.cat((ids, ctx.global_clients(stragglers)))
-        weights = ctx.client_weights(clients)
-        n = len(edges)
-        sent_w = task.broadcast["global"].expand(n, -1)
-        w_edge = sent_w.clone()
-        phi_edge = sent_w.clone()
-        theta = state["theta"][clients]
-        draw = ctx.batches(clients, opt.batch_size)
+        run = _EdgeRound.start(self, state, task)
+        draw = ctx.batches(task.clients, opt.batch_size)
         losses = []
         for r in range(opt.R):
-            # Edge -> clients: the edge personalized model (prox centre) and the edge global model.
-            phi_sent, w_sent = truncate(phi_edge, eps), truncate(w_edge, eps)
-            for sent in (phi_sent, w_sent):  # one broadcast per edge: count once, bill per client
-                nnz = count_nonzero(sent, eps)[recv_seg]
-                ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=recv_ids)
-            phi_recv, w_recv = phi_sent[seg], w_sent[seg]
+            phi_recv, w_sent = run.send_down(r)
             if opt.theta_init == "reset" or (opt.theta_init == "round" and r == 0):
-                theta = phi_recv.clone()  # the received model: the edge's phi_i (w at r = 0)
+                phi_recv.spread(run.theta)  # the received model: the edge's phi_i (w at r = 0)
             x, y = draw()
-            theta, loss = self.solve_theta(theta, phi_recv, x, y, gamma1)
-            losses.append(loss)
-            # (lam1 theta + lam2 w_i) / (lam1 + lam2), as one lerp.
-            phi_local = truncate(torch.lerp(w_recv, theta, lam1 / (lam1 + lam2)), eps)
-            ctx.ledger.record("client_edge", "up", phi_local, eps, nodes=ids)
-            phi_edge = segment_mean(phi_local, seg, weights, n)
-            step = (w_edge - phi_edge).mul_(lam2)
-            if gamma2 > 0:
-                step.add_(smooth_l1_grad(w_edge, opt.rho), alpha=gamma2)
-            w_edge = w_edge.sub(step, alpha=opt.global_lr)
-        state["theta"][clients] = theta
-        state["edge"][edges] = w_edge
-        sent_up = truncate(w_edge[torch.searchsorted(edges, agg)], eps)
+            losses.append(self.solve_theta(run.theta, phi_recv, x, y, run.gamma1, run.scratch))
+            run.send_up(w_sent, r)
+            run.edge_step()
+        run.bill()
+        state["theta"][task.clients] = run.theta
+        state["edge"][edges] = run.w_edge
+        sent_up = truncate(run.w_edge[torch.searchsorted(edges, agg)], ctx.zero_threshold)
         return Update(per_edge={"w": sent_up}, losses=torch.stack(losses))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
@@ -197,6 +193,157 @@ class SFedHP(Algorithm):
             "gamma1": float(state["gamma1"]),
             "gamma2": float(state["gamma2"]),
         }
+
+
+@dataclass
+class _EdgeRound:
+    """One global round's edge and client state below the cloud, in buffers reused by every
+    local round: the clients' ``theta [C, P]``, the edges' ``phi_i`` and ``w_i`` ``[n, P]``
+    (``w_sent``: ``w_i`` as sent, truncated), ``mix`` for the uploads of one edge at a time (all
+    clients where they are not grouped by edge), scratch space, and the round's message counts
+    (``down_counts [R, 2, n]``: ``phi_i``, ``w_i`` per edge; ``up_counts [R, C]``)."""
+
+    algo: SFedHP
+    rows: EdgeRows
+    gamma1: float
+    gamma2: float
+    theta: torch.Tensor
+    mix: torch.Tensor
+    scratch: torch.Tensor
+    center: torch.Tensor  # [C, P] where the clients' rows must be gathered, else empty
+    phi_edge: torch.Tensor
+    w_edge: torch.Tensor
+    w_sent: torch.Tensor
+    step: torch.Tensor
+    edge_scratch: torch.Tensor
+    weights: torch.Tensor | None  # [C, 1] upload weights; None: all 1
+    denominator: torch.Tensor  # [n, 1] the edges' total weights (clamped)
+    firsts: torch.Tensor  # zeros: index_add_'s index summing rows into one edge row
+    down_counts: torch.Tensor
+    up_counts: torch.Tensor
+    ids: torch.Tensor
+    recv_seg: torch.Tensor
+    recv_ids: torch.Tensor
+
+    @classmethod
+    def start(cls, algo: SFedHP, state: State, task: Task) -> _EdgeRound:
+        """Buffers and bookkeeping for the round of ``task``: every edge starts from
+        ``phi_i = w_i = w`` as sent, theta from the state where it starts warm."""
+        ctx, opt = algo.ctx, algo.options
+        clients, edges = task.clients, task.edges
+        assert edges is not None
+        seg = ctx.edge_positions(clients, edges)
+        ids = ctx.global_clients(clients)
+        # Who receives the edge's broadcasts: the clients, and the stragglers (they never reply).
+        stragglers = task.stragglers if task.stragglers is not None else clients[:0]
+        n, c = len(edges), len(clients)
+        sent_w = task.broadcast["global"].expand(n, -1)
+        p, dtype = sent_w.shape[1], sent_w.dtype
+        rows = EdgeRows.of(seg, n)
+        group = c if rows.runs is None else max((b - a for a, b, _ in rows.runs), default=0)
+        weights = ctx.client_weights(clients).to(dtype)
+        totals = torch.zeros(n, dtype=dtype, device=sent_w.device).index_add_(0, seg, weights)
+        uniform = bool((weights == 1).all())  # (segment_mean's product by 1 changes nothing)
+        w_edge = sent_w.clone()
+        warm = opt.theta_init == "warm"  # else theta starts from the first phi_i received
+        return cls(
+            algo=algo,
+            rows=rows,
+            gamma1=task.scalars["gamma1"],
+            gamma2=task.scalars["gamma2"],
+            theta=state["theta"][clients] if warm else sent_w.new_empty(c, p),
+            mix=sent_w.new_empty(group, p),
+            scratch=sent_w.new_empty(c, p),
+            center=sent_w.new_empty(c if rows.runs is None else 0, p),
+            phi_edge=sent_w.clone(),
+            w_edge=w_edge,
+            w_sent=w_edge if ctx.zero_threshold <= 0 else torch.empty_like(w_edge),
+            step=torch.empty_like(w_edge),
+            edge_scratch=torch.empty_like(w_edge),
+            weights=None if uniform else weights.unsqueeze(1),
+            denominator=totals.clamp(min=torch.finfo(dtype).tiny).unsqueeze(1),
+            firsts=torch.zeros(group, dtype=torch.long, device=sent_w.device),
+            down_counts=sent_w.new_empty(opt.R, 2, n),
+            up_counts=sent_w.new_empty(opt.R, c),
+            ids=ids,
+            recv_seg=torch.cat((seg, ctx.edge_positions(stragglers, edges))),
+            recv_ids=torch.cat((ids, ctx.global_clients(stragglers))),
+        )
+
+    @property
+    def eps(self) -> float:
+        return self.algo.ctx.zero_threshold
+
+    def send_down(self, r: int) -> tuple[Received, torch.Tensor]:
+        """Edges -> clients in local round ``r``: ``phi_i`` (the prox centre) and ``w_i``,
+        truncated (``phi_i`` in place: its untruncated value is not read again) and counted once
+        per edge. Returns ``phi_i`` as the clients receive it, and ``w_i`` as sent."""
+        eps = self.eps
+        phi_sent = truncate_(self.phi_edge, eps)
+        w_sent = self.w_sent if eps <= 0 else truncate_(self.w_edge, eps, out=self.w_sent)
+        count_sent(phi_sent, eps, self.edge_scratch, out=self.down_counts[r, 0])
+        count_sent(w_sent, eps, self.edge_scratch, out=self.down_counts[r, 1])
+        return self.rows.receive(phi_sent, self.center), w_sent
+
+    def send_up(self, w_sent: torch.Tensor, r: int) -> None:
+        """Clients -> edges in local round ``r``: ``phi_ij = (lam1 theta + lam2 w_i) / (lam1 +
+        lam2)`` (one lerp), truncated and counted, averaged into the edges' ``phi_i``
+        (segment_mean's sums: each edge's rows added in client order)."""
+        if self.rows.runs is None:
+            self._send_up_gathered(w_sent, r)
+            return
+        eps, phi = self.eps, self.phi_edge.zero_()
+        for a, b, e in self.rows.runs:
+            part = self.mix[: b - a]
+            torch.lerp(w_sent[e], self.theta[a:b], self.mix_weight, out=part)
+            truncate_(part, eps)
+            if self.weights is None:  # count last, on the values themselves
+                phi[e : e + 1].index_add_(0, self.firsts[: b - a], part)
+                count_sent(part, eps, part, out=self.up_counts[r, a:b])
+            else:
+                count_sent(part, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
+                phi[e : e + 1].index_add_(0, self.firsts[: b - a], part.mul_(self.weights[a:b]))
+        phi.div_(self.denominator)
+
+    def _send_up_gathered(self, w_sent: torch.Tensor, r: int) -> None:
+        """:meth:`send_up` for clients not grouped by edge: all clients at once, on their
+        gathered ``w_i`` rows."""
+        eps, mix = self.eps, self.mix
+        w_recv = self.rows.receive(w_sent, mix)  # the clients' w_i rows, gathered into mix
+        torch.lerp(w_recv.edge_rows, self.theta, self.mix_weight, out=mix)
+        truncate_(mix, eps)
+        count_sent(mix, eps, self.scratch, out=self.up_counts[r])
+        if self.weights is not None:
+            mix.mul_(self.weights)
+        self.phi_edge.zero_().index_add_(0, self.rows.seg, mix).div_(self.denominator)
+
+    @property
+    def mix_weight(self) -> float:
+        """``lam1 / (lam1 + lam2)``: the upload ``(lam1 theta + lam2 w_i) / (lam1 + lam2)`` as a
+        lerp from ``w_i`` towards ``theta``."""
+        opt = self.algo.options
+        return opt.lam1_value / (opt.lam1_value + opt.lam2_value)
+
+    def edge_step(self) -> None:
+        """``w_i <- w_i - eta1 [lam2 (w_i - phi_i) + gamma2 tanh(w_i / rho)]``, in place."""
+        opt = self.algo.options
+        step = torch.sub(self.w_edge, self.phi_edge, out=self.step).mul_(opt.lam2_value)
+        if self.gamma2 > 0:
+            tanh = smooth_l1_grad(self.w_edge, opt.rho, out=self.edge_scratch)
+            step.add_(tanh, alpha=self.gamma2)
+        self.w_edge.sub_(step, alpha=opt.global_lr)
+
+    def bill(self) -> None:
+        """Record the round's client-edge messages: each edge's two broadcasts per local round,
+        billed to each receiver (its clients and stragglers), and each client's upload. One
+        ledger call per direction gives the totals of one call per message batch (the ledger
+        sums integers)."""
+        ledger, p = self.algo.ctx.ledger, self.theta.shape[1]
+        down = self.down_counts[:, :, self.recv_seg]  # [R, 2, receivers]
+        nodes = self.recv_ids.expand_as(down)
+        ledger.record_counts("client_edge", "down", down.to(torch.int64), p, nodes=nodes)
+        up, ids = self.up_counts, self.ids.expand_as(self.up_counts)
+        ledger.record_counts("client_edge", "up", up.to(torch.int64), p, nodes=ids)
 
 
 @ALGORITHMS.register("sfedhp")

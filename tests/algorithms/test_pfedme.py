@@ -1,0 +1,82 @@
+"""pFedMe's in-place round against the straightforward formula, bit for bit (the hand
+computation and the smoke runs are in ``test_personalized.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhp.algorithms.base import Task, Update
+from fedhp.algorithms.pfedme import PFedMe, PFedMeOptions
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
+from tests.algorithms.tiny import init_params, tiny_context
+
+
+def unfused_round(algo: PFedMe, state: dict[str, torch.Tensor], task: Task) -> dict[str, float]:
+    """``PFedMe.train`` then ``aggregate`` before issue 15 (fedhp 38d7633), verbatim but for
+    ``self``: fresh copies, and the upload sent with ``RunContext.send``."""
+    ctx, opt = algo.ctx, algo.options
+    clients = task.clients
+    received = task.broadcast["global"].expand(len(clients), -1)
+    local = received.clone()
+    theta = state["theta"][clients].clone() if opt.theta_init == "warm" else received.clone()
+    draw = ctx.batches(clients, opt.batch_size)
+    losses = []
+    for _ in range(opt.R):
+        if opt.theta_init == "reset":
+            theta = received.clone()
+        x, y = draw()
+        for _ in range(opt.K):
+            loss, grad = batched_loss_grad(ctx.model, theta, x, y)
+            if opt.l2 > 0:
+                grad.add_(theta, alpha=opt.l2)
+            theta.lerp_(local, opt.personal_lr * opt.lam).add_(grad, alpha=-opt.personal_lr)
+        losses.append(loss)
+        local.lerp_(theta, opt.lr * opt.lam)
+    state["theta"][clients] = theta
+    update = Update(per_client={"local": local}, losses=torch.stack(losses))
+    sent = ctx.send("client_cloud", "up", update.per_client["local"], clients)
+    mean = weighted_mean(sent, ctx.client_weights(clients))
+    state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
+    assert update.losses is not None
+    return {"local_loss": mean_group_loss(update.losses, opt.R)}
+
+
+@pytest.mark.parametrize(
+    ("theta_init", "eps", "l2", "fraction"),
+    [("round", 0.0, 0.0, 1.0), ("reset", 0.05, 0.01, 1.0), ("warm", 0.02, 0.0, 0.6)],
+)
+def test_round_is_the_unfused_formula_bit_for_bit(
+    theta_init: str, eps: float, l2: float, fraction: float
+) -> None:
+    """Two rounds on identical contexts: the same state, statistics and ledger, exactly."""
+    opt = PFedMeOptions(
+        lam=3.0,
+        K=3,
+        R=3,
+        personal_lr=0.1,
+        lr=0.2,
+        beta=0.8,
+        batch_size=4,
+        l2=l2,
+        theta_init=theta_init,
+    )
+    runs = []
+    for _ in range(2):
+        ctx = tiny_context(edge_sizes=(5,), zero_threshold=eps, weighting="samples")
+        ctx.client_fraction = fraction
+        algo = opt.build(ctx)
+        assert isinstance(algo, PFedMe)
+        state = algo.init_state(init_params())
+        state["theta"] += 0.1 * torch.randn(
+            state["theta"].shape, generator=torch.Generator().manual_seed(5)
+        )
+        runs.append((algo, state))
+    (algo, state), (plain_algo, plain_state) = runs
+    for rnd in range(2):
+        stats = algo.run_round(state, rnd)
+        plain_stats = unfused_round(plain_algo, plain_state, plain_algo.plan(plain_state, rnd))
+        assert stats == plain_stats
+        for key, value in state.items():
+            assert torch.equal(value, plain_state[key]), key
+        assert algo.ctx.ledger.state_dict() == plain_algo.ctx.ledger.state_dict()
