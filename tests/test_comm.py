@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fedhp.comm as comm
 from fedhp.comm import CommLedger, count_nonzero, decode_sparse, encode_sparse, message_cost
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, width=32)
@@ -248,10 +249,16 @@ def test_round_node_bytes_are_what_each_node_was_billed_this_round() -> None:
     assert ledger.round_node_bytes("client_cloud", "up", torch.tensor([4])).tolist() == [0.0]
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("rows", [1, 7, 300])
 @pytest.mark.parametrize("eps", [0.0, 0.3])
-def test_count_nonzero_row_by_row_or_at_once_agree(rows: int, eps: float) -> None:
-    """Few messages are counted one row at a time, many with one reduction: the same counts."""
+def test_count_nonzero_float_sum_and_reduction_agree(
+    rows: int, eps: float, wide: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Float sums of 0/1 marks, or (rows too wide for them) PyTorch's per-row count: the same
+    counts as counting by hand."""
+    if wide:
+        monkeypatch.setattr(comm, "EXACT_FLOAT_COUNT", 50)
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 50, generator=g)
     x[x.abs() < 0.5] = 0.0

@@ -17,9 +17,6 @@ import torch
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 
-EXACT_FLOAT_COUNT = 1 << 24
-"""Row widths below this are counted in float32, whose sums of 0/1 are exact up to 2**24."""
-
 
 def truncate_(
     x: torch.Tensor, zero_threshold: float, out: torch.Tensor | None = None
@@ -46,16 +43,9 @@ def count_sent(
     ``out`` if given).
 
     ``scratch``: a float tensor of ``x``'s shape, overwritten (``x`` itself where its values are
-    no longer needed). Two vectorized passes instead of a bool tensor and an int64 reduction;
-    exact while ``P < 2**24`` (wider rows fall back to :func:`~fedhp.comm.count_nonzero`)."""
-    if x.shape[-1] >= EXACT_FLOAT_COUNT or not x.is_floating_point():
-        counts = count_nonzero(x, zero_threshold).to(torch.float32)
-        return counts if out is None else out.copy_(counts)
-    if zero_threshold <= 0:
-        marks = torch.ne(x, 0, out=scratch)
-    else:
-        marks = torch.abs(x, out=scratch).gt_(zero_threshold)
-    return marks.sum(-1) if out is None else torch.sum(marks, -1, out=out)
+    no longer needed); see :func:`~fedhp.comm.count_nonzero`."""
+    counts = count_nonzero(x, zero_threshold, scratch).to(torch.float32)
+    return counts if out is None else out.copy_(counts)
 
 
 Parts = list[tuple[torch.Tensor, ...]]
