@@ -219,8 +219,6 @@ def test_pfedme_theta_init_over_two_rounds(
 ) -> None:
     """``round`` (the default, pFedMe's reference code): a client's theta at the start of round
     t+1 is the global model sent in round t+1, not its theta from round t (``warm``)."""
-    import fedhp.algorithms.pfedme as pfedme
-
     ctx = tiny_context(edge_sizes=(4,))
     opt = PFedMeOptions(
         lam=3.0,
@@ -235,14 +233,14 @@ def test_pfedme_theta_init_over_two_rounds(
     algo = opt.build(ctx)
     state = algo.init_state(init_params())
     starts: list[torch.Tensor] = []  # theta at each round's first gradient
-    original = pfedme.batched_loss_grad
+    original = ctx.model.sgd_step  # the step pFedMe's theta takes (no l2)
 
-    def recording(model, theta, x, y):  # type: ignore[no-untyped-def]
+    def recording(theta, x, y, lr, before=None):  # type: ignore[no-untyped-def]
         if len(starts) < rounds_started:
             starts.append(theta.clone())
-        return original(model, theta, x, y)
+        return original(theta, x, y, lr, before)
 
-    monkeypatch.setattr(pfedme, "batched_loss_grad", recording)
+    monkeypatch.setattr(ctx.model, "sgd_step", recording)
     w, thetas = state["global"].clone(), list(state["theta"].clone())
     for rnd in range(2):
         sent, theta_before = state["global"].clone(), state["theta"].clone()

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fedhp.engine.ops as ops
 from fedhp.algorithms.base import Task, Update
 from fedhp.algorithms.pfedme import PFedMe, PFedMeOptions
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
+from fedhp.models.base import BatchedModel
+from fedhp.models.zoo import BatchedMLP
 from tests.algorithms.tiny import init_params, tiny_context
 
 
@@ -46,10 +49,22 @@ def unfused_round(algo: PFedMe, state: dict[str, torch.Tensor], task: Task) -> d
     ("theta_init", "eps", "l2", "fraction"),
     [("round", 0.0, 0.0, 1.0), ("reset", 0.05, 0.01, 1.0), ("warm", 0.02, 0.0, 0.6)],
 )
+@pytest.mark.parametrize("cache", [10**9, 60], ids=["one part", "parts of 2 clients"])
 def test_round_is_the_unfused_formula_bit_for_bit(
-    theta_init: str, eps: float, l2: float, fraction: float
+    theta_init: str,
+    eps: float,
+    l2: float,
+    fraction: float,
+    cache: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Two rounds on identical contexts: the same state, statistics and ledger, exactly."""
+    """Two rounds on identical contexts: the same state, statistics and ledger, exactly,
+    whether the clients fit one cache-sized part or run their local rounds in parts of two
+    (``theta`` and ``w_loc``: 2 x 15 floats each against a cache of ``cache``). The MLR takes
+    the reference step (gradient, then pull, then step): the MLPs' step inside the backward
+    pass rounds once less (tests/models: equal to 1e-6)."""
+    monkeypatch.setattr(ops, "CACHE_FLOATS", cache)
+    monkeypatch.setattr(BatchedMLP, "sgd_step", BatchedModel.sgd_step)
     opt = PFedMeOptions(
         lam=3.0,
         K=3,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+import fedhp.engine.ops as ops
 from fedhp.algorithms.base import Task, Update
 from fedhp.algorithms.penalties import smooth_l1, smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp import SFedHP, SFedHPOptions
@@ -19,6 +20,8 @@ from fedhp.engine.build import build_experiment
 from fedhp.engine.faults import RoundFaults
 from fedhp.engine.ops import batched_loss_grad, segment_mean
 from fedhp.engine.runner import run_experiment
+from fedhp.models.base import BatchedModel
+from fedhp.models.zoo import BatchedMLP
 from fedhp.topology import Topology
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context
 
@@ -95,22 +98,20 @@ def test_one_round_matches_hand_computation(gamma: float, eps: float, theta_init
 def test_theta_init_over_two_rounds(monkeypatch: pytest.MonkeyPatch, theta_init: str) -> None:
     """``round`` (the default): a client's theta at the start of round t+1 is the phi_i its edge
     sends first in round t+1 (the truncated global model), not its theta from round t."""
-    import fedhp.algorithms.sfedhp as sfedhp
-
     eps = 0.05
     ctx = tiny_context(edge_sizes=(3, 2), zero_threshold=eps)
     opt = SFedHPOptions(**OPTS, batch_size=6, theta_init=theta_init)  # type: ignore[arg-type]
     algo = opt.build(ctx)
     state = algo.init_state(init_params())
     starts: list[torch.Tensor] = []  # theta at each round's first gradient
-    original = sfedhp.batched_loss_grad
+    original = ctx.model.sgd_step  # the step sFedHP's plain prox steps take
 
-    def recording(model, theta, x, y):  # type: ignore[no-untyped-def]
+    def recording(theta, x, y, lr, before=None):  # type: ignore[no-untyped-def]
         if len(starts) < rounds_started:
             starts.append(theta.clone())
-        return original(model, theta, x, y)
+        return original(theta, x, y, lr, before)
 
-    monkeypatch.setattr(sfedhp, "batched_loss_grad", recording)
+    monkeypatch.setattr(ctx.model, "sgd_step", recording)
     w, thetas = state["global"].clone(), list(state["theta"].clone())
     for rnd in range(2):
         sent, theta_before = _tr(state["global"], eps), state["theta"].clone()
@@ -392,11 +393,20 @@ FUSED_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
 }
 
 
+@pytest.mark.parametrize("cache", [10**9, 30], ids=["one part", "parts of 2 clients"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
-def test_fused_round_is_the_unfused_formula_bit_for_bit(case: str) -> None:
+def test_fused_round_is_the_unfused_formula_bit_for_bit(
+    case: str, cache: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two rounds of the fused ``train`` against the straightforward formula (``unfused_train``)
     on identical contexts: the same state, uploads, losses and ledger, exactly (no tolerance;
-    ``torch.equal``, for which -0.0 == 0.0: see ``SFedHP.solve_theta`` on ``lr * lam1 = 1``)."""
+    ``torch.equal``, for which -0.0 == 0.0: see ``SFedHP.solve_theta`` on ``lr * lam1 = 1``),
+    whether the clients fit one cache-sized part or are trained in parts of two (the MLR's 15
+    parameters against a cache of ``cache`` floats; an edge's clients then span parts)."""
+    monkeypatch.setattr(ops, "CACHE_FLOATS", cache)
+    # The reference step (gradient, then the pull, then the step) for the MLR: the MLPs' own
+    # step inside the backward pass rounds once less (tests/models: equal to 1e-6).
+    monkeypatch.setattr(BatchedMLP, "sgd_step", BatchedModel.sgd_step)
     ctx_kw, opt_kw, layout = FUSED_CASES[case]
     runs = []
     for _ in range(2):

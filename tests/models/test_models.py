@@ -108,3 +108,28 @@ def test_sgd_step_is_loss_and_grad_then_a_step(cfg: dict[str, object]) -> None:
     torch.testing.assert_close(step_loss, loss)
     torch.testing.assert_close(stepped, flat - 0.5 * grad, atol=1e-6, rtol=1e-5)
     assert not torch.equal(stepped, flat)
+
+
+@pytest.mark.parametrize("cfg", [{"name": "dnn", "hidden": [64, 32]}, {"name": "cnn2"}])
+def test_sgd_step_applies_the_column_hook_before_each_parameters_step(
+    cfg: dict[str, object],
+) -> None:
+    """``before(lo, hi)`` sees every parameter's columns once, with the gradient taken at the
+    old values: a proximal pull inside the step is ``lerp(theta, c, a) - lr * grad(theta)``."""
+    model = MODELS.build(cfg, "model").build((1, 28, 28), 10)
+    g = torch.Generator().manual_seed(2)
+    flat = model.init_params(0).expand(2, -1).clone()
+    center = flat + 0.1 * torch.randn(flat.shape, generator=g)
+    x, y = torch.randn(2, 4, 1, 28, 28, generator=g), torch.randint(0, 10, (2, 4), generator=g)
+    _, grad = model.loss_and_grad(flat, x, y)
+    seen: list[tuple[int, int]] = []
+    stepped = flat.clone()
+
+    def pull(lo: int, hi: int) -> None:
+        seen.append((lo, hi))
+        stepped[:, lo:hi].lerp_(center[:, lo:hi], 0.3)
+
+    model.sgd_step(stepped, x, y, 0.5, pull)
+    assert sorted(seen) == [(s.offset, s.offset + s.numel) for s in model.layout.specs]
+    expected = torch.lerp(flat, center, 0.3) - 0.5 * grad
+    torch.testing.assert_close(stepped, expected, atol=1e-6, rtol=1e-5)

@@ -35,8 +35,9 @@ from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
+from fedhp.engine.federation import slice_rows
 from fedhp.engine.fused import EdgeRows, Received, count_sent, truncate_
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
+from fedhp.engine.ops import batched_loss_grad, client_chunk, mean_group_loss, weighted_mean
 
 
 class SFedHP(Algorithm):
@@ -93,6 +94,8 @@ class SFedHP(Algorithm):
         turn a centre entry of -0.0 into +0.0) and for entries where theta is not finite."""
         opt = self.options
         lam1, lr = opt.lam1_value, opt.lr
+        if opt.inner == "gd" and gamma1 == 0:
+            return self._prox_steps(theta, center, x, y)
         velocity = torch.zeros_like(theta) if opt.inner == "nesterov" else None
         loss = torch.zeros(theta.shape[0], device=theta.device)
         for _ in range(opt.K):
@@ -113,6 +116,25 @@ class SFedHP(Algorithm):
                 grad.add_(scratch, alpha=lam1)
                 velocity.mul_(opt.momentum).add_(grad)
                 theta.add_(grad.add_(velocity, alpha=opt.momentum), alpha=-lr)
+        return loss
+
+    def _prox_steps(
+        self, theta: torch.Tensor, center: Received, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`solve_theta` without a penalty or momentum: each step
+        ``theta <- lerp(theta, centre, lr lam1) - lr grad`` is the model's
+        :meth:`~fedhp.models.base.BatchedModel.sgd_step` with the pull applied to each layer's
+        columns inside it (one pass; the MLPs update inside their backward pass)."""
+        opt, model = self.options, self.ctx.model
+        lr, pull = opt.lr, opt.lr * opt.lam1_value
+
+        def towards_centre(lo: int, hi: int) -> None:
+            center.columns(lo, hi).apply(lambda c, th: th.lerp_(c, pull), theta[:, lo:hi])
+
+        loss = torch.zeros(theta.shape[0], device=theta.device)
+        for _ in range(opt.K):
+            model.count_trained(x)
+            loss = model.sgd_step(theta, x, y, lr, towards_centre)
         return loss
 
     def plan(self, state: State, rnd: int) -> Task:
@@ -149,14 +171,26 @@ class SFedHP(Algorithm):
         assert edges is not None and agg is not None
         run = _EdgeRound.start(self, state, task)
         draw = ctx.batches(task.clients, opt.batch_size)
+        start_theta = opt.theta_init == "reset"
         losses = []
         for r in range(opt.R):
-            phi_recv, w_sent = run.send_down(r)
-            if opt.theta_init == "reset" or (opt.theta_init == "round" and r == 0):
-                phi_recv.spread(run.theta)  # the received model: the edge's phi_i (w at r = 0)
+            phi_sent, w_sent = run.send_down(r)
             x, y = draw()
-            losses.append(self.solve_theta(run.theta, phi_recv, x, y, run.gamma1, run.scratch))
-            run.send_up(w_sent, r)
+            loss = torch.empty(len(task.clients), device=run.theta.device)
+            run.phi_sum.zero_()
+            for part in run.parts:  # cache-sized runs of clients, each in one pass
+                a, b = part.start, part.stop
+                theta = run.theta[a:b]
+                phi_recv = part.rows.receive(phi_sent, run.center[: b - a])
+                if start_theta or (opt.theta_init == "round" and r == 0):
+                    phi_recv.spread(theta)  # the received model: the edge's phi_i (w at r = 0)
+                batch = slice_rows(x, a, b), y[a:b]
+                loss[a:b] = self.solve_theta(
+                    theta, phi_recv, *batch, run.gamma1, run.scratch[: b - a]
+                )
+                run.send_up(part, w_sent, r)
+            losses.append(loss)
+            run.end_up()
             run.edge_step()
         run.bill()
         state["theta"][task.clients] = run.theta
@@ -195,23 +229,35 @@ class SFedHP(Algorithm):
         }
 
 
+@dataclass(frozen=True)
+class _Part:
+    """Clients ``start .. stop - 1`` of a round (a cache-sized run) and their edge layout."""
+
+    start: int
+    stop: int
+    rows: EdgeRows
+
+
 @dataclass
 class _EdgeRound:
     """One global round's edge and client state below the cloud, in buffers reused by every
     local round: the clients' ``theta [C, P]``, the edges' ``phi_i`` and ``w_i`` ``[n, P]``
-    (``w_sent``: ``w_i`` as sent, truncated), ``mix`` for the uploads of one edge at a time (all
-    clients where they are not grouped by edge), scratch space, and the round's message counts
-    (``down_counts [R, 2, n]``: ``phi_i``, ``w_i`` per edge; ``up_counts [R, C]``)."""
+    (``w_sent``: ``w_i`` as sent, truncated; ``phi_sum``: the uploads' weighted sums, the next
+    ``phi_i``), the clients in cache-sized ``parts`` (each trained K steps and uploaded in one
+    pass, so a part's rows stay in cache), ``mix`` for the uploads of one edge of a part at a
+    time, part-sized scratch space, and the round's message counts (``down_counts [R, 2, n]``:
+    ``phi_i``, ``w_i`` per edge; ``up_counts [R, C]``)."""
 
     algo: SFedHP
-    rows: EdgeRows
+    parts: list[_Part]
     gamma1: float
     gamma2: float
     theta: torch.Tensor
     mix: torch.Tensor
     scratch: torch.Tensor
-    center: torch.Tensor  # [C, P] where the clients' rows must be gathered, else empty
+    center: torch.Tensor  # [part, P] where a part's rows must be gathered, else empty
     phi_edge: torch.Tensor
+    phi_sum: torch.Tensor
     w_edge: torch.Tensor
     w_sent: torch.Tensor
     step: torch.Tensor
@@ -239,8 +285,15 @@ class _EdgeRound:
         n, c = len(edges), len(clients)
         sent_w = task.broadcast["global"].expand(n, -1)
         p, dtype = sent_w.shape[1], sent_w.dtype
-        rows = EdgeRows.of(seg, n)
-        group = c if rows.runs is None else max((b - a for a, b, _ in rows.runs), default=0)
+        chunk = client_chunk(p, c)
+        parts = [
+            _Part(a, min(a + chunk, c), EdgeRows.of(seg[a : a + chunk], n))
+            for a in range(0, c, chunk)
+        ]
+        size = max((part.stop - part.start for part in parts), default=0)
+        runs = [part.rows.runs for part in parts]
+        gathered = any(r is None for r in runs)
+        group = max((b - a for r in runs if r is not None for a, b, _ in r), default=0)
         weights = ctx.client_weights(clients).to(dtype)
         totals = torch.zeros(n, dtype=dtype, device=sent_w.device).index_add_(0, seg, weights)
         uniform = bool((weights == 1).all())  # (segment_mean's product by 1 changes nothing)
@@ -248,21 +301,22 @@ class _EdgeRound:
         warm = opt.theta_init == "warm"  # else theta starts from the first phi_i received
         return cls(
             algo=algo,
-            rows=rows,
+            parts=parts,
             gamma1=task.scalars["gamma1"],
             gamma2=task.scalars["gamma2"],
             theta=state["theta"][clients] if warm else sent_w.new_empty(c, p),
-            mix=sent_w.new_empty(group, p),
-            scratch=sent_w.new_empty(c, p),
-            center=sent_w.new_empty(c if rows.runs is None else 0, p),
+            mix=sent_w.new_empty(size if gathered else group, p),
+            scratch=sent_w.new_empty(size, p),
+            center=sent_w.new_empty(size if gathered else 0, p),
             phi_edge=sent_w.clone(),
+            phi_sum=torch.empty_like(w_edge),
             w_edge=w_edge,
             w_sent=w_edge if ctx.zero_threshold <= 0 else torch.empty_like(w_edge),
             step=torch.empty_like(w_edge),
             edge_scratch=torch.empty_like(w_edge),
             weights=None if uniform else weights.unsqueeze(1),
             denominator=totals.clamp(min=torch.finfo(dtype).tiny).unsqueeze(1),
-            firsts=torch.zeros(group, dtype=torch.long, device=sent_w.device),
+            firsts=torch.zeros(max(group, size), dtype=torch.long, device=sent_w.device),
             down_counts=sent_w.new_empty(opt.R, 2, n),
             up_counts=sent_w.new_empty(opt.R, c),
             ids=ids,
@@ -274,48 +328,56 @@ class _EdgeRound:
     def eps(self) -> float:
         return self.algo.ctx.zero_threshold
 
-    def send_down(self, r: int) -> tuple[Received, torch.Tensor]:
+    def send_down(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Edges -> clients in local round ``r``: ``phi_i`` (the prox centre) and ``w_i``,
         truncated (``phi_i`` in place: its untruncated value is not read again) and counted once
-        per edge. Returns ``phi_i`` as the clients receive it, and ``w_i`` as sent."""
+        per edge. Returns both edge rows ``[n, P]`` as sent."""
         eps = self.eps
         phi_sent = truncate_(self.phi_edge, eps)
         w_sent = self.w_sent if eps <= 0 else truncate_(self.w_edge, eps, out=self.w_sent)
         count_sent(phi_sent, eps, self.edge_scratch, out=self.down_counts[r, 0])
         count_sent(w_sent, eps, self.edge_scratch, out=self.down_counts[r, 1])
-        return self.rows.receive(phi_sent, self.center), w_sent
+        return phi_sent, w_sent
 
-    def send_up(self, w_sent: torch.Tensor, r: int) -> None:
-        """Clients -> edges in local round ``r``: ``phi_ij = (lam1 theta + lam2 w_i) / (lam1 +
-        lam2)`` (one lerp), truncated and counted, averaged into the edges' ``phi_i``
-        (segment_mean's sums: each edge's rows added in client order)."""
-        if self.rows.runs is None:
-            self._send_up_gathered(w_sent, r)
+    def send_up(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
+        """The uploads of ``part``'s clients in local round ``r``: ``phi_ij = (lam1 theta + lam2
+        w_i) / (lam1 + lam2)`` (one lerp), truncated and counted, added into their edges' rows of
+        ``phi_sum`` in client order (segment_mean's sums, whatever the parts)."""
+        runs = part.rows.runs
+        if runs is None:
+            self._send_up_gathered(part, w_sent, r)
             return
-        eps, phi = self.eps, self.phi_edge.zero_()
-        for a, b, e in self.rows.runs:
-            part = self.mix[: b - a]
-            torch.lerp(w_sent[e], self.theta[a:b], self.mix_weight, out=part)
-            truncate_(part, eps)
+        eps, phi, off = self.eps, self.phi_sum, part.start
+        for a, b, e in runs:
+            a, b = a + off, b + off
+            mixed = self.mix[: b - a]
+            torch.lerp(w_sent[e], self.theta[a:b], self.mix_weight, out=mixed)
+            truncate_(mixed, eps)
             if self.weights is None:  # count last, on the values themselves
-                phi[e : e + 1].index_add_(0, self.firsts[: b - a], part)
-                count_sent(part, eps, part, out=self.up_counts[r, a:b])
+                phi[e : e + 1].index_add_(0, self.firsts[: b - a], mixed)
+                count_sent(mixed, eps, mixed, out=self.up_counts[r, a:b])
             else:
-                count_sent(part, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
-                phi[e : e + 1].index_add_(0, self.firsts[: b - a], part.mul_(self.weights[a:b]))
-        phi.div_(self.denominator)
+                count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
+                mixed.mul_(self.weights[a:b])
+                phi[e : e + 1].index_add_(0, self.firsts[: b - a], mixed)
 
-    def _send_up_gathered(self, w_sent: torch.Tensor, r: int) -> None:
-        """:meth:`send_up` for clients not grouped by edge: all clients at once, on their
-        gathered ``w_i`` rows."""
-        eps, mix = self.eps, self.mix
-        w_recv = self.rows.receive(w_sent, mix)  # the clients' w_i rows, gathered into mix
-        torch.lerp(w_recv.edge_rows, self.theta, self.mix_weight, out=mix)
-        truncate_(mix, eps)
-        count_sent(mix, eps, self.scratch, out=self.up_counts[r])
+    def _send_up_gathered(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
+        """:meth:`send_up` for a part whose clients are not grouped by edge: all at once, on
+        their gathered ``w_i`` rows."""
+        a, b, eps = part.start, part.stop, self.eps
+        mixed = self.mix[: b - a]
+        w_recv = part.rows.receive(w_sent, mixed)  # the clients' w_i rows, gathered into mix
+        torch.lerp(w_recv.edge_rows, self.theta[a:b], self.mix_weight, out=mixed)
+        truncate_(mixed, eps)
+        count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
         if self.weights is not None:
-            mix.mul_(self.weights)
-        self.phi_edge.zero_().index_add_(0, self.rows.seg, mix).div_(self.denominator)
+            mixed.mul_(self.weights[a:b])
+        self.phi_sum.index_add_(0, part.rows.seg, mixed)
+
+    def end_up(self) -> None:
+        """The local round's uploads are all in: ``phi_i`` is their weighted mean per edge."""
+        self.phi_sum.div_(self.denominator)
+        self.phi_edge, self.phi_sum = self.phi_sum, self.phi_edge
 
     @property
     def mix_weight(self) -> float:

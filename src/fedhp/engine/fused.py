@@ -114,6 +114,11 @@ class Received:
         assert rows.runs is not None
         return [(edge[e], *(t[a:b] for t in client_rows)) for a, b, e in rows.runs]
 
+    def columns(self, lo: int, hi: int) -> Received:
+        """The same rows restricted to columns ``lo .. hi - 1`` (pair it with client rows sliced
+        alike)."""
+        return Received(self.rows, self.edge_rows[:, lo:hi], self.gathered)
+
     def apply(self, fn: Callable[..., object], *client_rows: torch.Tensor) -> None:
         """``fn(edge part, client parts...)`` for every part (in-place work on client rows)."""
         for part in self.parts(*client_rows):

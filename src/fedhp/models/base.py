@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from math import prod
 
@@ -27,6 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
+
+ColumnHook = Callable[[int, int], None]
+"""``(lo, hi)``: act in place on columns ``lo .. hi - 1`` of a step's flat rows
+(:meth:`BatchedModel.sgd_step`)."""
 
 
 @dataclass(frozen=True)
@@ -379,13 +383,25 @@ class BatchedModel(ABC):
         return loss, grad
 
     def sgd_step(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        lr: float,
+        before: ColumnHook | None = None,
     ) -> torch.Tensor:
-        """One plain SGD step of every client's rows of ``flat [C, P]`` in place on its minibatch
+        """One SGD step of every client's rows of ``flat [C, P]`` in place on its minibatch
         ``x, y`` (``flat -= lr * grad`` of its mean cross-entropy); returns the losses ``[C]``
-        at the start point. Models that can update the parameters inside their backward pass
-        (:class:`~fedhp.models.zoo.BatchedMLP`) override it to skip the ``[C, P]`` gradient."""
+        at the start point. ``before(lo, hi)``, if given, is called for every parameter's
+        columns ``lo .. hi - 1`` once the gradient no longer reads their old values and before
+        their gradient step: a method's own in-place change of the rows (e.g. a proximal pull,
+        ``rows.lerp_(centre, a)``), so ``before`` then the step is one pass. Models that can
+        update the parameters inside their backward pass (:class:`~fedhp.models.zoo.BatchedMLP`)
+        override it to skip the ``[C, P]`` gradient."""
         loss, grad = self.loss_and_grad(flat, x, y)
+        if before is not None:
+            for spec in self.layout.specs:
+                before(spec.offset, spec.offset + spec.numel)
         flat.add_(grad, alpha=-lr)
         return loss
 

@@ -16,6 +16,7 @@ from torch import nn
 from fedhp.errors import ConfigError
 from fedhp.models.base import (
     BatchedModel,
+    ColumnHook,
     FeatureNet,
     VmapModel,
     sample_weight_totals,
@@ -119,19 +120,29 @@ class BatchedMLP(BatchedModel):
         return acts, loss, delta
 
     def sgd_step(
-        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, lr: float
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        lr: float,
+        before: ColumnHook | None = None,
     ) -> torch.Tensor:
         """The SGD step inside the backward pass: each layer's ``W -= lr * delta^T h`` is one
-        ``baddbmm`` into the flat rows (after the layer's old weights have passed ``delta`` on),
-        so no ``[C, P]`` gradient is written and read back. Equal to ``loss_and_grad`` then
-        ``flat -= lr * grad`` up to rounding (one rounding of the update instead of two)."""
+        ``baddbmm`` into the flat rows (after the layer's old weights have passed ``delta`` on,
+        and after ``before`` on the layer's columns), so no ``[C, P]`` gradient is written and
+        read back. Equal to ``loss_and_grad`` then ``flat -= lr * grad`` up to rounding (one
+        rounding of the update instead of two)."""
         with torch.no_grad():
             acts, loss, delta = self._loss_delta(flat, x, y, None)
+            specs = self.layout.specs
             layers = self._layers(flat)
             for i in reversed(range(len(layers))):
                 w, b = layers[i]
                 h_in = acts[i]
                 below = torch.bmm(delta, w).mul_(h_in > 0) if i > 0 else delta
+                if before is not None:
+                    for spec in (specs[2 * i], specs[2 * i + 1]):
+                        before(spec.offset, spec.offset + spec.numel)
                 b.sub_(delta.sum(1), alpha=lr)
                 w.baddbmm_(delta.transpose(1, 2), h_in, alpha=-lr)
                 delta = below
