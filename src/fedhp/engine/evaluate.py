@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhp.comm import count_nonzero
 from fedhp.engine.federation import ClientTensors, slice_rows
 from fedhp.models.base import BatchedModel
 
@@ -108,5 +109,9 @@ def evaluate_personal(
 
 
 def density(params: torch.Tensor, zero_threshold: float) -> float:
-    """Fraction of entries with ``|x| > zero_threshold`` (the papers' "sparsity" = density)."""
-    return float((params.abs() > zero_threshold).double().mean())
+    """Fraction of entries with ``|x| > zero_threshold`` (the papers' "sparsity" = density),
+    from :func:`~fedhp.comm.count_nonzero`'s exact counts (no ``[C, P]`` float64 temporary)."""
+    if params.numel() == 0:
+        return float("nan")
+    rows = params.reshape(-1, params.shape[-1]) if params.dim() else params.reshape(1, 1)
+    return float(count_nonzero(rows, zero_threshold).sum()) / params.numel()
