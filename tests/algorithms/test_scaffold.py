@@ -9,6 +9,8 @@ import torch
 from fedhp.algorithms.base import Task
 from fedhp.algorithms.scaffold import option_two
 from fedhp.engine.ops import weighted_mean
+from fedhp.models.base import BatchedModel
+from fedhp.models.zoo import BatchedMLP
 from tests.algorithms.test_buffers import BN
 from tests.conftest import small_experiment
 from tests.engine.test_local_epochs import COUNTS, unequal_context
@@ -17,10 +19,14 @@ STEPS = ["algorithm.local_steps=3", "algorithm.batch_size=5"]
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_zero_control_variates_one_client_is_plain_sgd(momentum: float) -> None:
+def test_zero_control_variates_one_client_is_plain_sgd(
+    momentum: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With c = c_i = 0 (the start) and one client, a round is that client's plain SGD: the
     same global model as FedAvg's round from the same seed — with local momentum too (the
-    correction is a gradient term, inside the momentum)."""
+    correction is a gradient term, inside the momentum). FedAvg takes the reference step
+    (gradient, then step): the MLPs' fused step rounds once less (tests/models)."""
+    monkeypatch.setattr(BatchedMLP, "sgd_step", BatchedModel.sgd_step)
     one = ["federation.num_clients=1", "federation.num_edges=1", *STEPS]
     one.append(f"algorithm.momentum={momentum}")
     sc = small_experiment("algorithm.name=scaffold", *one)

@@ -11,7 +11,7 @@ import torch
 import fedhp.engine.ops as ops
 from fedhp.algorithms.base import Algorithm, State, Task, Update
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions, FedProxOptions
-from fedhp.algorithms.fednova import FedNovaOptions
+from fedhp.algorithms.fednova import FedNova, FedNovaOptions
 from fedhp.algorithms.moon import MoonOptions
 from tests.algorithms.tiny import tiny_context
 
@@ -55,6 +55,10 @@ CASES = {
         {},
     ),
     "moon": (MoonOptions(local_steps=2, batch_size=2, lr=0.2, mu=1.0), {}),
+    "fednova epochs, momentum": (
+        FedNovaOptions(local_epochs=2, batch_size=2, lr=0.2, momentum=0.5),
+        {"n_train": (3, 5, 2, 6, 4, 1, 5), "weighting": "samples"},
+    ),
     "fedavg zero threshold": (
         FedAvgOptions(local_steps=2, batch_size=2, lr=0.3),
         {"zero_threshold": 0.05},
@@ -103,20 +107,12 @@ def test_one_part_is_the_plain_aggregate(monkeypatch: pytest.MonkeyPatch) -> Non
     assert torch.equal(state["global"], expected)
 
 
-def test_methods_with_their_own_aggregate_are_not_streamed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """FedNova overrides ``aggregate``: its rounds stay whole, whatever the chunk."""
-    monkeypatch.setattr(ops, "CACHE_FLOATS", SMALL_CACHE)
-    ctx = tiny_context()
-    algo = FedNovaOptions(local_steps=2, batch_size=2).build(ctx)
-    assert isinstance(algo, FedAvg) and not algo.folds_uploads
-    state = algo.init_state(ctx.model.init_params(0))
-    task = algo.plan(state, 0)
-    assert algo.round_parts(task) == [task]
+def test_methods_with_their_own_aggregate_are_not_streamed() -> None:
+    """A subclass that overrides ``aggregate`` without declaring its fold is not streamed."""
 
     class Custom(FedAvg):
         def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
             return {}
 
     assert not Custom.folds_uploads and FedAvg.folds_uploads and not Algorithm.folds_uploads
+    assert FedNova.folds_uploads  # declared again: its fold is its aggregate

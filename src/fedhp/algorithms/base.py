@@ -273,15 +273,19 @@ class UploadFold:
     def __init__(self, weights: torch.Tensor) -> None:
         self.weights = normalized(weights)
         self.sums: dict[str, torch.Tensor] = {}
+        self.own: dict[str, Any] = {}  # a method's own per-round values (e.g. FedNova's τ_eff)
         self.done = 0
         self._losses: list[torch.Tensor] = []
         self._steps: list[torch.Tensor] = []
 
-    def add(self, rows: dict[str, torch.Tensor | None], update: Update) -> None:
-        """Fold in the next clients' uploaded ``rows`` (by key; None: absent) and their
-        ``update``'s losses and steps."""
+    def add(
+        self, rows: dict[str, torch.Tensor | None], update: Update, count: int | None = None
+    ) -> None:
+        """Fold in the next ``count`` clients' uploaded ``rows`` (by key; None: absent; the
+        count is their row count unless given) and their ``update``'s losses and steps."""
         present = {k: v for k, v in rows.items() if v is not None}
-        count = next(iter(present.values())).shape[0]
+        if count is None:
+            count = next(iter(present.values())).shape[0]
         weights = self.weights[self.done : self.done + count]
         for key, value in present.items():
             share = weights.to(value.dtype) @ value

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update
+from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update, UploadFold
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import momentum_norm, weighted_mean
+from fedhp.engine.ops import momentum_norm
 
 
 def normalized_average(
@@ -27,34 +27,63 @@ def normalized_average(
 ) -> torch.Tensor:
     """FedNova's new global model from ``x [P]``, the clients' ``y [n, P]``, their ``a [n]`` and
     aggregation ``weights [n]``."""
+    tau_eff, coef = step_weights(a, weights, y.dtype)
+    return x - tau_eff * normalized_sum(x, y, coef)
+
+
+def step_weights(
+    a: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype
+) -> tuple[float, torch.Tensor]:
+    """``τ_eff = Σ p_i a_i`` and the clients' ``p_i / a_i`` (``p``: the normalized weights)."""
     p = (weights / weights.sum()).to(torch.float64)
     a = a.to(torch.float64)
     tau_eff = float((p * a).sum())
-    coef = (p / a.clamp(min=1e-12)).to(y.dtype)  # p_i / a_i
-    return x - tau_eff * (coef.unsqueeze(1) * (x - y)).sum(0)
+    return tau_eff, (p / a.clamp(min=1e-12)).to(dtype)
+
+
+def normalized_sum(x: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """``Σ_i coef_i (x − y_i)`` over the rows of ``y [n, P]``."""
+    return (coef.unsqueeze(1) * (x - y)).sum(0)
 
 
 class FedNova(FedAvg):
-    """FedAvg's local work; the cloud averages the clients' step-normalized updates."""
+    """FedAvg's local work; the cloud averages the clients' step-normalized updates, folded in
+    part by part (streamed rounds): ``Σ p_i/a_i (x − y_i)`` summed over the parts, then
+    ``x − τ_eff ·`` it. The a_i come from the clients' step counts, known before they train
+    (their sample counts under ``local_epochs``)."""
 
     options: FedNovaOptions
+    folds_uploads = True
 
-    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
-        clients = task.clients
+    def open_fold(self, state: State, task: Task) -> UploadFold:
+        opt, ctx = self.options, self.ctx
+        steps = opt.step_counts(ctx.fed.train.counts[task.clients])
+        a = momentum_norm(steps.to(state["global"].device), opt.momentum)
+        tau_eff, coef = step_weights(a, ctx.client_weights(task.clients), state["global"].dtype)
+        fold = UploadFold(ctx.client_weights(task.clients))
+        fold.own.update(tau_eff=tau_eff, coef=coef)
+        return fold
+
+    def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
+        """Bill the part's uploads; add ``Σ p_i/a_i (x − y_i)`` of its clients (and the buffers'
+        weighted mean)."""
         bufs = update.per_client.get("buffers")
-        up = ctx.send("client_cloud", "up", self.wire(update.per_client["params"], bufs), clients)
-        y, bufs = self.unwire(up, bufs is not None)
-        steps = update.steps
-        if steps is None:  # not carried (Flower): a function of the clients' sample counts
-            steps = opt.step_counts(ctx.fed.train.counts[clients])
-        weights = ctx.client_weights(clients)
-        a = momentum_norm(steps.to(y.device), opt.momentum)
-        state["global"] = normalized_average(state["global"], y, a, weights)
-        if bufs is not None:
-            state["global_buffers"] = weighted_mean(bufs, weights)
-        stats = self.local_work_stats(task, update)
-        stats.update(self.account_device_cost(state, clients))
+        message = self.wire(update.per_client["params"], bufs)
+        y, bufs = self.unwire(
+            self.ctx.send("client_cloud", "up", message, part.clients), bufs is not None
+        )
+        start, count = fold.done, len(part.clients)
+        coef = fold.own["coef"][start : start + count]
+        share = normalized_sum(state["global"], y, coef)
+        fold.sums["moved"] = share if "moved" not in fold.sums else fold.sums["moved"].add_(share)
+        fold.add({"global_buffers": bufs} if bufs is not None else {}, update, count)
+
+    def close_fold(self, state: State, task: Task, fold: UploadFold) -> dict[str, float]:
+        state["global"] = state["global"] - fold.own["tau_eff"] * fold.sums["moved"]
+        if "global_buffers" in fold.sums:
+            state["global_buffers"] = fold.sums["global_buffers"]
+        stats = self.local_work_stats(task, fold.update())
+        stats.update(self.account_device_cost(state, task.clients))
         return stats
 
 
