@@ -6,8 +6,9 @@ import pydantic
 import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.comm import count_nonzero, truncate
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import segment_mean, weighted_mean
+from fedhp.engine.ops import client_chunk, weighted_mean
 
 
 class HierFAVG(Algorithm):
@@ -33,36 +34,72 @@ class HierFAVG(Algorithm):
         return Task(clients, edges, broadcast=broadcast, stragglers=stragglers)
 
     def train(self, state: State, task: Task) -> Update:
+        """The kappa2 edge rounds. Each edge round trains the clients in cache-sized parts (on
+        the minibatches the whole round would draw, drawn ahead) and adds each part's uploads
+        into its edges' sums in client order (``segment_mean``'s additions), so no more than a
+        part of the client models is held, and the result is that of the whole round, bit for
+        bit. Each edge's model is counted once and billed to each of its receivers."""
         ctx, opt = self.ctx, self.options
         clients, edges = task.clients, task.edges
         assert edges is not None
+        n, num_edges = len(clients), len(edges)
         seg = ctx.edge_positions(clients, edges)
         ids = ctx.global_clients(clients)
-        edge_models = task.broadcast["global"].expand(len(edges), -1)
+        edge_models = task.broadcast["global"].expand(num_edges, -1)
         sent = task.broadcast.get("global_buffers")
-        edge_bufs = None if sent is None else sent.expand(len(edges), -1)
+        edge_bufs = None if sent is None else sent.expand(num_edges, -1)
         weights = ctx.client_weights(clients)
+        dtype = edge_models.dtype
+        totals = torch.zeros(num_edges, dtype=dtype, device=weights.device)
+        totals = totals.index_add_(0, seg, weights.to(dtype)).clamp(min=torch.finfo(dtype).tiny)
         late = task.stragglers if task.stragglers is not None else clients[:0]
         late_seg, late_ids = ctx.edge_positions(late, edges), ctx.global_clients(late)
+        chunk = client_chunk(edge_models.shape[1] + self.num_buffers, n)
+        if ctx.fed.train.noise_std is not None:
+            chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
+        parts = [slice(a, min(a + chunk, n)) for a in range(0, n, chunk)]
         losses = []
         for _ in range(opt.kappa2):
             sent_bufs = None if edge_bufs is None or self.buffers_local else edge_bufs
-            down = self.wire(edge_models, sent_bufs)
-            received = ctx.send("client_edge", "down", down[seg], ids)
+            down = truncate(self.wire(edge_models, sent_bufs), ctx.zero_threshold)
+            nnz = count_nonzero(down, ctx.zero_threshold)  # one count per edge model
+            ctx.ledger.record_counts("client_edge", "down", nnz[seg], down.shape[1], nodes=ids)
             if len(late):  # stragglers receive the edge model too; their replies never arrive
-                ctx.send("client_edge", "down", down[late_seg], late_ids)
-            start, recv_bufs = self.unwire(received, sent_bufs is not None)
-            bufs = self.start_buffers(state, clients, recv_bufs)
-            params, loss_sum = ctx.local_sgd(
-                start, clients, opt.kappa1, opt.batch_size, opt.lr, buffers=bufs
+                late_nnz = nnz[late_seg]
+                ctx.ledger.record_counts("client_edge", "down", late_nnz, down.shape[1], late_ids)
+            drawn = (
+                None if len(parts) == 1 else ctx.sampler.steps(clients, opt.batch_size, opt.kappa1)
             )
-            params, bufs = self.unwire(
-                ctx.send("client_edge", "up", self.wire(params, bufs), ids), bufs is not None
-            )
-            edge_models = segment_mean(params, seg, weights, len(edges))
-            if bufs is not None:  # uploaded in both modes: the global model is evaluated with them
-                self.keep_buffers(state, clients, bufs)
-                edge_bufs = segment_mean(bufs, seg, weights, len(edges))
+            model_sum = torch.zeros_like(edge_models)
+            buf_sum = None
+            loss_sum = torch.empty(n, device=weights.device)
+            for rows in parts:
+                received = down[seg[rows]]
+                start, recv_bufs = self.unwire(received, sent_bufs is not None)
+                bufs = self.start_buffers(state, clients[rows], recv_bufs)
+                params, loss_sum[rows] = ctx.local_sgd(
+                    start,
+                    clients[rows],
+                    opt.kappa1,
+                    opt.batch_size,
+                    opt.lr,
+                    buffers=bufs,
+                    drawn=None if drawn is None else drawn[:, rows],
+                )
+                up = ctx.send("client_edge", "up", self.wire(params, bufs), ids[rows])
+                params, bufs = self.unwire(up, bufs is not None)
+                w = weights[rows].to(dtype).unsqueeze(1)
+                model_sum.index_add_(0, seg[rows], params * w)
+                if bufs is not None:  # uploaded in both modes: the global model is evaluated
+                    self.keep_buffers(state, clients[rows], bufs)  # with them
+                    if buf_sum is None:
+                        buf_sum = torch.zeros(
+                            num_edges, bufs.shape[1], dtype=dtype, device=w.device
+                        )
+                    buf_sum.index_add_(0, seg[rows], bufs * w)
+            edge_models = model_sum / totals.unsqueeze(1)
+            if buf_sum is not None:
+                edge_bufs = buf_sum / totals.unsqueeze(1)
             losses.append(loss_sum)
         per_edge = {"model": edge_models}
         if edge_bufs is not None:
