@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhp.models.masks import param_mask, unit_weight_norms
+from fedhp.models.masks import param_mask, unit_mask_from_scores, unit_weight_norms
 from tests.conftest import small_experiment
 
 BASE = [
@@ -140,3 +140,40 @@ def test_bad_capability_levels_are_refused(levels: str) -> None:
 
     with pytest.raises(ConfigError, match="capability_levels"):
         _run(f"algorithm.capability_levels={levels}")
+
+
+@pytest.mark.parametrize("init", ["magnitude", "ordered"])
+def test_score_reset_starts_every_round_from_the_initial_scores(init: str) -> None:
+    """``score_reset`` (the authors' code): a client's Q at the start of a round is the initial
+    scores again — sigmoid(|ω^r|_J) of the received model, or scores decreasing with the unit
+    index (the code's sorted random draw keeps the same units) — not its trained Q."""
+    exp, state = _run(
+        "algorithm.local_steps=1",
+        "algorithm.ste=false",
+        "algorithm.lam=0.7",
+        "algorithm.score_reset=true",
+        f"algorithm.score_init={init}",
+        "federation.client_fraction=1.0",
+    )
+    algo, model = exp.algorithm, exp.model
+    for rnd in range(2):
+        w = state["global"].clone()
+        task = algo.plan(state, rnd)
+        algo.aggregate(state, task, algo.train(state, task))
+        if init == "magnitude":
+            start = torch.sigmoid(unit_weight_norms(model, w.unsqueeze(0)))
+        else:
+            start = -torch.arange(algo.num_units, dtype=w.dtype)
+        # one step with ste=false: Q = start − η·2λ(start − sigmoid(|ω^r|_J))
+        target = torch.sigmoid(unit_weight_norms(model, w.unsqueeze(0)))
+        expected = (start - 0.1 * 2 * 0.7 * (start - target)).expand_as(state["scores"])
+        torch.testing.assert_close(state["scores"], expected)
+    if init == "ordered":  # the same masks as the sorted random initial scores
+        _, fresh_state = _run("algorithm.score_init=ordered")
+        drawn = fresh_state["scores"]
+        ratio = torch.full((drawn.shape[0],), 0.5, dtype=torch.float64)
+        ordered = -torch.arange(algo.num_units, dtype=drawn.dtype).expand_as(drawn)
+        assert torch.equal(
+            unit_mask_from_scores(model, drawn, ratio),
+            unit_mask_from_scores(model, ordered, ratio),
+        )

@@ -37,6 +37,14 @@ def test_every_row_resolves_to_the_paper_setup() -> None:
     assert resolve_config(None, fedlps.run_overrides(opts, "fedlps-mu0", 0)).algorithm["mu"] == 0
     code = resolve_config(None, fedlps.run_overrides(opts, "fedlps-code", 0)).algorithm
     assert code["mu"] == 0 and code["score_init"] == "ordered" and code["ste"] is False
+    assert not code.get("score_reset", False)
+    reset = resolve_config(None, fedlps.run_overrides(opts, "fedlps-code-reset", 0)).algorithm
+    assert {k: reset[k] for k in ("mu", "score_init", "ste", "score_reset")} == {
+        "mu": 0,
+        "score_init": "ordered",
+        "ste": False,
+        "score_reset": True,
+    }
     flst = resolve_config(None, fedlps.run_overrides(opts, "flst", 0)).algorithm
     assert flst["ratio"] == "fixed" and flst["fixed_ratio"] == 0.5
 

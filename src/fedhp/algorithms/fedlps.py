@@ -108,9 +108,8 @@ class FedLPS(Algorithm):
         ctx, opt = self.ctx, self.options
         k = ctx.num_clients
         model = ctx.model
-        norms = unit_weight_norms(model, init_params.unsqueeze(0))
         if opt.score_init == "magnitude":
-            scores = torch.sigmoid(norms).expand(k, -1).clone()
+            scores = self.initial_scores(init_params, k)
         else:  # the code's sorted random scores: keeps the first units, in index order
             scores = torch.randn(k, self.num_units, generator=ctx.generator)
             scores = scores.sort(dim=1, descending=True).values
@@ -127,6 +126,16 @@ class FedLPS(Algorithm):
         if opt.ratio == "pucbv":
             self._init_bandits(state, init_params)
         return state
+
+    def initial_scores(self, params: torch.Tensor, count: int) -> torch.Tensor:
+        """``count`` clients' initial Q for the model ``params [P]``: sigmoid(|ω|_J)
+        (``score_init=magnitude``), or scores decreasing with the unit index (``ordered``: the
+        same masks as the code's sorted random scores, which keep each layer's first units)."""
+        if self.options.score_init == "magnitude":
+            norms = unit_weight_norms(self.ctx.model, params.unsqueeze(0))
+            return torch.sigmoid(norms).expand(count, -1).clone()
+        order = -torch.arange(self.num_units, dtype=params.dtype, device=params.device)
+        return order.expand(count, -1).clone()
 
     def _init_bandits(self, state: State, init_params: torch.Tensor) -> None:
         ctx, opt = self.ctx, self.options
@@ -194,7 +203,10 @@ class FedLPS(Algorithm):
         model = ctx.model
         w = task.broadcast["global"]
         clients = task.clients
-        scores = state["scores"][clients].clone()
+        if opt.score_reset:
+            scores = self.initial_scores(w, len(clients))
+        else:
+            scores = state["scores"][clients].clone()
         ratio = task.per_client["ratio"]
         loss_grad, tally = fedlps_loss_grad(self, w, scores, ratio)
         params, loss_sum, steps = self.local_update(
@@ -272,6 +284,12 @@ class FedLPSOptions(LocalWorkOptions):
         False, description="also zero a dropped unit's bias/BatchNorm (false: weight rows, code)"
     )
     score_init: Literal["magnitude", "ordered"] = "magnitude"
+    score_reset: bool = pydantic.Field(
+        False,
+        description="re-initialize a client's Q at the start of each round it takes part in "
+        "(the authors' code, initialize_mask): score_init's scores again, sigmoid(|ω^r|_J) of "
+        "the received model for magnitude; false: Q persists across rounds (the paper)",
+    )
     ratio: RatioPolicy = "pucbv"
     fixed_ratio: float = pydantic.Field(0.5, gt=0, le=1, description="FLST's s (ratio=fixed)")
     capabilities: Literal["fix", "dyn"] = "dyn"
