@@ -235,7 +235,8 @@ def test_plugin_on_flower_simulation_matches_inprocess(
 ) -> None:
     """The plugin's algorithm on backend=flower-sim (the Ray node processes import the plugin
     from the run's configuration) gives the in-process numbers. ``threads`` is left unset: the
-    nodes get the in-process run's thread count (issue 16, item 7)."""
+    nodes get the in-process run's thread count (issue 16, item 7); metric values agree to
+    1e-7 (losses ~1.5: the last bits of MLR's fused step with several threads)."""
     pytest.importorskip("ray")
     from tests.flower.helpers import assert_same_metrics
 
@@ -247,7 +248,9 @@ def test_plugin_on_flower_simulation_matches_inprocess(
     if code != 0 and "simulation runtime failed" in capsys.readouterr().err:
         code = main(["run", "--out", str(tmp_path / "flower"), *flower])  # see test_simulation
     assert code == 0
-    assert_same_metrics(tmp_path / "inprocess", tmp_path / "flower", tol=0.0)  # identical
+    # The nodes' thread count (not 1 here) lets a batched GEMM's last bits depend on how many
+    # clients one call holds (docs/flower.md): equal to float rounding, not bit for bit.
+    assert_same_metrics(tmp_path / "inprocess", tmp_path / "flower", tol=1e-7)
 
 
 def test_flower_deployment_config_carries_the_plugin(plugin: Path) -> None:
