@@ -108,11 +108,17 @@ def test_one_part_is_the_plain_aggregate(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_methods_with_their_own_aggregate_are_not_streamed() -> None:
-    """A subclass that overrides ``aggregate`` without declaring its fold is not streamed."""
+    """A subclass that overrides ``aggregate`` or ``train`` without declaring that it folds is
+    not streamed (a plugin's own training may draw minibatches of its own)."""
 
     class Custom(FedAvg):
         def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
             return {}
 
-    assert not Custom.folds_uploads and FedAvg.folds_uploads and not Algorithm.folds_uploads
+    class OwnTraining(FedAvg):
+        def train(self, state: State, task: Task) -> Update:
+            return super().train(state, task)
+
+    assert not Custom.folds_uploads and not OwnTraining.folds_uploads
+    assert FedAvg.folds_uploads and not Algorithm.folds_uploads
     assert FedNova.folds_uploads  # declared again: its fold is its aggregate

@@ -573,11 +573,12 @@ class Algorithm(ABC):
     :meth:`close_fold`, and its ``train`` of a part of the clients (:meth:`Task.part`) touches
     only their rows and draws no minibatches beyond ``Task.batches``: a round is then trained
     and aggregated in parts of its clients (:meth:`round_parts`). A subclass that overrides
-    ``aggregate`` without saying so again is not streamed."""
+    ``aggregate`` or ``train`` without saying so again is not streamed."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "aggregate" in cls.__dict__ and "folds_uploads" not in cls.__dict__:
+        overrides = "aggregate" in cls.__dict__ or "train" in cls.__dict__
+        if overrides and "folds_uploads" not in cls.__dict__:
             cls.folds_uploads = False
 
     def run_round(self, state: State, rnd: int) -> dict[str, float]:

@@ -85,6 +85,7 @@ class Moon(FedAvg):
 
     options: MoonOptions
     node_keys = {"prev": "client"}
+    folds_uploads = True  # its train touches only the part's rows of prev
 
     def buffer_node_keys(self) -> dict[str, RowKind]:
         return {**super().buffer_node_keys(), "prev_buffers": "client"}
