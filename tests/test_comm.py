@@ -266,3 +266,10 @@ def test_count_nonzero_float_sum_and_reduction_agree(
     kept = (lambda v: abs(v) > eps) if eps > 0 else (lambda v: v != 0)
     expected = torch.tensor([sum(1 for v in r if kept(v)) for r in x.tolist()])
     assert torch.equal(count_nonzero(x, eps), expected)
+
+
+def test_count_nonzero_half_precision_rows_wider_than_2048() -> None:
+    """Half-precision sums of 0/1 stop being exact at 2048: such rows are counted exactly."""
+    x = torch.ones(2, 5000, dtype=torch.float16)
+    x[0, :10] = 0
+    assert count_nonzero(x).tolist() == [4990, 5000]
