@@ -13,7 +13,9 @@ import pydantic
 import yaml
 
 from fedhp.errors import ConfigError
+from fedhp.privacy import PrivacyOptions
 from fedhp.registry import format_validation_error
+from fedhp.robust import RobustOptions
 
 
 class FederationConfig(pydantic.BaseModel):
@@ -69,9 +71,38 @@ class SubsampleConfig(pydantic.BaseModel):
     test: int | None = pydantic.Field(None, gt=0, description="test samples kept (all)")
 
 
+AttackName = Literal["none", "sign_flip", "gaussian", "boost", "label_flip", "alie"]
+
+
+class AttackConfig(pydantic.BaseModel):
+    """Malicious clients (:mod:`fedhp.engine.attacks`): a fixed, seeded set of
+    ``fraction`` of the clients, chosen once, that tamper with what they upload (or, for
+    ``label_flip``, with their own training labels)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: AttackName = "none"
+    fraction: float = pydantic.Field(0.0, ge=0, lt=1, description="share of malicious clients")
+    placement: Literal["spread", "concentrated"] = pydantic.Field(
+        "spread",
+        description="spread: drawn at random over all clients; concentrated: the clients of "
+        "the first edges, in edge order",
+    )
+    sign_scale: float = pydantic.Field(1.0, gt=0, description="sign_flip: upload -s * update")
+    noise_std: float = pydantic.Field(1.0, gt=0, description="gaussian: the update is N(0, s^2)")
+    boost: float = pydantic.Field(10.0, gt=0, description="boost: upload k * update")
+    z: float | None = pydantic.Field(
+        None, gt=0, description="alie: mean - z std of the benign updates (null: Baruch's z_max)"
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.name != "none" and self.fraction > 0
+
+
 class FaultsConfig(pydantic.BaseModel):
     """Simulated failures, drawn independently each round from their own seeded stream (see
-    :mod:`fedhp.engine.faults`)."""
+    :mod:`fedhp.engine.faults`), and malicious clients (``attack``)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -79,10 +110,21 @@ class FaultsConfig(pydantic.BaseModel):
     edge_failure: float = pydantic.Field(0.0, ge=0, le=1)
     straggler: float = pydantic.Field(0.0, ge=0, le=1)
     seed_offset: int = pydantic.Field(0, ge=0, lt=2**31)
+    attack: AttackConfig = AttackConfig()
 
     @property
     def enabled(self) -> bool:
         return self.client_dropout > 0 or self.edge_failure > 0 or self.straggler > 0
+
+
+class RobustConfig(pydantic.BaseModel):
+    """The aggregation rule of each level (:mod:`fedhp.robust`): ``edge`` where an edge server
+    averages its clients, ``cloud`` where the cloud averages clients (flat methods) or edges."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    cloud: RobustOptions = RobustOptions()
+    edge: RobustOptions = RobustOptions()
 
 
 class FlowerConfig(pydantic.BaseModel):
@@ -125,6 +167,8 @@ class RunConfig(pydantic.BaseModel):
     public: PublicConfig = PublicConfig()
     subsample: SubsampleConfig = SubsampleConfig()
     faults: FaultsConfig = FaultsConfig()
+    robust: RobustConfig = RobustConfig()
+    privacy: PrivacyOptions = PrivacyOptions()
     backend: Literal["inprocess", "flower-sim"] = "inprocess"
     flower: FlowerConfig = FlowerConfig()
     plugins: list[str] = []

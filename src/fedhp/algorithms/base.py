@@ -21,6 +21,7 @@ import pydantic
 import torch
 
 from fedhp.comm import count_nonzero
+from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.context import RunContext
 from fedhp.engine.device_cost import (
     DeviceCost,
@@ -62,6 +63,12 @@ class AlgorithmOptions(pydantic.BaseModel):
 
     hierarchical: ClassVar[bool] = False
     supports_buffers: ClassVar[bool] = False
+    # Issue 20: the levels ("edge", "cloud") whose weighted mean the config's robust rule may
+    # replace, whether uploads pass RunContext.upload (update attacks act on them), and the
+    # level where client-level DP can clip and add noise.
+    robust_levels: ClassVar[frozenset[str]] = frozenset()
+    attack_ready: ClassVar[bool] = False
+    private_levels: ClassVar[frozenset[str]] = frozenset()
     """Whether the method handles models with BatchNorm running statistics (buffers)."""
 
     def build(self, ctx: RunContext) -> Algorithm:
@@ -268,15 +275,32 @@ class UploadFold:
     """A round's client uploads folded into weighted means part by part, so that no more than a
     part of the clients' models is ever held: rows ``[c, W]`` of the next ``c`` clients are
     added with their share of ``weights`` (normalized over all the round's clients), and their
-    losses and step counts kept for the round's statistics."""
+    losses and step counts kept for the round's statistics.
 
-    def __init__(self, weights: torch.Tensor) -> None:
+    With a cloud ``rule`` that is not the weighted mean (a robust rule, DP;
+    :class:`~fedhp.engine.aggregation.LevelRule`), the rows of the keys in ``start`` (the model
+    the clients started from, by key) are kept instead and aggregated by the rule in
+    :meth:`result` (the rounds are then not streamed: ``RunContext.whole_rounds``); the other
+    keys (BatchNorm statistics) are still averaged."""
+
+    def __init__(
+        self,
+        weights: torch.Tensor,
+        rule: LevelRule | None = None,
+        start: dict[str, torch.Tensor] | None = None,
+        denominator: float | None = None,
+    ) -> None:
+        self.raw_weights = weights
         self.weights = normalized(weights)
         self.sums: dict[str, torch.Tensor] = {}
         self.own: dict[str, Any] = {}  # a method's own per-round values (e.g. FedNova's τ_eff)
         self.done = 0
         self._losses: list[torch.Tensor] = []
         self._steps: list[torch.Tensor] = []
+        self.rule = None if rule is None or rule.folds else rule
+        self.start = start if self.rule is not None and start is not None else {}
+        self.denominator = denominator
+        self._kept: dict[str, list[torch.Tensor]] = {key: [] for key in self.start}
 
     def add(
         self, rows: dict[str, torch.Tensor | None], update: Update, count: int | None = None
@@ -288,6 +312,9 @@ class UploadFold:
             count = next(iter(present.values())).shape[0]
         weights = self.weights[self.done : self.done + count]
         for key, value in present.items():
+            if key in self._kept:
+                self._kept[key].append(value)
+                continue
             share = weights.to(value.dtype) @ value
             self.sums[key] = share if key not in self.sums else self.sums[key].add_(share)
         if update.losses is not None:
@@ -295,6 +322,18 @@ class UploadFold:
         if update.steps is not None:
             self._steps.append(update.steps)
         self.done += count
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The round's aggregates by key: the folded means, and the rule's aggregates of the
+        kept keys."""
+        out = dict(self.sums)
+        for key, parts in self._kept.items():
+            if parts:
+                assert self.rule is not None
+                rows = torch.cat(parts)
+                weights = self.raw_weights.to(rows.dtype)
+                out[key] = self.rule(rows, weights, self.start[key], self.denominator)
+        return out
 
     def update(self) -> Update:
         """The folded clients' losses ``[S, n]`` and steps ``[n]`` (as one :class:`Update`)."""
@@ -606,6 +645,8 @@ class Algorithm(ABC):
         ctx = self.ctx
         n = len(task.clients)
         if not self.folds_uploads or task.edges is not None or ctx.fed.train.noise_std is not None:
+            return [task]
+        if ctx.whole_rounds:  # the cloud's rule (or the attack) reads all uploads at once
             return [task]
         chunk = client_chunk(ctx.model.num_params + self.num_buffers, n)
         if chunk >= n:

@@ -87,18 +87,24 @@ class FedAvg(DenseDeviceCost, Algorithm):
         return self.close_fold(state, task, fold)
 
     def open_fold(self, state: State, task: Task) -> UploadFold:
-        return UploadFold(self.ctx.client_weights(task.clients))
+        """The round's means, or the cloud's rule (robust, DP) over the uploaded models."""
+        ctx = self.ctx
+        start = {"global": task.broadcast["global"]}
+        denominator = ctx.dp_denominator(len(task.clients), ctx.num_clients)
+        return UploadFold(ctx.client_weights(task.clients), ctx.cloud_rule, start, denominator)
 
     def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
         """Bill the part's uploads and add them to the sample- or uniformly-weighted means."""
         bufs = update.per_client.get("buffers")
-        message = self.wire(update.per_client["params"], bufs)
+        start = part.broadcast["global"]
+        params = self.ctx.upload(update.per_client["params"], part.clients, start)
+        message = self.wire(params, bufs)
         up = self.ctx.send("client_cloud", "up", message, part.clients)
         params, bufs = self.unwire(up, bufs is not None)
         fold.add({"global": params, "global_buffers": bufs}, update)
 
     def close_fold(self, state: State, task: Task, fold: UploadFold) -> dict[str, float]:
-        state.update(fold.sums)
+        state.update(fold.result())
         stats = self.local_work_stats(task, fold.update())
         stats.update(self.account_device_cost(state, task.clients))
         return stats
@@ -112,6 +118,9 @@ class FedAvgOptions(LocalWorkOptions):
     capabilities: CapabilityMode = capabilities_field()
 
     supports_buffers = True
+    robust_levels = frozenset({"cloud"})
+    attack_ready = True
+    private_levels = frozenset({"cloud"})
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedAvg(self, ctx)
@@ -134,6 +143,9 @@ class FedProxOptions(LocalWorkOptions):
     capabilities: CapabilityMode = capabilities_field()
 
     supports_buffers = True
+    robust_levels = frozenset({"cloud"})
+    attack_ready = True
+    private_levels = frozenset({"cloud"})
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedProx(self, ctx)

@@ -31,7 +31,7 @@ from fedhp.algorithms.base import (
 )
 from fedhp.engine.context import RunContext
 from fedhp.engine.fused import send_rows
-from fedhp.engine.ops import batched_loss_grad, client_chunk, mean_group_loss, weighted_mean
+from fedhp.engine.ops import batched_loss_grad, client_chunk, mean_group_loss
 
 
 class PFedMe(Algorithm):
@@ -112,8 +112,10 @@ class PFedMe(Algorithm):
         ctx, opt = self.ctx, self.options
         clients = task.clients
         assert update.losses is not None
-        local = send_rows(ctx, "client_cloud", "up", update.per_client["local"], clients)
-        mean = weighted_mean(local, ctx.client_weights(clients))
+        start = task.broadcast["global"]
+        local = ctx.upload(update.per_client["local"], clients, start)
+        local = send_rows(ctx, "client_cloud", "up", local, clients)
+        mean = ctx.cloud_mean(local, ctx.client_weights(clients), start)
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
         return {"local_loss": mean_group_loss(update.losses, opt.R)}
 
@@ -143,6 +145,9 @@ class PFedMeOptions(AlgorithmOptions):
 
     def gradient_evaluations(self) -> int:
         return self.R * self.K
+
+    robust_levels = frozenset({"cloud"})
+    attack_ready = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return PFedMe(self, ctx)

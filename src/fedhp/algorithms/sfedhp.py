@@ -37,7 +37,7 @@ from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.fused import EdgeRows, Received, count_sent, truncate_
-from fedhp.engine.ops import batched_loss_grad, client_chunk, mean_group_loss, weighted_mean
+from fedhp.engine.ops import batched_loss_grad, client_chunk, mean_group_loss
 
 
 class SFedHP(Algorithm):
@@ -203,7 +203,7 @@ class SFedHP(Algorithm):
         agg, sent_up = task.up_edges, update.per_edge["w"]
         assert agg is not None and update.losses is not None
         ctx.ledger.record("edge_cloud", "up", sent_up, ctx.zero_threshold, nodes=agg)
-        mean = weighted_mean(sent_up, ctx.edge_weights(agg))
+        mean = ctx.cloud_mean(sent_up, ctx.edge_weights(agg), state["global"])
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
         return {"local_loss": mean_group_loss(update.losses, opt.R)}
 
@@ -451,6 +451,8 @@ class SFedHPOptions(AlgorithmOptions):
 
     def gradient_evaluations(self) -> int:
         return self.R * self.K
+
+    robust_levels = frozenset({"cloud"})
 
     def build(self, ctx: RunContext) -> Algorithm:
         return SFedHP(self, ctx)

@@ -13,6 +13,8 @@ from fedhp.data import DATASETS, PARTITIONERS
 from fedhp.data.public import PublicData, carve_public
 from fedhp.data.subsample import subsample
 from fedhp.data.types import ClientData, DatasetArrays
+from fedhp.engine.aggregation import LevelRule
+from fedhp.engine.attacks import UPDATE_ATTACKS, Attack, flip_labels, malicious_clients
 from fedhp.engine.context import RunContext
 from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
@@ -42,9 +44,79 @@ def check_components(cfg: RunConfig) -> None:
     DATASETS.build(cfg.dataset, "dataset")
     PARTITIONERS.build(cfg.partition, "partition")
     MODELS.build(cfg.model, "model")
-    ALGORITHMS.build(cfg.algorithm, "algorithm")
+    options = ALGORITHMS.build(cfg.algorithm, "algorithm")
+    check_adversarial(cfg, options, topology_of(cfg))
+
+
+def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topology) -> None:
+    """One-line errors for attack, robust and privacy options the run cannot honour (issue 20):
+    a level the method does not aggregate by a mean, too few rows for Krum, DP without its
+    preconditions."""
+    name = cfg.algorithm.get("name")
+    fed, attack, privacy = cfg.federation, cfg.faults.attack, cfg.privacy
+    uses = (
+        attack.enabled
+        or privacy.enabled
+        or any(r.name != "mean" for r in (cfg.robust.cloud, cfg.robust.edge))
+    )
+    if uses and cfg.backend != "inprocess":
+        raise ConfigError("backend: attacks, robust rules and privacy need backend=inprocess")
+    if attack.enabled and attack.name in UPDATE_ATTACKS and not options.attack_ready:
+        raise ConfigError(
+            f"faults.attack.name: {name} does not pass its uploads through the attack "
+            "(fedavg, fedprox, moon, ditto, hierfavg, pfedme do); use label_flip"
+        )
+    sizes = torch.bincount(topology.edge_of_client, minlength=topology.num_edges)
+    clients = max(1, round(fed.client_fraction * fed.num_clients))
+    rows = {
+        "edge": int(sizes.min()),
+        "cloud": (fed.edges_per_round or topology.num_edges) if options.hierarchical else clients,
+    }
+    for level in ("cloud", "edge"):
+        rule = getattr(cfg.robust, level)
+        if rule.name == "mean":
+            continue
+        if level not in options.robust_levels:
+            raise ConfigError(
+                f"robust.{level}.name: {name} has no {level} mean a robust rule can replace "
+                "(use mean)"
+            )
+        rule.check(rows[level], f"robust.{level}")
+    if not privacy.enabled:
+        return
+    where = privacy.where
+    if where not in options.private_levels:
+        raise ConfigError(
+            f"privacy.where: {name} cannot add DP noise at the {where} "
+            f"(it can at: {', '.join(sorted(options.private_levels)) or 'nowhere'})"
+        )
+    if fed.weighting != "uniform":
+        raise ConfigError(
+            "federation.weighting: client-level DP bounds each client's share; use uniform"
+        )
+    if getattr(cfg.robust, where).name != "mean":
+        raise ConfigError(
+            f"robust.{where}.name: DP noise at the {where} needs its mean there (use mean)"
+        )
+    if privacy.sampling == "poisson" and (options.hierarchical or fed.client_fraction >= 1):
+        raise ConfigError(
+            "privacy.sampling: poisson samples clients with federation.client_fraction < 1 in "
+            "flat methods; use fixed"
+        )
+
+
+def topology_of(cfg: RunConfig) -> Topology:
+    """The run's client–edge topology."""
     fed = cfg.federation
-    Topology.build(fed.num_clients, fed.num_edges, fed.edge_sizes)
+    return Topology.build(fed.num_clients, fed.num_edges, fed.edge_sizes)
+
+
+def level_rule(cfg: RunConfig, level: str, device: torch.device) -> LevelRule | None:
+    """The ``level``'s aggregation (None: the weighted mean, as without issue 20's options)."""
+    robust = getattr(cfg.robust, level)
+    privacy = cfg.privacy if cfg.privacy.enabled and cfg.privacy.where == level else None
+    rule = LevelRule(robust, f"robust.{level}", privacy, cfg.seed, device)
+    return None if rule.folds else rule
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,7 +154,10 @@ def build_experiment(cfg: RunConfig) -> Experiment:
     if public is not None:  # D_pub on the run's device, beside the clients' data
         fed = replace(fed, public=replace(public, x=public.x.to(device), y=public.y.to(device)))
     topo_cfg = cfg.federation
-    topology = Topology.build(topo_cfg.num_clients, topo_cfg.num_edges, topo_cfg.edge_sizes)
+    topology = topology_of(cfg)
+    malicious = malicious_clients(cfg.faults.attack, cfg.seed, topology.edge_of_client)
+    if cfg.faults.attack.name == "label_flip" and bool(malicious.any()):
+        fed = replace(fed, train=flip_labels(fed.train, malicious, fed.num_classes))
     model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)
     options = ALGORITHMS.build(cfg.algorithm, "algorithm")
     generator = torch.Generator(device="cpu").manual_seed(cfg.seed + ENGINE_SEED_OFFSET)
@@ -106,5 +181,11 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         edges_per_round=topo_cfg.edges_per_round,
         zero_threshold=cfg.comm.zero_threshold,
         faults=FaultModel(cfg.faults, cfg.seed, fed.num_clients, topology.num_edges),
+        attack=Attack(cfg.faults.attack, malicious, cfg.seed) if malicious.any() else None,
+        cloud_rule=level_rule(cfg, "cloud", device),
+        edge_rule=level_rule(cfg, "edge", device),
+        client_sampling="poisson"
+        if cfg.privacy.enabled and cfg.privacy.sampling == "poisson"
+        else "fixed",
     )
     return Experiment(cfg, model, options, options.build(ctx), ctx)

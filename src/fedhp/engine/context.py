@@ -9,6 +9,8 @@ from typing import Literal
 import torch
 
 from fedhp.comm import CommLedger, count_nonzero, truncate
+from fedhp.engine.aggregation import LevelRule
+from fedhp.engine.attacks import Attack
 from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
 from fedhp.engine.ops import (
@@ -16,6 +18,7 @@ from fedhp.engine.ops import (
     LocalOptimizer,
     LossGrad,
     sgd_steps,
+    weighted_mean,
     weighted_sgd_steps,
 )
 from fedhp.engine.sampler import BatchSampler, EpochBatches
@@ -40,6 +43,11 @@ class RunContext:
     edges_per_round: int | None = None
     zero_threshold: float = 0.0
     faults: FaultModel | None = None
+    attack: Attack | None = None  # malicious clients (None: all honest)
+    # How the cloud and the edges aggregate (robust rules, DP); None: the weighted mean.
+    cloud_rule: LevelRule | None = None
+    edge_rule: LevelRule | None = None
+    client_sampling: Literal["fixed", "poisson"] = "fixed"  # poisson: each with client_fraction
     # Global indices of this context's clients and edges where it holds only part of the
     # federation (a Flower node); None: it holds all of it and local indices are global.
     client_ids: torch.Tensor | None = None
@@ -94,6 +102,9 @@ class RunContext:
         nobody is left they raise :class:`~fedhp.engine.faults.RoundSkipped`."""
         self.round_participants = None
         self.round_stragglers = None
+        for seeded in (self.attack, self.cloud_rule, self.edge_rule):
+            if seeded is not None:
+                seeded.begin_round(rnd)
         if self.faults is None or not self.faults.enabled:
             self.round_faults = None
         else:
@@ -137,10 +148,14 @@ class RunContext:
 
     def sample_clients(self) -> torch.Tensor:
         """Sorted client indices taking part this round (``client_fraction`` of all, at least 1,
-        minus this round's dropped and straggling clients)."""
+        or under Poisson sampling each client with probability ``client_fraction``), minus this
+        round's dropped and straggling clients."""
         n = self.num_clients
         k = max(1, round(self.client_fraction * n))
-        if k >= n:
+        if self.client_sampling == "poisson" and self.client_fraction < 1:
+            drawn = torch.rand(n, generator=self.generator) < self.client_fraction
+            sampled = torch.nonzero(drawn).flatten().to(self.device)
+        elif k >= n:
             sampled = self.all_clients
         else:
             sampled = torch.randperm(n, generator=self.generator)[:k].sort().values.to(self.device)
@@ -181,6 +196,42 @@ class RunContext:
             under &= ~self.round_faults.edge_failed.to(self.device)[edge_of]
         clients = self._survivors(self.all_clients[under])
         return clients, torch.searchsorted(edges, edge_of[clients])
+
+    @property
+    def whole_rounds(self) -> bool:
+        """Whether a round's uploads must reach the cloud at once (a robust or private cloud
+        rule, or an attack reading the round's benign updates): no streamed parts."""
+        attack = self.attack is not None and self.attack.needs_whole_rounds
+        return attack or (self.cloud_rule is not None and not self.cloud_rule.folds)
+
+    def upload(
+        self, models: torch.Tensor, clients: torch.Tensor, start: torch.Tensor
+    ) -> torch.Tensor:
+        """The models ``[n, P]`` that ``clients`` (local indices) trained, as they upload them:
+        the malicious ones' forged (:mod:`fedhp.engine.attacks`); ``start`` (``[P]`` or
+        ``[n, P]``): the model each started from. A method whose uploads pass here (before
+        :meth:`send`) is attackable (``AlgorithmOptions.attack_ready``)."""
+        attack = self.attack
+        if attack is None or not attack.on_uploads:
+            return models
+        return attack.apply(models, self.global_clients(clients), start)
+
+    def cloud_mean(
+        self, rows: torch.Tensor, weights: torch.Tensor, start: torch.Tensor
+    ) -> torch.Tensor:
+        """The cloud's aggregate of ``rows`` with ``weights``: their weighted mean, or the
+        configured robust rule's (``start``: the model the rows started from)."""
+        rule = self.cloud_rule
+        if rule is None or rule.folds:
+            return weighted_mean(rows, weights)
+        return rule(rows, weights.to(rows.dtype), start)
+
+    def dp_denominator(self, clients: int, population: int) -> float | None:
+        """The DP average's denominator for ``clients`` rows drawn from ``population``
+        clients: ``q·N`` under Poisson sampling, else the rows (None)."""
+        if self.client_sampling == "poisson" and self.client_fraction < 1:
+            return self.client_fraction * population
+        return None
 
     def send(
         self,
