@@ -33,6 +33,7 @@ from fedhp.algorithms.base import (
 )
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.comm import count_nonzero
+from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.federation import slice_rows
@@ -249,6 +250,8 @@ class _EdgeRound:
     ``phi_i``, ``w_i`` per edge; ``up_counts [R, C]``)."""
 
     algo: SFedHP
+    clients: torch.Tensor  # the round's clients (local indices), in row order
+    rule: LevelRule | None  # the edges' robust rule (None: the weighted mean)
     parts: list[_Part]
     gamma1: float
     gamma2: float
@@ -285,7 +288,9 @@ class _EdgeRound:
         n, c = len(edges), len(clients)
         sent_w = task.broadcast["global"].expand(n, -1)
         p, dtype = sent_w.shape[1], sent_w.dtype
-        chunk = client_chunk(p, c)
+        rule = ctx.edge_rule if ctx.edge_rule is not None and not ctx.edge_rule.folds else None
+        whole = rule is not None or ctx.whole_rounds  # a rule (or ALIE) reads whole edges
+        chunk = c if whole else client_chunk(p, c)
         parts = [
             _Part(a, min(a + chunk, c), EdgeRows.of(seg[a : a + chunk], n))
             for a in range(0, c, chunk)
@@ -301,6 +306,8 @@ class _EdgeRound:
         warm = opt.theta_init == "warm"  # else theta starts from the first phi_i received
         return cls(
             algo=algo,
+            clients=clients,
+            rule=rule,
             parts=parts,
             gamma1=task.scalars["gamma1"],
             gamma2=task.scalars["gamma2"],
@@ -341,8 +348,10 @@ class _EdgeRound:
 
     def send_up(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
         """The uploads of ``part``'s clients in local round ``r``: ``phi_ij = (lam1 theta + lam2
-        w_i) / (lam1 + lam2)`` (one lerp), truncated and counted, added into their edges' rows of
-        ``phi_sum`` in client order (segment_mean's sums, whatever the parts)."""
+        w_i) / (lam1 + lam2)`` (one lerp; the malicious clients' forged by the run's attack),
+        truncated and counted, added into their edges' rows of ``phi_sum`` in client order
+        (segment_mean's sums, whatever the parts), or aggregated by the edges' robust rule (one
+        part then: every edge's uploads at once)."""
         runs = part.rows.runs
         if runs is None:
             self._send_up_gathered(part, w_sent, r)
@@ -352,14 +361,34 @@ class _EdgeRound:
             a, b = a + off, b + off
             mixed = self.mix[: b - a]
             torch.lerp(w_sent[e], self.theta[a:b], self.mix_weight, out=mixed)
+            mixed = self.upload(mixed, a, b, w_sent[e])
             truncate_(mixed, eps)
-            if self.weights is None:  # count last, on the values themselves
+            if self.rule is not None:
+                count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
+                phi[e] = self.edge_aggregate(mixed, slice(a, b), w_sent[e])
+            elif self.weights is None:  # count last, on the values themselves
                 phi[e : e + 1].index_add_(0, self.firsts[: b - a], mixed)
                 count_sent(mixed, eps, mixed, out=self.up_counts[r, a:b])
             else:
                 count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
                 mixed.mul_(self.weights[a:b])
                 phi[e : e + 1].index_add_(0, self.firsts[: b - a], mixed)
+
+    def upload(self, mixed: torch.Tensor, a: int, b: int, start: torch.Tensor) -> torch.Tensor:
+        """Clients ``a .. b - 1``'s uploads as sent (the run's attack; ``start``: their
+        ``w_i``)."""
+        return self.algo.ctx.upload(mixed, self.clients[a:b], start)
+
+    def edge_aggregate(
+        self, rows: torch.Tensor, clients: slice | torch.Tensor, sent: torch.Tensor
+    ) -> torch.Tensor:
+        """One edge's robust rule over the uploads ``rows`` of its ``clients`` (round rows),
+        which received ``sent``."""
+        assert self.rule is not None
+        weights = torch.ones(rows.shape[0], dtype=rows.dtype, device=rows.device)
+        if self.weights is not None:
+            weights = self.weights[clients, 0]
+        return self.rule(rows, weights, sent)
 
     def _send_up_gathered(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
         """:meth:`send_up` for a part whose clients are not grouped by edge: all at once, on
@@ -368,15 +397,24 @@ class _EdgeRound:
         mixed = self.mix[: b - a]
         w_recv = part.rows.receive(w_sent, mixed)  # the clients' w_i rows, gathered into mix
         torch.lerp(w_recv.edge_rows, self.theta[a:b], self.mix_weight, out=mixed)
+        seg = part.rows.seg
+        mixed = self.upload(mixed, a, b, w_sent[seg])
         truncate_(mixed, eps)
         count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
+        if self.rule is not None:
+            for e in torch.unique(seg).tolist():
+                mine = torch.nonzero(seg == e).flatten()
+                self.phi_sum[e] = self.edge_aggregate(mixed[mine], mine + a, w_sent[e])
+            return
         if self.weights is not None:
             mixed.mul_(self.weights[a:b])
         self.phi_sum.index_add_(0, part.rows.seg, mixed)
 
     def end_up(self) -> None:
-        """The local round's uploads are all in: ``phi_i`` is their weighted mean per edge."""
-        self.phi_sum.div_(self.denominator)
+        """The local round's uploads are all in: ``phi_i`` is their weighted mean per edge (or
+        the edges' rule's aggregate, already in place)."""
+        if self.rule is None:
+            self.phi_sum.div_(self.denominator)
         self.phi_edge, self.phi_sum = self.phi_sum, self.phi_edge
 
     @property
@@ -452,7 +490,8 @@ class SFedHPOptions(AlgorithmOptions):
     def gradient_evaluations(self) -> int:
         return self.R * self.K
 
-    robust_levels = frozenset({"cloud"})
+    robust_levels = frozenset({"edge", "cloud"})
+    attack_ready = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return SFedHP(self, ctx)

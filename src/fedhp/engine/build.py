@@ -64,7 +64,7 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
     if attack.enabled and attack.name in UPDATE_ATTACKS and not options.attack_ready:
         raise ConfigError(
             f"faults.attack.name: {name} does not pass its uploads through the attack "
-            "(fedavg, fedprox, moon, ditto, hierfavg, pfedme do); use label_flip"
+            "(fedavg, fedprox, moon, ditto, hierfavg, pfedme, sfedhp do); use label_flip"
         )
     sizes = torch.bincount(topology.edge_of_client, minlength=topology.num_edges)
     clients = max(1, round(fed.client_fraction * fed.num_clients))
