@@ -129,8 +129,16 @@ class SFedHP(Algorithm):
         opt, model = self.options, self.ctx.model
         lr, pull = opt.lr, opt.lr * opt.lam1_value
 
+        def pull_towards(c: torch.Tensor, th: torch.Tensor) -> None:
+            th.lerp_(c, pull)
+
+        def land_on(c: torch.Tensor, th: torch.Tensor) -> None:
+            th.copy_(c)  # lerp with weight 1 is the centre itself: one read less
+
+        move = land_on if pull == 1.0 else pull_towards
+
         def towards_centre(lo: int, hi: int) -> None:
-            center.columns(lo, hi).apply(lambda c, th: th.lerp_(c, pull), theta[:, lo:hi])
+            center.columns(lo, hi).apply(move, theta[:, lo:hi])
 
         loss = torch.zeros(theta.shape[0], device=theta.device)
         for _ in range(opt.K):
