@@ -10,6 +10,7 @@ import torch
 
 from fedhp.cli import main
 from fedhp.config import resolve_config
+from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.build import build_experiment
 from fedhp.engine.runner import run_experiment
 from tests.engine.test_checkpoint import FAST, Killed, same_results
@@ -62,14 +63,51 @@ def test_sign_flip_moves_the_mean_and_robust_rules_stay_finite(tmp_path: Path) -
     for rule in (
         ["robust.cloud.name=median"],
         ["robust.cloud.name=trimmed_mean", "robust.cloud.beta=0.2"],
-        ["robust.cloud.name=krum", "robust.cloud.f=4"],
         ["robust.cloud.name=multi_krum", "robust.cloud.f=4"],
         ["robust.cloud.name=clip", "robust.cloud.clip_norm=0.2"],
     ):
-        got = run(tmp_path / rule[0].split("=")[1], *SIGN_FLIP, "faults.attack.sign_scale=4", *rule)
+        name = rule[0].split("=")[1]
+        own_clean = run(tmp_path / f"{name}-clean", *rule)
+        got = run(tmp_path / name, *SIGN_FLIP, "faults.attack.sign_scale=4", *rule)
         assert torch.isfinite(got).all()
-        # a robust rule is far closer to the attack-free model than the attacked mean
-        assert (got - clean).norm() < 0.5 * (attacked - clean).norm(), rule
+        # the attack moves a robust rule far less than it moves the mean
+        assert (got - own_clean).norm() < 0.5 * (attacked - clean).norm(), rule
+
+
+class Recorder:
+    """Stands in for the cloud's LevelRule and records what it aggregates and returns."""
+
+    def __init__(self, rule: LevelRule) -> None:
+        self.rule, self.folds = rule, False
+        self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def begin_round(self, rnd: int) -> None:
+        self.rule.begin_round(rnd)
+
+    def __call__(
+        self,
+        rows: torch.Tensor,
+        weights: torch.Tensor,
+        start: torch.Tensor | None = None,
+        denominator: float | None = None,
+    ) -> torch.Tensor:
+        out = self.rule(rows, weights, start, denominator)
+        self.calls.append((rows, out))
+        return out
+
+
+def test_krum_never_picks_a_sign_flipped_upload(tmp_path: Path) -> None:
+    krum = ["robust.cloud.name=krum", "robust.cloud.f=4", "faults.attack.sign_scale=4"]
+    exp = build_experiment(resolve_config(None, [*TINY, *SIGN_FLIP, *krum]))
+    assert exp.ctx.attack is not None and exp.ctx.cloud_rule is not None
+    recorder = Recorder(exp.ctx.cloud_rule)
+    exp.ctx.cloud_rule = recorder  # type: ignore[assignment]
+    run_experiment(exp, tmp_path)
+    bad = exp.ctx.attack.malicious
+    assert len(recorder.calls) == 3 and int(bad.sum()) == 4
+    for rows, out in recorder.calls:
+        picked = [i for i in range(len(rows)) if torch.equal(rows[i], out)]
+        assert len(picked) == 1 and not bad[picked[0]]
 
 
 def test_label_flip_flips_the_malicious_clients_training_labels() -> None:
@@ -82,7 +120,8 @@ def test_label_flip_flips_the_malicious_clients_training_labels() -> None:
     assert len(changed) == 4  # ⌊0.2 · 20⌋ clients
     rows = torch.isin(owner, changed)
     assert torch.equal(y1[rows], 9 - y0[rows]) and torch.equal(y1[~rows], y0[~rows])
-    assert flipped.ctx.attack is None  # labels only: uploads are not touched
+    attack = flipped.ctx.attack
+    assert attack is not None and not attack.on_uploads  # labels only: uploads untouched
 
 
 BAD_CONFIGS = [

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+import fedhp.experiments.robust as robust
 from fedhp.cli import main
 from fedhp.config import resolve_config
 from fedhp.engine.build import check_components
-from fedhp.experiments import REPRODUCTIONS, robust
+from fedhp.experiments import REPRODUCTIONS
 from fedhp.experiments.common import ReproOptions
 
 LINE = re.compile(r"^robust (\S+) (0|0\.[123]) (fedavg|hierfavg) (\S+) acc=([0-9.]+)( diverged)?$")
