@@ -17,7 +17,9 @@ from fedhp.engine.build import check_components
 from fedhp.experiments import REPRODUCTIONS
 from fedhp.experiments.common import ReproOptions
 
-LINE = re.compile(r"^robust (\S+) (0|0\.[123]) (fedavg|hierfavg) (\S+) acc=([0-9.]+)( diverged)?$")
+LINE = re.compile(
+    r"^robust (\S+) (0|0\.[123]) (fedavg|hierfavg|fedavg-iid) (\S+) acc=([0-9.]+)( diverged)?$"
+)
 
 
 def grid(opts: ReproOptions) -> list[tuple[robust.Row, robust.Case]]:
@@ -25,20 +27,24 @@ def grid(opts: ReproOptions) -> list[tuple[robust.Row, robust.Case]]:
         (row, case)
         for a in robust.ALGORITHMS
         for row in robust.rows_of(a)
-        for case in robust.cases_of(opts, a)
+        for case in robust.cases_of(opts, a, row.iid)
     ]
 
 
 def test_every_run_passes_the_strict_checks() -> None:
     opts = ReproOptions(dataset="mnist")
     runs = grid(opts)
-    # FedAvg: 6 rules × 16 settings; HierFAVG: 11 rows × (16 + sign flip 20 % concentrated)
-    assert len(runs) == 6 * 16 + 11 * 17
+    # FedAvg: 6 rules × 16 settings (+ the IID control: 6 × 2); HierFAVG: 11 rows × (16 + sign
+    # flip 20 % concentrated)
+    assert len(runs) == 6 * 16 + 6 * 2 + 11 * 17
     for row, case in runs:
         cfg = resolve_config(None, robust.run_overrides(opts, row, case, 0))
         check_components(cfg)
         assert cfg.federation.num_clients == 100 and cfg.federation.num_edges == 10
-        assert cfg.partition["name"] == "shards" and cfg.partition["shards_per_client"] == 2
+        if row.iid:
+            assert cfg.partition["name"] == "quantity" and case.attack in ("none", "sign_flip")
+        else:
+            assert cfg.partition["name"] == "shards" and cfg.partition["shards_per_client"] == 2
         assert cfg.rounds == 50 and cfg.federation.weighting == "uniform"
         assert cfg.faults.attack.fraction == case.fraction
         cloud, edge = cfg.robust.cloud, cfg.robust.edge
@@ -73,9 +79,10 @@ def test_reproduce_lines_tables_and_figures(
     code = main(["reproduce", "robust", "--quick", "--out", str(out), "--seeds", "2"])
     assert code == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 6 * 3 + 11 * 4 and all(LINE.match(x) for x in lines), lines[:3]
+    assert len(lines) == 6 * 3 + 6 * 2 + 11 * 4 and all(LINE.match(x) for x in lines), lines[:3]
     assert "robust sign_flip-concentrated 0.2 hierfavg median-edge acc=0.8500 diverged" in lines
     assert "robust sign_flip 0.2 fedavg mean acc=0.1000" in lines
+    assert "robust sign_flip 0.2 fedavg-iid median acc=0.8500" in lines
     table = (out / "table.md").read_text()
     assert "### sign_flip" in table and "### alie" in table and "must-show" in table
     data = json.loads((out / "table.json").read_text())

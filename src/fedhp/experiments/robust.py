@@ -8,7 +8,9 @@ flip and ALIE at 20 % only). Each attack of :data:`ATTACKS` with 10 / 20 / 30 % 
 (0 % run once per algorithm and aggregator), one row per aggregator: the rule at the cloud
 (FedAvg), at both levels (HierFAVG, ``<rule>``) or at the edges only with the cloud's mean
 (HierFAVG, ``<rule>-edge``); HierFAVG's rows also run sign flip 20 % with the attackers
-concentrated on the first edges (attack ``sign_flip-concentrated``).
+concentrated on the first edges (attack ``sign_flip-concentrated``). An IID control
+(algorithm ``fedavg-iid``: the same runs with IID labels, ``partition.name=quantity`` with
+β = 1000) runs FedAvg's rows attack-free and under sign flip 20 %.
 
 The rules' parameters are fixed per level, not tuned to the attack (:data:`LEVELS`): trimmed
 mean β = 0.3 (so 30 % attackers can all be trimmed at the cloud), Krum's f the most attackers a
@@ -40,7 +42,7 @@ from fedhp.experiments.common import (
     mean_std,
     run_config,
 )
-from fedhp.reporting import plot_curves, write_json_atomic
+from fedhp.reporting import Line, plot_lines, write_json_atomic
 
 ATTACKS = ("sign_flip", "gaussian", "boost", "label_flip", "alie")
 FRACTIONS = (0.1, 0.2, 0.3)
@@ -96,10 +98,25 @@ class Row:
     algorithm: str
     rule: str
     edge_only: bool = False
+    iid: bool = False  # the IID control: labels IID over clients (quantity partition)
 
     @property
     def label(self) -> str:
         return f"{self.rule}-edge" if self.edge_only else self.rule
+
+    @property
+    def name(self) -> str:
+        """The algorithm column of the result line (``-iid`` for the IID control)."""
+        return f"{self.algorithm}-iid" if self.iid else self.algorithm
+
+    @property
+    def title(self) -> str:
+        return LABELS[self.algorithm] + (" (IID)" if self.iid else "")
+
+    def partition(self) -> list[str]:
+        if self.iid:  # Dirichlet sizes with β = 1000: equal sizes up to ~3 %, labels IID
+            return ["partition.name=quantity", "partition.beta=1000"]
+        return ["partition.name=shards", "partition.shards_per_client=2"]
 
     def overrides(self) -> list[str]:
         levels = ["cloud"] if self.algorithm == "fedavg" else ["edge", "cloud"]
@@ -119,16 +136,22 @@ class Row:
 
 
 def rows_of(algorithm: str) -> list[Row]:
-    """The aggregator rows of ``algorithm`` (HierFAVG: both levels, then edges only)."""
+    """The aggregator rows of ``algorithm`` (HierFAVG: both levels, then edges only; FedAvg:
+    then the IID control)."""
     rows = [Row(algorithm, rule) for rule in RULES]
     if algorithm == "hierfavg":
         rows += [Row(algorithm, rule, edge_only=True) for rule in RULES if rule != "mean"]
+    else:
+        rows += [Row(algorithm, rule, iid=True) for rule in RULES]
     return rows
 
 
-def cases_of(opts: ReproOptions, algorithm: str) -> list[Case]:
+def cases_of(opts: ReproOptions, algorithm: str, iid: bool = False) -> list[Case]:
     """The attack settings: attack-free, then every attack × fraction (``--quick``: sign flip
-    and ALIE at 20 %), and for HierFAVG :data:`CONCENTRATED` with ``placement=concentrated``."""
+    and ALIE at 20 %), and for HierFAVG :data:`CONCENTRATED` with ``placement=concentrated``;
+    the IID control: attack-free and :data:`CONCENTRATED` (spread)."""
+    if iid:
+        return [Case("none", 0.0), Case(*CONCENTRATED)]
     attacks, fractions = (("sign_flip", "alie"), (0.2,)) if opts.quick else (ATTACKS, FRACTIONS)
     cases = [Case("none", 0.0)] + [Case(a, f) for a in attacks for f in fractions]
     if algorithm == "hierfavg":
@@ -158,8 +181,7 @@ def run_overrides(opts: ReproOptions, row: Row, case: Case, seed: int) -> list[s
     return [
         f"dataset.name={opts.dataset}",
         *([f"dataset.data_dir={opts.data_dir}"] if opts.data_dir else []),
-        "partition.name=shards",
-        "partition.shards_per_client=2",
+        *row.partition(),
         f"federation.num_clients={CLIENTS}",
         f"federation.num_edges={EDGES}",
         "federation.weighting=uniform",
@@ -189,8 +211,7 @@ def pct(value: float) -> str:
 def result_line(row: Row, case: Case, entry: dict[str, Any]) -> str:
     tail = " diverged" if entry["stopped"] else ""
     return (
-        f"robust {case.label} {case.fraction:g} {row.algorithm} {row.label} "
-        f"acc={entry['acc']:.4f}{tail}"
+        f"robust {case.label} {case.fraction:g} {row.name} {row.label} acc={entry['acc']:.4f}{tail}"
     )
 
 
@@ -206,7 +227,7 @@ def attack_tables(results: dict[tuple[Row, Case], dict[str, Any]], rows: list[Ro
         header = ["algorithm", "aggregator", "0 %", *(f"{100 * f:g} %" for f in fractions)]
         body = []
         for row in rows:
-            cells = [LABELS[row.algorithm], row.label]
+            cells = [row.title, row.label]
             for case in [Case("none", 0.0), *(Case(attack, f) for f in fractions)]:
                 entry = results.get((row, case))
                 cell = "—" if entry is None else pct(entry["acc"])
@@ -222,14 +243,14 @@ def sign_flip_checks(results: dict[tuple[Row, Case], dict[str, Any]], rows: list
     body = []
     for row in rows:
         clean = results.get((row, Case("none", 0.0)))
-        mean_clean = results.get((Row(row.algorithm, "mean"), Case("none", 0.0)))
+        mean_clean = results.get((Row(row.algorithm, "mean", iid=row.iid), Case("none", 0.0)))
         for placement in ("spread", "concentrated"):
             hit = results.get((row, Case(*CONCENTRATED, placement=placement)))
             if hit is None or clean is None or mean_clean is None:
                 continue
             body.append(
                 [
-                    LABELS[row.algorithm],
+                    row.title,
                     row.label,
                     placement,
                     pct(clean["acc"]),
@@ -273,20 +294,30 @@ def describe(opts: ReproOptions, wall: float) -> str:
 
 
 def figures(out: Path, results: dict[tuple[Row, Case], dict[str, Any]], rows: list[Row]) -> None:
-    """``sign_flip-<algorithm>.png``: accuracy vs attacker fraction, a line per aggregator."""
+    """``sign_flip-<algorithm>.png``: accuracy vs attacker fraction, a line per aggregator (a
+    colour per rule; the edge-only rows the same colour with markers)."""
+    colors = dict(
+        zip(
+            RULES,
+            ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"),
+            strict=True,
+        )
+    )
     for algorithm in sorted({r.algorithm for r in rows}):
-        series: dict[str, tuple[list[float], list[float]]] = {}
-        for row in (r for r in rows if r.algorithm == algorithm):
+        lines = []
+        for row in (r for r in rows if r.algorithm == algorithm and not r.iid):
             points = sorted(
                 (case.fraction, entry["acc"])
                 for (r, case), entry in results.items()
                 if r == row and case.placement == "spread" and case.attack in ("none", "sign_flip")
             )
             if len(points) > 1:
-                series[row.label] = ([100 * f for f, _ in points], [a for _, a in points])
-        if series:
-            plot_curves(
-                series,
+                xs, ys = [100 * f for f, _ in points], [a for _, a in points]
+                marker = "o" if row.edge_only else ""
+                lines.append(Line(row.label, xs, ys, color=colors[row.rule], marker=marker))
+        if lines:
+            plot_lines(
+                lines,
                 out / f"sign_flip-{algorithm}.png",
                 "sign-flip attackers (% of clients)",
                 "final global accuracy",
@@ -309,9 +340,9 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     rows = [row for a in algorithms for row in rows_of(a)]
     tasks, where = [], {}
     for row in rows:
-        for case in cases_of(opts, row.algorithm):
+        for case in cases_of(opts, row.algorithm, row.iid):
             for seed in range(opts.seeds):
-                folder = runs / row.algorithm / row.label / case.folder / f"seed{seed}"
+                folder = runs / row.name / row.label / case.folder / f"seed{seed}"
                 tasks.append((run_overrides(opts, row, case, seed), folder))
                 where[folder] = (row, case, seed)
     done: dict[tuple[Row, Case, int], dict[str, Any]] = {}
@@ -323,14 +354,14 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
             row, case, seed = where[folder]
             how = "reused" if summary.get("reused") else f"{sec:.0f}s"
             print(
-                f"[{len(done)}/{len(tasks)}] {row.algorithm} {row.label} {case.folder} "
+                f"[{len(done)}/{len(tasks)}] {row.name} {row.label} {case.folder} "
                 f"seed {seed}: acc={summary.get('final_global_acc')} {how}",
                 file=sys.stderr,
                 flush=True,
             )
     results: dict[tuple[Row, Case], dict[str, Any]] = {}
     for row in rows:
-        for case in cases_of(opts, row.algorithm):
+        for case in cases_of(opts, row.algorithm, row.iid):
             summaries = [done[(row, case, seed)] for seed in range(opts.seeds)]
             acc, std = mean_std([float(s["final_global_acc"]) for s in summaries])
             entry = {
@@ -353,7 +384,7 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
         "description": description,
         "results": [
             {
-                "algorithm": row.algorithm,
+                "algorithm": row.name,
                 "aggregator": row.label,
                 "attack": case.attack,
                 "fraction": case.fraction,
