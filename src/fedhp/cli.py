@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         "name",
         help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune | fedht-sim1 | "
         "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless | fnrfl-table2 | "
-        "fedlps-table1 | fedlps-ablation",
+        "fedlps-table1 | fedlps-ablation | robust",
     )
     rep.add_argument(
         "overrides", nargs="*", metavar="key=value", help="applied to every run (right after NAME)"
@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--quick",
         action="store_true",
-        help="fnrfl-table2: a short CPU run (data subset, E = 2); fedlps-*: 30 rounds of 1 epoch",
+        help="fnrfl-table2: a short CPU run (data subset, E = 2); fedlps-*: 30 rounds of 1 epoch; "
+        "robust: 10 rounds, sign flip and ALIE at 20 % only",
     )
     rep.add_argument(
         "--leak", action="store_true", help="fnrfl-table2: the authors' protocol (D_pub = test set)"
