@@ -96,11 +96,26 @@ class ClientTensors:
         std = None if self.noise_std is None else self.noise_std[clients]
         return ClientTensors(self.x[rows], self.y[rows], offsets, owner.to(self.x.device), std)
 
+    def _equal_count(self) -> int | None:
+        """The common sample count of every client (dense features), or None."""
+        counts = self.counts
+        if self.x.is_sparse or counts.numel() == 0:
+            return None
+        first = int(counts[0])
+        return first if first > 0 and bool((counts == first).all()) else None
+
     def windows(self, start: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Positions ``start .. start+width-1`` of every client: ``x [C,W,..]``, ``y``, ``valid``.
 
-        Positions past a client's count repeat its last sample and are marked invalid."""
+        Positions past a client's count repeat its last sample and are marked invalid. Where
+        every client holds the same number of samples, a view of the rows (no copy)."""
         counts = self.counts
+        equal = self._equal_count()
+        if equal is not None and start + width <= equal:
+            c = counts.shape[0]
+            x = self.x.view(c, equal, *self.x.shape[1:])[:, start : start + width]
+            y = self.y.view(c, equal)[:, start : start + width]
+            return x, y, torch.ones(c, width, dtype=torch.bool, device=self.x.device)
         pos = torch.arange(start, start + width, device=self.x.device).unsqueeze(0)
         valid = pos < counts.unsqueeze(1)
         rows = self.offsets[:-1].unsqueeze(1) + torch.minimum(
