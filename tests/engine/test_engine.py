@@ -89,6 +89,20 @@ def test_uneven_clients_evaluate_only_their_own_samples() -> None:
     torch.testing.assert_close(x[0, :3], xs[0])
 
 
+def test_equal_clients_windows_are_views_of_their_rows() -> None:
+    xs = [torch.randn(5, 4) for _ in range(3)]
+    ys = [torch.randint(0, 3, (5,)) for _ in range(3)]
+    data = ClientTensors.from_parts(xs, ys, torch.device("cpu"))
+    x, y, valid = data.windows(1, 3)
+    assert x.data_ptr() == data.x[1].data_ptr() and bool(valid.all())  # no copy
+    for c in range(3):
+        torch.testing.assert_close(x[c], xs[c][1:4], rtol=0, atol=0)
+        torch.testing.assert_close(y[c], ys[c][1:4], rtol=0, atol=0)
+    x, _, valid = data.windows(3, 4)  # past the end: the gathered path, last sample repeated
+    assert valid.sum(1).tolist() == [2, 2, 2]
+    torch.testing.assert_close(x[2, 3], xs[2][4], rtol=0, atol=0)
+
+
 def test_fedavg_run_writes_results_and_counts_bytes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     exp = small_experiment("rounds=3", "model.name=mlr", "algorithm.local_steps=2")
     summary = run_experiment(exp, tmp_path, progress=False)
