@@ -310,8 +310,7 @@ class PrivacyAccountant:
         self.sampling: Sampling = sampling
         self.kind: AccountantKind = accountant
         self._runs: list[_Run] = []
-        self._impl: Any = None  # the dp-accounting accountant, built lazily
-        self._composed: list[int] = []  # rounds of each run already composed into _impl
+        self._impl: Any = None  # the dp-accounting accountant of the rounds so far (lazily)
         self._cache: dict[float, float] = {}
 
     @classmethod
@@ -359,6 +358,7 @@ class PrivacyAccountant:
             self._runs[-1].rounds += run.rounds
         else:
             self._runs.append(run)
+        self._impl = None
         self._cache.clear()
 
     def _event(self, run: _Run) -> Any:
@@ -404,24 +404,17 @@ class PrivacyAccountant:
         ]
         return dp_accounting.ComposedDpEvent(events)
 
-    def _catch_up(self) -> Any:
-        """The dp-accounting accountant with every recorded round composed (incrementally)."""
+    def _composed(self) -> Any:
+        """A fresh dp-accounting accountant with every recorded round composed, run by run
+        (:meth:`dp_event`). Always from scratch: ε is then a function of the recorded rounds
+        alone, bit for bit, however often it was asked for in between (so a run resumed from
+        a checkpoint reports the same ε as the uninterrupted one; composing increments as they
+        come would round differently)."""
         if self._impl is None:
-            self._impl = self._new_impl()
-            self._composed = []
-        with _quiet_absl():
-            for i, run in enumerate(self._runs):
-                if i == len(self._composed):
-                    self._composed.append(0)
-                pending = run.rounds - self._composed[i]
-                if pending > 0:
-                    if run.noise_multiplier == 0:
-                        import dp_accounting
-
-                        self._impl.compose(dp_accounting.NonPrivateDpEvent(), pending)
-                    else:
-                        self._impl.compose(self._event(run), pending)
-                    self._composed[i] = run.rounds
+            impl = self._new_impl()
+            with _quiet_absl():
+                impl.compose(self.dp_event())
+            self._impl = impl
         return self._impl
 
     def epsilon(self, delta: float) -> float:
@@ -432,7 +425,7 @@ class PrivacyAccountant:
         if not self._runs:
             return 0.0
         if delta not in self._cache:
-            impl = self._catch_up()
+            impl = self._composed()
             with _quiet_absl():
                 self._cache[delta] = float(impl.get_epsilon(delta))
         return self._cache[delta]
