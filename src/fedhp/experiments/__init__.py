@@ -1,5 +1,5 @@
-"""Reproductions of the sFedHP, Fed-HT, FNR-FL and FedLPS papers' tables and figures
-(``fedhp reproduce NAME``)."""
+"""Reproductions of the sFedHP, Fed-HT, FNR-FL and FedLPS papers' tables and figures, and the
+client-level DP curve (``fedhp reproduce NAME``)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,12 @@ def _fedlps(experiment: str) -> Callable[[ReproOptions], Any]:
     return run
 
 
+def _dp(opts: ReproOptions) -> Any:
+    from fedhp.experiments import dp
+
+    return dp.reproduce(opts)
+
+
 REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "sfedhp-table1": _table1,
     "sfedhp-lambda": _lambda,
@@ -70,6 +76,7 @@ REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "fnrfl-table2": _fnrfl,
     "fedlps-table1": _fedlps("table1"),
     "fedlps-ablation": _fedlps("ablation"),
+    "dp": _dp,
 }
 
 __all__ = ["REPRODUCTIONS", "ReproOptions"]
