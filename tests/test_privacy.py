@@ -17,6 +17,7 @@ from fedhp.privacy import (
     PrivacyAccountant,
     PrivacyOptions,
     Sampling,
+    calibrate_noise,
     clip_factors,
     clip_updates,
     expected_clients,
@@ -323,3 +324,41 @@ def test_options_errors_are_one_line(data: dict[str, object], needle: str) -> No
     message = str(err.value)
     assert "\n" not in message
     assert needle in message
+
+
+# ----------------------------------------------------------------------------- calibration
+
+CALIBRATIONS = [
+    # (target ε, rounds, sampling, the record_round keywords, accountant)
+    (8.0, 100, "poisson", {"sample_rate": 0.1}, "rdp"),
+    (1.0, 50, "poisson", {"sample_rate": 0.1}, "rdp"),
+    (4.0, 30, "fixed", {"sample_size": 1000, "releases": 4}, "rdp"),
+]
+
+
+@pytest.mark.parametrize(("target", "rounds", "sampling", "kwargs", "kind"), CALIBRATIONS)
+def test_calibrated_noise_meets_the_target_epsilon(
+    target: float, rounds: int, sampling: Sampling, kwargs: dict[str, float], kind: AccountantKind
+) -> None:
+    """ε at the calibrated σ is at most the target and within 1 % of it; 1 % less noise
+    exceeds the target (σ is the smallest that meets it, up to that)."""
+    require_module("dp_accounting")
+
+    def epsilon(sigma: float) -> float:
+        acc = PrivacyAccountant(1000, sampling=sampling, accountant=kind)
+        acc.record_round(sigma, rounds=rounds, **kwargs)
+        return acc.epsilon(DELTA)
+
+    sigma = calibrate_noise(
+        target, DELTA, rounds, population=1000, sampling=sampling, accountant=kind, **kwargs
+    )
+    assert 0 < sigma < math.inf
+    assert target * 0.99 <= epsilon(sigma) <= target
+    assert epsilon(sigma * 0.99) > target
+
+
+def test_calibration_rejects_what_it_cannot_meet() -> None:
+    with pytest.raises(ValueError, match="target_epsilon"):
+        calibrate_noise(math.inf, DELTA, 10, population=100, sample_rate=0.1)
+    with pytest.raises(ValueError, match="rounds"):
+        calibrate_noise(1.0, DELTA, 0, population=100, sample_rate=0.1)

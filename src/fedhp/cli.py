@@ -252,13 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser(
         "reproduce",
-        help="reproduce the sFedHP / Fed-HT / FNR-FL / FedLPS papers' tables and figures",
+        help="reproduce the sFedHP / Fed-HT / FNR-FL / FedLPS papers' tables and figures, "
+        "and the client-level DP curve (dp)",
     )
     rep.add_argument(
         "name",
         help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune | fedht-sim1 | "
         "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless | fnrfl-table2 | "
-        "fedlps-table1 | fedlps-ablation | robust",
+        "fedlps-table1 | fedlps-ablation | robust | dp",
     )
     rep.add_argument(
         "overrides", nargs="*", metavar="key=value", help="applied to every run (right after NAME)"
@@ -293,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help="fnrfl-table2: a short CPU run (data subset, E = 2); fedlps-*: 30 rounds of 1 epoch; "
-        "robust: 10 rounds, sign flip and ALIE at 20 % only",
+        "robust: 10 rounds, sign flip and ALIE at 20 % only; dp: 40 rounds",
     )
     rep.add_argument(
         "--leak", action="store_true", help="fnrfl-table2: the authors' protocol (D_pub = test set)"

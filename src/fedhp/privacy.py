@@ -310,8 +310,7 @@ class PrivacyAccountant:
         self.sampling: Sampling = sampling
         self.kind: AccountantKind = accountant
         self._runs: list[_Run] = []
-        self._impl: Any = None  # the dp-accounting accountant, built lazily
-        self._composed: list[int] = []  # rounds of each run already composed into _impl
+        self._impl: Any = None  # the dp-accounting accountant of the rounds so far (lazily)
         self._cache: dict[float, float] = {}
 
     @classmethod
@@ -359,6 +358,7 @@ class PrivacyAccountant:
             self._runs[-1].rounds += run.rounds
         else:
             self._runs.append(run)
+        self._impl = None
         self._cache.clear()
 
     def _event(self, run: _Run) -> Any:
@@ -387,24 +387,34 @@ class PrivacyAccountant:
             return RdpAccountant(neighboring_relation=relation.ADD_OR_REMOVE_ONE)
         return RdpAccountant(neighboring_relation=relation.REPLACE_ONE)
 
-    def _catch_up(self) -> Any:
-        """The dp-accounting accountant with every recorded round composed (incrementally)."""
-        if self._impl is None:
-            self._impl = self._new_impl()
-            self._composed = []
-        with _quiet_absl():
-            for i, run in enumerate(self._runs):
-                if i == len(self._composed):
-                    self._composed.append(0)
-                pending = run.rounds - self._composed[i]
-                if pending > 0:
-                    if run.noise_multiplier == 0:
-                        import dp_accounting
+    def dp_event(self) -> Any:
+        """The ``dp-accounting`` event of every round recorded so far (a composition of one
+        self-composed event per run of equal rounds; rounds without noise are
+        ``NonPrivateDpEvent``)."""
+        import dp_accounting
 
-                        self._impl.compose(dp_accounting.NonPrivateDpEvent(), pending)
-                    else:
-                        self._impl.compose(self._event(run), pending)
-                    self._composed[i] = run.rounds
+        events = [
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.NonPrivateDpEvent()
+                if run.noise_multiplier == 0
+                else self._event(run),
+                run.rounds,
+            )
+            for run in self._runs
+        ]
+        return dp_accounting.ComposedDpEvent(events)
+
+    def _composed(self) -> Any:
+        """A fresh dp-accounting accountant with every recorded round composed, run by run
+        (:meth:`dp_event`). Always from scratch: ε is then a function of the recorded rounds
+        alone, bit for bit, however often it was asked for in between (so a run resumed from
+        a checkpoint reports the same ε as the uninterrupted one; composing increments as they
+        come would round differently)."""
+        if self._impl is None:
+            impl = self._new_impl()
+            with _quiet_absl():
+                impl.compose(self.dp_event())
+            self._impl = impl
         return self._impl
 
     def epsilon(self, delta: float) -> float:
@@ -415,7 +425,7 @@ class PrivacyAccountant:
         if not self._runs:
             return 0.0
         if delta not in self._cache:
-            impl = self._catch_up()
+            impl = self._composed()
             with _quiet_absl():
                 self._cache[delta] = float(impl.get_epsilon(delta))
         return self._cache[delta]
@@ -462,9 +472,75 @@ class PrivacyAccountant:
         return acc
 
 
+# ----------------------------------------------------------------------------- calibration
+
+
+def calibrate_noise(
+    target_epsilon: float,
+    delta: float,
+    rounds: int,
+    *,
+    population: int,
+    sampling: Sampling = "poisson",
+    sample_rate: float | None = None,
+    sample_size: int | None = None,
+    accountant: AccountantKind = "rdp",
+    releases: int = 1,
+) -> float:
+    """The smallest noise multiplier σ whose ε at ``delta`` after ``rounds`` rounds (sampled as
+    :meth:`PrivacyAccountant.record_round` is told) is at most ``target_epsilon``.
+
+    The search is ``dp-accounting``'s ``mechanism_calibration.calibrate_dp_mechanism`` (Brent's
+    method, then a check that ε does not exceed the target) on the same events and accountant
+    as :class:`PrivacyAccountant`, in a bracket found by doubling/halving σ from 1. σ is found to
+    within ``1e-6 · σ`` (so ε is within a small fraction of a percent of the target)."""
+    from dp_accounting import mechanism_calibration as mc
+
+    if not target_epsilon > 0 or math.isinf(target_epsilon):
+        raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+
+    def accountant_at(sigma: float) -> PrivacyAccountant:
+        acc = PrivacyAccountant(population, sampling=sampling, accountant=accountant)
+        acc.record_round(
+            sigma,
+            sample_rate=sample_rate,
+            sample_size=sample_size,
+            releases=releases,
+            rounds=rounds,
+        )
+        return acc
+
+    def epsilon(sigma: float) -> float:
+        return accountant_at(sigma).epsilon(delta)
+
+    low, high = 1.0, 1.0
+    while epsilon(high) > target_epsilon:
+        low, high = high, 2 * high
+        if high > 2**20:
+            raise ValueError(f"no noise multiplier up to 2^20 reaches epsilon={target_epsilon}")
+    while epsilon(low) <= target_epsilon:
+        low, high = low / 2, low
+        if low < 2**-20:
+            return high  # (practically no noise needed)
+    fresh = PrivacyAccountant(population, sampling=sampling, accountant=accountant)
+    with _quiet_absl():
+        sigma = mc.calibrate_dp_mechanism(
+            fresh._new_impl,
+            lambda s: accountant_at(s).dp_event(),
+            target_epsilon,
+            delta,
+            bracket_interval=mc.ExplicitBracketInterval(low, high),
+            tol=1e-6 * high,
+        )
+    return float(sigma)
+
+
 __all__ = [
     "PrivacyAccountant",
     "PrivacyOptions",
+    "calibrate_noise",
     "clip_factors",
     "clip_updates",
     "expected_clients",

@@ -79,6 +79,11 @@ class AlgorithmOptions(pydantic.BaseModel):
         """Minibatch gradient evaluations per client per global round."""
         return self.local_steps
 
+    def privacy_releases(self) -> int:
+        """Noised aggregates one round's sampled clients feed at the DP level (issue 20), each
+        seen by someone untrusted: 1 by default (one noised mean per round)."""
+        return 1
+
 
 class LocalWorkOptions(AlgorithmOptions):
     """Options of the methods whose local work is either ``local_steps`` minibatch steps or

@@ -171,5 +171,9 @@ class HierFAVGOptions(AlgorithmOptions):
     def gradient_evaluations(self) -> int:
         return self.kappa1 * self.kappa2
 
+    def privacy_releases(self) -> int:
+        """DP at the edges: each of the kappa2 edge aggregations is sent back to the clients."""
+        return self.kappa2
+
     def build(self, ctx: RunContext) -> Algorithm:
         return HierFAVG(self, ctx)

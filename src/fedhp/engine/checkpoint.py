@@ -16,6 +16,8 @@
               samples of the gradient evaluations so far (``BatchedModel.trained_samples``,
               for summary.json's ``train_flops``; None where not known; absent in checkpoints
               written before it existed)
+    privacy   only with ``privacy.enabled``: the DP accountant's state
+              (``PrivacyAccountant.state_dict()``, plain data: the rounds composed so far)
 
 Nothing wall-clock is in it, so the same run (resumed or not) writes the same bytes. The seconds
 spent so far go to ``checkpoint_time.json`` (``{"round": n, "seconds": s}``), written right after
@@ -65,6 +67,7 @@ class Snapshot:
     rows: list[Row] = field(default_factory=list)
     seconds: float = 0.0
     trained_samples: int | None = 0
+    privacy: dict[str, Any] | None = None  # the DP accountant's state (privacy.enabled)
 
     def state_copy(self) -> dict[str, torch.Tensor]:
         """A fresh copy of the algorithm state (to continue from)."""
@@ -116,9 +119,11 @@ def capture(
     rows: list[Row],
     seconds: float,
     trained_samples: int | None = None,
+    privacy: dict[str, Any] | None = None,
 ) -> Snapshot:
     """A :class:`Snapshot` of the run after ``rnd`` rounds (copies the state);
-    ``trained_samples``: the samples trained so far (None: not known)."""
+    ``trained_samples``: the samples trained so far (None: not known); ``privacy``: the DP
+    accountant's state (None: no DP)."""
     return Snapshot(
         round=rnd,
         state={k: v.detach().clone() for k, v in state.items()},
@@ -127,6 +132,7 @@ def capture(
         rows=list(rows),
         seconds=seconds,
         trained_samples=trained_samples,
+        privacy=privacy,
     )
 
 
@@ -141,20 +147,20 @@ def atomic_torch_save(obj: object, path: Path) -> None:
 
 def save_checkpoint(path: Path, snap: Snapshot, config: dict[str, Any]) -> None:
     """Write ``snap`` (with the run's resolved ``config``) to ``path`` atomically."""
-    atomic_torch_save(
-        {
-            "format": FORMAT,
-            "version": VERSION,
-            "round": snap.round,
-            "config": config,
-            "state": _cpu_state(snap.state),
-            "rng": {k: v.to("cpu") for k, v in snap.rng.items()},
-            "ledger": snap.ledger,
-            "rows": snap.rows,
-            "trained_samples": snap.trained_samples,
-        },
-        path,
-    )
+    data: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "round": snap.round,
+        "config": config,
+        "state": _cpu_state(snap.state),
+        "rng": {k: v.to("cpu") for k, v in snap.rng.items()},
+        "ledger": snap.ledger,
+        "rows": snap.rows,
+        "trained_samples": snap.trained_samples,
+    }
+    if snap.privacy is not None:
+        data["privacy"] = snap.privacy
+    atomic_torch_save(data, path)
     write_json_atomic(
         Path(path).with_name(CHECKPOINT_TIME_FILE), {"round": snap.round, "seconds": snap.seconds}
     )

@@ -32,6 +32,7 @@ from fedhp.engine.checkpoint import (
 from fedhp.engine.evaluate import ClientEval, density, evaluate_personal, evaluate_shared
 from fedhp.engine.faults import RoundSkipped
 from fedhp.engine.objective import sparse_learning_metrics
+from fedhp.engine.privacy_budget import RunPrivacy
 from fedhp.errors import DivergenceError
 from fedhp.reporting import MetricsWriter, plot_run, write_json_atomic, write_yaml_atomic
 
@@ -352,6 +353,8 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
         if value.shape != state[key].shape or value.dtype != state[key].dtype:
             raise CheckpointError(f"{path}: state {key!r} has the wrong shape or dtype")
         state[key] = value.to(state[key].device)
+    if exp.cfg.privacy.enabled and not isinstance(data.get("privacy"), dict):
+        raise CheckpointError(f"{path}: holds no DP accountant state; start the run afresh")
     restore_rng(exp, data["rng"])
     exp.ctx.ledger.load_state_dict(data["ledger"])
     return Snapshot(
@@ -362,6 +365,7 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
         rows=list(data["rows"]),
         seconds=checkpoint_seconds(path),
         trained_samples=data.get("trained_samples"),
+        privacy=data.get("privacy"),
     )
 
 
@@ -433,6 +437,7 @@ def run_experiment(
     # The initial parameters on the run's device: init_state keeps them where they are given.
     init = exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET).to(exp.ctx.device)
     state = algo.init_state(init)
+    privacy = RunPrivacy.of(cfg, exp.options)  # the DP budget (None: no DP)
     restored: Snapshot | None = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -470,7 +475,13 @@ def run_experiment(
     def trained() -> int | None:
         return exp.model.trained_samples if samples_known else None
 
-    snap = restored or capture(exp, state, 0, rows, 0.0, trained())
+    if privacy is not None and restored is not None and restored.privacy is not None:
+        privacy.load_state_dict(restored.privacy)
+
+    def budget() -> dict[str, Any] | None:
+        return None if privacy is None else privacy.state_dict()
+
+    snap = restored or capture(exp, state, 0, rows, 0.0, trained(), budget())
     bar = tqdm(
         total=cfg.rounds, initial=start_round, desc=str(cfg.algorithm.get("name")), disable=not show
     )
@@ -481,6 +492,7 @@ def run_experiment(
     try:
         for rnd in range(start_round, cfg.rounds):
             ctx.begin_round(rnd)
+            released = True  # whether the round released an aggregate (DP accounting)
             try:
                 if driver is None:
                     stats: Row = algo.run_round(state, rnd)
@@ -491,6 +503,7 @@ def run_experiment(
                 state.update(snap.state_copy())
                 ledger.load_state_dict(snap.ledger)  # drop anything recorded before the skip
                 stats = {}
+                released = False
                 _round_skipped(exp, rnd, str(why))
             else:
                 _charge_stragglers(exp, snap.state)
@@ -510,9 +523,13 @@ def run_experiment(
                 ledger.load_state_dict(snap.ledger)
                 break
             rounds_done = rnd + 1
+            if privacy is not None and released:
+                privacy.record_round()
             seconds = prior_seconds + time.perf_counter() - start
             if evals is not None:
                 row: Row = {"round": rounds_done, **evals, **stats}
+                if privacy is not None:
+                    row["epsilon"] = privacy.epsilon()
                 if cfg.faults.enabled:
                     participants = ctx.round_participants
                     row["clients_participating"] = 0 if participants is None else len(participants)
@@ -537,7 +554,7 @@ def run_experiment(
                     {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
                 )
             bar.update(1)
-            snap = capture(exp, state, rounds_done, rows, seconds, trained())
+            snap = capture(exp, state, rounds_done, rows, seconds, trained(), budget())
             due = cfg.checkpoint_every and (
                 rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
             )
@@ -566,6 +583,8 @@ def run_experiment(
         driver.close()
     seconds = prior_seconds + time.perf_counter() - start
     summary = summarize(exp, rows, seconds, rounds_done, trained())
+    if privacy is not None:
+        summary["privacy"] = privacy.summary()
     if error is not None:
         summary["stopped"] = str(error)
     if out_dir is not None:

@@ -1,5 +1,5 @@
-"""Reproductions of the sFedHP, Fed-HT, FNR-FL and FedLPS papers' tables and figures,
-and the robust-aggregation study of issue 20 (``fedhp reproduce NAME``)."""
+"""Reproductions of the sFedHP, Fed-HT, FNR-FL and FedLPS papers' tables and figures, the
+robust-aggregation study and the client-level DP curve of issue 20 (``fedhp reproduce NAME``)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,12 @@ def _robust(opts: ReproOptions) -> Any:
     return robust.reproduce(opts)
 
 
+def _dp(opts: ReproOptions) -> Any:
+    from fedhp.experiments import dp
+
+    return dp.reproduce(opts)
+
+
 REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "sfedhp-table1": _table1,
     "sfedhp-lambda": _lambda,
@@ -77,6 +83,7 @@ REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "fedlps-table1": _fedlps("table1"),
     "fedlps-ablation": _fedlps("ablation"),
     "robust": _robust,
+    "dp": _dp,
 }
 
 __all__ = ["REPRODUCTIONS", "ReproOptions"]
