@@ -208,11 +208,18 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
-    """``saved`` (a resolved configuration written earlier) with the top-level keys added since
+    """``saved`` (a resolved configuration written earlier) with the keys added since
     (``backend``, ``flower``, ``plugins``, ``tensorboard``, ``public``, ``subsample``,
-    ``eval_train``) at their defaults, so it compares equal to the same run's configuration
-    resolved today."""
-    from fedhp.config import FlowerConfig, PublicConfig, SubsampleConfig
+    ``eval_train``, ``robust``, ``privacy``, ``faults.attack``) at their defaults, so it
+    compares equal to the same run's configuration resolved today."""
+    from fedhp.config import (
+        AttackConfig,
+        FlowerConfig,
+        PublicConfig,
+        RobustConfig,
+        SubsampleConfig,
+    )
+    from fedhp.privacy import PrivacyOptions
 
     added = {
         "backend": "inprocess",
@@ -222,8 +229,14 @@ def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
         "public": PublicConfig().model_dump(mode="json"),
         "subsample": SubsampleConfig().model_dump(mode="json"),
         "eval_train": True,
+        "robust": RobustConfig().model_dump(mode="json"),
+        "privacy": PrivacyOptions().model_dump(mode="json"),
     }
-    return {**{k: v for k, v in added.items() if k not in saved}, **saved}
+    out = {**{k: v for k, v in added.items() if k not in saved}, **saved}
+    faults = out.get("faults")
+    if isinstance(faults, dict) and "attack" not in faults:
+        out["faults"] = {**faults, "attack": AttackConfig().model_dump(mode="json")}
+    return out
 
 
 def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
