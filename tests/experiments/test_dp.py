@@ -13,7 +13,7 @@ import pytest
 
 from fedhp.config import resolve_config
 from fedhp.errors import ConfigError
-from fedhp.experiments import REPRODUCTIONS, dp
+from fedhp.experiments import REPRODUCTIONS, common, dp
 from fedhp.experiments.common import ReproOptions
 from fedhp.privacy import PrivacyAccountant
 from tests.conftest import require_module
@@ -68,7 +68,7 @@ def _fake_run(overrides: list[str], folder: Path) -> dict[str, Any]:
 def test_reproduce_prints_one_line_per_epsilon_and_writes_table_and_figure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(dp, "run_config", _fake_run)
+    monkeypatch.setattr(common, "run_config", _fake_run)
     opts = ReproOptions(rounds=10, rounds_given=True, out=tmp_path, quiet=True)
     result = REPRODUCTIONS["dp"](opts)
     lines = capsys.readouterr().out.splitlines()

@@ -14,7 +14,7 @@ import fedhp.experiments.robust as robust
 from fedhp.cli import main
 from fedhp.config import resolve_config
 from fedhp.engine.build import check_components
-from fedhp.experiments import REPRODUCTIONS
+from fedhp.experiments import REPRODUCTIONS, common
 from fedhp.experiments.common import ReproOptions
 
 LINE = re.compile(
@@ -73,7 +73,7 @@ def test_reproduce_lines_tables_and_figures(
         stopped = {"stopped": "round 3: nan"} if "concentrated" in text else {}
         return {"final_global_acc": acc, "seconds": 0.5, **stopped}
 
-    monkeypatch.setattr(robust, "run_config", fake_run)
+    monkeypatch.setattr(common, "run_config", fake_run)
     assert "robust" in REPRODUCTIONS
     out = tmp_path / "out"
     code = main(["reproduce", "robust", "--quick", "--out", str(out), "--seeds", "2"])

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -302,6 +302,35 @@ def map_runs(
         start = time.perf_counter()
         result = run(overrides, folder)
         yield folder, result, time.perf_counter() - start
+
+
+Key = TypeVar("Key")
+
+
+def run_keyed(
+    opts: ReproOptions,
+    tasks: Sequence[tuple[Key, list[str], Path]],
+    label: Callable[[Key], str],
+    accuracy: Callable[[Path, dict[str, Any]], float] | None = None,
+) -> dict[Key, dict[str, Any]]:
+    """Run (or reuse) every ``(key, overrides, folder)`` task with ``opts.jobs`` at once; one
+    progress line per run on stderr (``[i/n] label: acc=... 12s|reused``; ``accuracy`` of a
+    run: its final global accuracy unless given). Returns the summaries (each with its
+    ``folder``) by key."""
+    where = {folder: key for key, _, folder in tasks}
+    done: dict[Key, dict[str, Any]] = {}
+    for folder, summary, sec in map_runs([(ov, f) for _, ov, f in tasks], opts.jobs, run_config):
+        summary["folder"] = str(folder)
+        key = where[folder]
+        done[key] = summary
+        acc = (
+            accuracy(folder, summary)
+            if accuracy is not None
+            else summary.get("final_global_acc", math.nan)
+        )
+        how = "reused" if summary.get("reused") else f"{sec:.0f}s"
+        _log(opts, f"[{len(done)}/{len(tasks)}] {label(key)}: acc={acc:.4f} {how}")
+    return done
 
 
 def run_jobs(

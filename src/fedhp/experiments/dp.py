@@ -37,10 +37,9 @@ from fedhp.experiments.common import (
     MODEL_TEXT,
     MODELS,
     ReproOptions,
-    map_runs,
     markdown_table,
     mean_std,
-    run_config,
+    run_keyed,
 )
 from fedhp.reporting import Line, plot_lines, write_json_atomic
 
@@ -271,26 +270,17 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     tag = ("quick-" if opts.quick else "") + model_of(opts)
     out = opts.out or Path("runs") / "reproduce" / f"dp-{opts.dataset}-{tag}"
     runs = opts.runs or out / "runs"
-    tasks, where = [], {}
-    for method in methods:
-        for eps in EPSILONS:
-            for seed in range(opts.seeds):
-                folder = runs / method / f"eps{_tag(eps)}" / f"seed{seed}"
-                tasks.append((run_overrides(opts, method, eps, seed), folder))
-                where[folder] = (method, eps, seed)
-    done: dict[tuple[str, float, int], dict[str, Any]] = {}
-    for folder, summary, sec in map_runs(tasks, opts.jobs, run_config):
-        summary["folder"] = str(folder)
-        done[where[folder]] = summary
-        if not opts.quiet:
-            method, eps, seed = where[folder]
-            how = "reused" if summary.get("reused") else f"{sec:.0f}s"
-            print(
-                f"[{len(done)}/{len(tasks)}] {method} eps={_tag(eps)} seed {seed}: "
-                f"acc={summary.get('final_global_acc', math.nan):.4f} {how}",
-                file=sys.stderr,
-                flush=True,
-            )
+    tasks = [
+        (
+            (method, eps, seed),
+            run_overrides(opts, method, eps, seed),
+            runs / method / f"eps{_tag(eps)}" / f"seed{seed}",
+        )
+        for method in methods
+        for eps in EPSILONS
+        for seed in range(opts.seeds)
+    ]
+    done = run_keyed(opts, tasks, lambda k: f"{k[0]} eps={_tag(k[1])} seed {k[2]}")
     rows = []
     for method in methods:
         for eps in EPSILONS:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import ReproOptions, map_runs, markdown_table, mean_std, run_config
+from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_keyed
 from fedhp.experiments.figures import read_metrics
 from fedhp.reporting import plot_curves, write_json_atomic
 
@@ -412,25 +412,17 @@ def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
     tag = "quick" if opts.quick else "paper"
     out = opts.out or Path("runs") / "reproduce" / f"fedlps-{experiment}-{opts.dataset}-{tag}"
     runs = opts.runs or out / "runs"
-    tasks, where = [], {}
-    for method in methods:
-        for seed in range(opts.seeds):
-            folder = runs / method / f"seed{seed}"
-            tasks.append((run_overrides(opts, method, seed), folder))
-            where[folder] = (method, seed)
-    done: dict[tuple[str, int], dict[str, Any]] = {}
-    for folder, summary, sec in map_runs(tasks, opts.jobs, run_config):
-        summary["folder"] = str(folder)
-        done[where[folder]] = summary
-        if not opts.quiet:
-            method, seed = where[folder]
-            acc = personal_curve(folder)[-1][1]
-            print(
-                f"[{len(done)}/{len(tasks)}] {method} seed {seed}: acc={acc:.4f} "
-                f"{'reused' if summary.get('reused') else f'{sec:.0f}s'}",
-                file=sys.stderr,
-                flush=True,
-            )
+    tasks = [
+        ((method, seed), run_overrides(opts, method, seed), runs / method / f"seed{seed}")
+        for method in methods
+        for seed in range(opts.seeds)
+    ]
+    done = run_keyed(
+        opts,
+        tasks,
+        lambda k: f"{k[0]} seed {k[1]}",
+        lambda folder, _: personal_curve(folder)[-1][1],
+    )
     rows: list[dict[str, Any]] = []
     series: dict[str, tuple[list[float], list[float]]] = {}
     for method in methods:

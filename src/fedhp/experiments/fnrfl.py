@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import ReproOptions, map_runs, markdown_table, mean_std, run_config
+from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_keyed
 from fedhp.experiments.figures import read_metrics
 from fedhp.reporting import plot_curves, write_json_atomic
 
@@ -347,26 +347,22 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     tag = ("quick-" if opts.quick else "") + model_of(opts) + ("-leak" if opts.leak else "")
     out = opts.out or Path("runs") / "reproduce" / f"fnrfl-table2-{opts.dataset}-{tag}"
     runs = opts.runs or out / "runs"
-    tasks, where = [], {}
-    for skew in skews:
-        for method in methods:
-            for seed in range(opts.seeds):
-                folder = runs / skew / method / f"seed{seed}"
-                tasks.append((run_overrides(opts, skew, method, seed), folder))
-                where[folder] = (skew, method, seed)
-    done: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for folder, summary, sec in map_runs(tasks, opts.jobs, run_config):
-        summary["folder"] = str(folder)
-        done[where[folder]] = summary
-        if not opts.quiet:
-            skew, method, seed = where[folder]
-            acc = summary.get("final_global_balanced_acc", math.nan)
-            print(
-                f"[{len(done)}/{len(tasks)}] {skew} {method} seed {seed}: acc={acc:.4f} "
-                f"{'reused' if summary.get('reused') else f'{sec:.0f}s'}",
-                file=sys.stderr,
-                flush=True,
-            )
+    tasks = [
+        (
+            (skew, method, seed),
+            run_overrides(opts, skew, method, seed),
+            runs / skew / method / f"seed{seed}",
+        )
+        for skew in skews
+        for method in methods
+        for seed in range(opts.seeds)
+    ]
+    done = run_keyed(
+        opts,
+        tasks,
+        lambda k: f"{k[0]} {k[1]} seed {k[2]}",
+        lambda _, summary: summary.get("final_global_balanced_acc", math.nan),
+    )
     rows = []
     for skew in skews:
         series = {}

@@ -37,10 +37,9 @@ from fedhp.errors import ConfigError
 from fedhp.experiments.common import (
     MODELS,
     ReproOptions,
-    map_runs,
     markdown_table,
     mean_std,
-    run_config,
+    run_keyed,
 )
 from fedhp.reporting import Line, plot_lines, write_json_atomic
 
@@ -338,27 +337,18 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     out = opts.out or Path("runs") / "reproduce" / f"robust-{opts.dataset}-{tag}"
     runs = opts.runs or out / "runs"
     rows = [row for a in algorithms for row in rows_of(a)]
-    tasks, where = [], {}
-    for row in rows:
-        for case in cases_of(opts, row.algorithm, row.iid):
-            for seed in range(opts.seeds):
-                folder = runs / row.name / row.label / case.folder / f"seed{seed}"
-                tasks.append((run_overrides(opts, row, case, seed), folder))
-                where[folder] = (row, case, seed)
-    done: dict[tuple[Row, Case, int], dict[str, Any]] = {}
-    wall = 0.0
-    for folder, summary, sec in map_runs(tasks, opts.jobs, run_config):
-        done[where[folder]] = summary
-        wall += float(summary.get("seconds", sec))
-        if not opts.quiet:
-            row, case, seed = where[folder]
-            how = "reused" if summary.get("reused") else f"{sec:.0f}s"
-            print(
-                f"[{len(done)}/{len(tasks)}] {row.name} {row.label} {case.folder} "
-                f"seed {seed}: acc={summary.get('final_global_acc')} {how}",
-                file=sys.stderr,
-                flush=True,
-            )
+    tasks = [
+        (
+            (row, case, seed),
+            run_overrides(opts, row, case, seed),
+            runs / row.name / row.label / case.folder / f"seed{seed}",
+        )
+        for row in rows
+        for case in cases_of(opts, row.algorithm, row.iid)
+        for seed in range(opts.seeds)
+    ]
+    done = run_keyed(opts, tasks, lambda k: f"{k[0].name} {k[0].label} {k[1].folder} seed {k[2]}")
+    wall = sum(float(summary.get("seconds", 0.0)) for summary in done.values())
     results: dict[tuple[Row, Case], dict[str, Any]] = {}
     for row in rows:
         for case in cases_of(opts, row.algorithm, row.iid):
