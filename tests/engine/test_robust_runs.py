@@ -134,7 +134,7 @@ BAD_CONFIGS = [
         ["algorithm.name=hierfavg", "robust.edge.name=krum", "robust.edge.f=2"],
         "robust.edge.f",
     ),
-    (["algorithm.name=sfedhp", *SIGN_FLIP], "faults.attack.name"),
+    (["algorithm.name=scaffold", *SIGN_FLIP], "faults.attack.name"),
     (["faults.attack.name=sign_flip", "faults.attack.fraction=1.0"], "faults.attack.fraction"),
 ]
 
