@@ -18,6 +18,7 @@ from fedhp.registry import validate
 from fedhp.robust import (
     RobustOptions,
     aggregate,
+    bucketed,
     clip_updates,
     clipped_mean,
     krum,
@@ -341,3 +342,21 @@ def test_bad_shapes_and_weights_are_value_errors() -> None:
         aggregate(RobustOptions(name="clip", clip_norm=1.0), rows, torch.ones(3), torch.zeros(3))
     with pytest.raises(ValueError, match="rows must be"):
         median(torch.zeros(4))
+
+
+def test_bucketing_averages_random_buckets_of_the_rows() -> None:
+    """s-bucketing: the rows in the generator's random order, cut into buckets of s (the last
+    one smaller), each bucket's weighted mean with its total weight."""
+    rows = torch.arange(10.0).reshape(5, 2)
+    weights = torch.tensor([1.0, 2.0, 1.0, 1.0, 3.0])
+    out, totals = bucketed(rows, weights, 2, torch.Generator().manual_seed(7))
+    order = torch.randperm(5, generator=torch.Generator().manual_seed(7))
+    groups = [order[0:2], order[2:4], order[4:5]]
+    for b, members in enumerate(groups):
+        w = weights[members]
+        torch.testing.assert_close(out[b], (w @ rows[members]) / w.sum())
+        assert float(totals[b]) == float(w.sum())
+    # the weighted total is preserved, and buckets of one row are the rows themselves
+    torch.testing.assert_close(totals @ out, weights @ rows)
+    same, _ = bucketed(rows, weights, 1, torch.Generator().manual_seed(7))
+    assert sorted(same[:, 0].tolist()) == rows[:, 0].tolist()

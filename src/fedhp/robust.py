@@ -74,6 +74,12 @@ class RobustOptions(pydantic.BaseModel):
         validate_default=True,
         description="clip: the norm bound S > 0 on each update (required by clip)",
     )
+    bucket: int = pydantic.Field(
+        1,
+        ge=1,
+        description="rows averaged in random buckets of this size before the rule (1: none; "
+        "Karimireddy et al. 2022's s-bucketing for heterogeneous clients)",
+    )
 
     @pydantic.field_validator("beta")
     @classmethod
@@ -275,6 +281,24 @@ def clipped_mean(
     w = weights.to(rows.dtype)
     mean_update = ((w / w.sum()) * scale) @ updates
     return mean_update if reference is None else reference + mean_update
+
+
+def bucketed(
+    rows: torch.Tensor, weights: torch.Tensor, size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """s-bucketing (Karimireddy, He and Jaggi, ICLR 2022): the rows in a random order (from
+    ``generator``), cut into buckets of ``size`` (the last one smaller), each bucket's weighted
+    mean with the bucket's total weight: ``(rows [⌈n/s⌉, P], weights [⌈n/s⌉])``."""
+    n = rows.shape[0]
+    order = torch.randperm(n, generator=generator, device=generator.device).to(rows.device)
+    bucket_of = torch.empty(n, dtype=torch.long, device=rows.device)
+    bucket_of[order] = torch.arange(n, device=rows.device) // size
+    count = (n + size - 1) // size
+    w = weights.to(rows.dtype)
+    sums = torch.zeros(count, rows.shape[1], dtype=rows.dtype, device=rows.device)
+    sums.index_add_(0, bucket_of, rows * w.unsqueeze(1))
+    totals = torch.zeros(count, dtype=rows.dtype, device=rows.device).index_add_(0, bucket_of, w)
+    return sums / totals.unsqueeze(1), totals
 
 
 def aggregate(

@@ -22,7 +22,7 @@ import torch
 
 from fedhp.engine.ops import weighted_mean
 from fedhp.privacy import PrivacyOptions, clip_updates, noised_mean
-from fedhp.robust import RobustOptions, aggregate
+from fedhp.robust import RobustOptions, aggregate, bucketed
 
 NOISE_SEED_OFFSET = 4_000_037
 
@@ -72,6 +72,8 @@ class LevelRule:
         if self.folds:
             return weighted_mean(rows, weights)
         if not self.private:
+            if self.robust.bucket > 1:
+                rows, weights = bucketed(rows, weights, self.robust.bucket, self.generator)
             return aggregate(self.robust, rows, weights, reference=start, field=self.label)
         p = self.privacy
         assert p is not None

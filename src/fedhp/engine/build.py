@@ -81,7 +81,7 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
                 f"robust.{level}.name: {name} has no {level} mean a robust rule can replace "
                 "(use mean)"
             )
-        rule.check(rows[level], f"robust.{level}")
+        rule.check(-(-rows[level] // rule.bucket), f"robust.{level}")  # rows after bucketing
     if not privacy.enabled:
         return
     where = privacy.where
