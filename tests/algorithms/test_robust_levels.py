@@ -11,7 +11,9 @@ import torch
 
 from fedhp.algorithms.base import Algorithm
 from fedhp.algorithms.fedavg import FedAvgOptions
+from fedhp.algorithms.fedht import FedHTOptions
 from fedhp.algorithms.hierfavg import HierFAVGOptions
+from fedhp.algorithms.perfedavg import PerFedAvgOptions
 from fedhp.algorithms.pfedme import PFedMeOptions
 from fedhp.algorithms.sfedhp import SFedHPOptions
 from fedhp.config import AttackConfig
@@ -24,11 +26,13 @@ from tests.algorithms.tiny import init_params, tiny_context
 EDGES = (4, 3)
 BUILDERS: dict[str, Callable[[RunContext], Algorithm]] = {
     "fedavg": lambda ctx: FedAvgOptions(local_steps=3, lr=0.2, batch_size=6).build(ctx),
+    "fedht": lambda ctx: FedHTOptions(local_steps=3, lr=0.2, batch_size=6, tau=4).build(ctx),
+    "perfedavg": lambda ctx: PerFedAvgOptions(local_steps=3, batch_size=6, beta=0.2).build(ctx),
     "hierfavg": lambda ctx: HierFAVGOptions(kappa1=2, kappa2=2, lr=0.2, batch_size=6).build(ctx),
     "pfedme": lambda ctx: PFedMeOptions(R=2, K=2, batch_size=6).build(ctx),
     "sfedhp": lambda ctx: SFedHPOptions(R=2, K=2, batch_size=6, lam=5.0).build(ctx),
 }
-FIRST_LEVEL = {"fedavg": "cloud", "hierfavg": "edge", "pfedme": "cloud", "sfedhp": "edge"}
+FIRST_LEVEL = {"hierfavg": "edge", "sfedhp": "edge"}
 
 
 def rounds(
@@ -59,6 +63,8 @@ ALL_KEPT = RobustOptions(name="multi_krum", f=0)  # keeps m = n - f = n rows
     [
         ("fedavg", {"cloud": MEAN_LIKE}),
         ("fedavg", {"cloud": ALL_KEPT}),
+        ("fedht", {"cloud": MEAN_LIKE}),
+        ("perfedavg", {"cloud": ALL_KEPT}),
         ("pfedme", {"cloud": MEAN_LIKE}),
         ("pfedme", {"cloud": ALL_KEPT}),
         ("hierfavg", {"edge": MEAN_LIKE, "cloud": MEAN_LIKE}),
@@ -80,7 +86,7 @@ def test_sign_flip_changes_the_round_and_median_limits_it(name: str) -> None:
     plain = rounds(name, {})
     flip = AttackConfig(name="sign_flip", fraction=0.3, sign_scale=20.0)
     attacked = rounds(name, {}, flip)
-    defended = rounds(name, {FIRST_LEVEL[name]: RobustOptions(name="median")}, flip)
+    defended = rounds(name, {FIRST_LEVEL.get(name, "cloud"): RobustOptions(name="median")}, flip)
     moved = (attacked["global"] - plain["global"]).norm()
     kept = (defended["global"] - plain["global"]).norm()
     assert moved > 0.1  # the boosted flip drags the mean away

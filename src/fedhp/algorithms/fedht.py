@@ -17,7 +17,7 @@ import torch
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.objective import client_smoothness
-from fedhp.engine.ops import hard_threshold, weighted_mean
+from fedhp.engine.ops import hard_threshold
 
 
 class FedHT(Algorithm):
@@ -60,9 +60,10 @@ class FedHT(Algorithm):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
-        params, clients = update.per_client["params"], task.clients
+        start, clients = task.broadcast["global"], task.clients
+        params = ctx.upload(update.per_client["params"], clients, start)
         ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
-        state["global"] = self.threshold(weighted_mean(params, ctx.client_weights(clients)))
+        state["global"] = self.threshold(ctx.cloud_mean(params, ctx.client_weights(clients), start))
         assert update.losses is not None
         return {"local_loss": float(update.losses[0].mean()) / self.options.local_steps}
 
@@ -99,6 +100,9 @@ class FedHTOptions(AlgorithmOptions):
         if not isinstance(value, str) and value <= 0:
             raise ValueError("must be > 0 or 'auto'")
         return value
+
+    robust_levels = frozenset({"cloud"})
+    attack_ready = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedHT(self, ctx)

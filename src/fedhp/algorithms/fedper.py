@@ -24,7 +24,6 @@ from fedhp.algorithms.base import (
     capabilities_field,
 )
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import weighted_mean
 from fedhp.errors import ConfigError
 from fedhp.models.masks import output_layer_mask
 
@@ -95,8 +94,11 @@ class FedPer(DenseDeviceCost, Algorithm):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
-        bodies = ctx.send("client_cloud", "up", update.per_client["body"], task.clients)
-        state["global"][self.body_idx] = weighted_mean(bodies, ctx.client_weights(task.clients))
+        start = task.broadcast["body"]
+        bodies = ctx.upload(update.per_client["body"], task.clients, start)
+        bodies = ctx.send("client_cloud", "up", bodies, task.clients)
+        weights = ctx.client_weights(task.clients)
+        state["global"][self.body_idx] = ctx.cloud_mean(bodies, weights, start)
         stats = self.local_work_stats(task, update)
         stats.update(self.account_device_cost(state, task.clients))
         return stats
@@ -110,6 +112,9 @@ class FedPerOptions(LocalWorkOptions):
     """FedPer: averaged body, per-client head (the output layer) kept on the client."""
 
     capabilities: CapabilityMode = capabilities_field()
+
+    robust_levels = frozenset({"cloud"})
+    attack_ready = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedPer(self, ctx)

@@ -30,7 +30,7 @@ from fedhp.algorithms.base import (
 )
 from fedhp.comm import truncate
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss
 from fedhp.models.base import BatchedModel
 
 EVAL_SEED = 7_777_777
@@ -110,8 +110,10 @@ class PerFedAvg(DenseDeviceCost, Algorithm):
         ctx, opt = self.ctx, self.options
         clients = task.clients
         assert update.losses is not None
-        params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
-        state["global"] = weighted_mean(params, ctx.client_weights(clients))
+        start = task.broadcast["global"]
+        params = ctx.upload(update.per_client["params"], clients, start)
+        params = ctx.send("client_cloud", "up", params, clients)
+        state["global"] = ctx.cloud_mean(params, ctx.client_weights(clients), start)
         stats = {"local_loss": mean_group_loss(update.losses, opt.local_steps)}
         stats.update(self.account_device_cost(state, clients))
         return stats
@@ -144,6 +146,9 @@ class PerFedAvgOptions(AlgorithmOptions):
 
     def gradient_evaluations(self) -> int:
         return self.local_steps * (3 if self.variant == "hf" else 2)
+
+    robust_levels = frozenset({"cloud"})
+    attack_ready = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return PerFedAvg(self, ctx)

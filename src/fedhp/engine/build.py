@@ -62,9 +62,10 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
     if uses and cfg.backend != "inprocess":
         raise ConfigError("backend: attacks, robust rules and privacy need backend=inprocess")
     if attack.enabled and attack.name in UPDATE_ATTACKS and not options.attack_ready:
+        ready = ", ".join(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).attack_ready)
         raise ConfigError(
             f"faults.attack.name: {name} does not pass its uploads through the attack "
-            "(fedavg, fedprox, moon, ditto, hierfavg, pfedme, sfedhp do); use label_flip"
+            f"({ready} do); use label_flip"
         )
     sizes = torch.bincount(topology.edge_of_client, minlength=topology.num_edges)
     clients = max(1, round(fed.client_fraction * fed.num_clients))
