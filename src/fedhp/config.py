@@ -154,6 +154,12 @@ class RunConfig(pydantic.BaseModel):
         True, description="also evaluate on the training data (train_loss, personal_train_loss)"
     )
     checkpoint_every: int = pydantic.Field(10, ge=0)
+    state_storage: Literal["memory", "disk"] = pydantic.Field(
+        "memory", description="disk: per-client state rows in memory-mapped files (CPU)"
+    )
+    state_dir: str | None = pydantic.Field(
+        None, description="folder of the disk-backed state (default: <out>/state)"
+    )
     max_loss: float | None = pydantic.Field(1000.0, gt=0)
     device: str = "cpu"
     threads: int | None = pydantic.Field(None, gt=0)

@@ -83,6 +83,8 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
                 "(use mean)"
             )
         rule.check(-(-rows[level] // rule.bucket), f"robust.{level}")  # rows after bucketing
+    if cfg.state_storage == "disk" and (cfg.backend != "inprocess" or cfg.device != "cpu"):
+        raise ConfigError("state_storage: disk needs backend=inprocess and device=cpu")
     if not privacy.enabled:
         return
     where = privacy.where

@@ -68,10 +68,22 @@ class Snapshot:
     seconds: float = 0.0
     trained_samples: int | None = 0
     privacy: dict[str, Any] | None = None  # the DP accountant's state (privacy.enabled)
+    shared: frozenset[str] = frozenset()  # entries in snapshot files (state_storage: disk)
 
     def state_copy(self) -> dict[str, torch.Tensor]:
-        """A fresh copy of the algorithm state (to continue from)."""
-        return {k: v.clone() for k, v in self.state.items()}
+        """A fresh copy of the algorithm state (to continue from); the :attr:`shared` entries
+        are the snapshot's own files, to be copied back into the live ones at once
+        (:meth:`~fedhp.engine.disk_state.DiskState.rebind`)."""
+        return {k: v if k in self.shared else v.clone() for k, v in self.state.items()}
+
+
+def copy_state(
+    state: dict[str, torch.Tensor], into: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """A copy of ``state``: the entries of ``into`` (snapshot files) written into them, the
+    others cloned."""
+    into = into or {}
+    return {k: into[k].copy_(v) if k in into else v.detach().clone() for k, v in state.items()}
 
 
 def _generators(exp: Any) -> dict[str, torch.Generator]:
@@ -120,19 +132,22 @@ def capture(
     seconds: float,
     trained_samples: int | None = None,
     privacy: dict[str, Any] | None = None,
+    *,
+    into: dict[str, torch.Tensor] | None = None,
 ) -> Snapshot:
-    """A :class:`Snapshot` of the run after ``rnd`` rounds (copies the state);
-    ``trained_samples``: the samples trained so far (None: not known); ``privacy``: the DP
-    accountant's state (None: no DP)."""
+    """A :class:`Snapshot` of the run after ``rnd`` rounds (copies the state; ``into``: the
+    snapshot files of disk-backed entries); ``trained_samples``: the samples trained so far
+    (None: not known); ``privacy``: the DP accountant's state (None: no DP)."""
     return Snapshot(
         round=rnd,
-        state={k: v.detach().clone() for k, v in state.items()},
+        state=copy_state(state, into),
         rng=rng_states(exp),
         ledger=exp.ctx.ledger.state_dict(),
         rows=list(rows),
         seconds=seconds,
         trained_samples=trained_samples,
         privacy=privacy,
+        shared=frozenset(into or ()),
     )
 
 
@@ -210,7 +225,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
     """``saved`` (a resolved configuration written earlier) with the keys added since
     (``backend``, ``flower``, ``plugins``, ``tensorboard``, ``public``, ``subsample``,
-    ``eval_train``, ``robust``, ``privacy``, ``faults.attack``) at their defaults, so it
+    ``eval_train``, ``robust``, ``privacy``, ``faults.attack``, ``state_storage``,
+    ``state_dir``) at their defaults, so it
     compares equal to the same run's configuration resolved today."""
     from fedhp.config import (
         AttackConfig,
@@ -231,6 +247,8 @@ def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
         "eval_train": True,
         "robust": RobustConfig().model_dump(mode="json"),
         "privacy": PrivacyOptions().model_dump(mode="json"),
+        "state_storage": "memory",
+        "state_dir": None,
     }
     out = {**{k: v for k, v in added.items() if k not in saved}, **saved}
     faults = out.get("faults")

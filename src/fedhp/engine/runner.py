@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,11 +25,13 @@ from fedhp.engine.checkpoint import (
     capture,
     checkpoint_seconds,
     config_difference,
+    copy_state,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
     save_final_state,
 )
+from fedhp.engine.disk_state import DiskState
 from fedhp.engine.evaluate import ClientEval, density, evaluate_personal, evaluate_shared
 from fedhp.engine.faults import RoundSkipped
 from fedhp.engine.objective import sparse_learning_metrics
@@ -321,7 +324,25 @@ def _charge_evaluation(exp: Experiment, state: State, rnd: int) -> None:
     )
 
 
-def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
+def disk_state(exp: Experiment, out_dir: Path | None) -> DiskState | None:
+    """The run's disk-backed per-client state (``state_storage: disk``; None: in RAM), in
+    ``state_dir`` or ``<out>/state`` (a temporary folder without an out folder)."""
+    cfg = exp.cfg
+    if cfg.state_storage != "disk":
+        return None
+    if cfg.state_dir is not None:
+        folder = Path(cfg.state_dir)
+    elif out_dir is not None:
+        folder = out_dir / "state"
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="fedhp-state-"))
+    keys = [k for k, kind in exp.algorithm.held_keys.items() if kind == "client"]
+    return DiskState(folder, keys)
+
+
+def _restore(
+    exp: Experiment, state: State, out_dir: Path, disk: DiskState | None = None
+) -> Snapshot | None:
     """Load ``out_dir``'s checkpoint into ``state``, the RNGs and the ledger (None: none yet)."""
     path = out_dir / CHECKPOINT_FILE
     if not path.exists():
@@ -353,19 +374,22 @@ def _restore(exp: Experiment, state: State, out_dir: Path) -> Snapshot | None:
         if value.shape != state[key].shape or value.dtype != state[key].dtype:
             raise CheckpointError(f"{path}: state {key!r} has the wrong shape or dtype")
         state[key] = value.to(state[key].device)
+    if disk is not None:
+        disk.rebind(state)
     if exp.cfg.privacy.enabled and not isinstance(data.get("privacy"), dict):
         raise CheckpointError(f"{path}: holds no DP accountant state; start the run afresh")
     restore_rng(exp, data["rng"])
     exp.ctx.ledger.load_state_dict(data["ledger"])
     return Snapshot(
         round=int(data["round"]),
-        state={k: v.clone() for k, v in state.items()},
+        state=copy_state(state, None if disk is None else disk.snapshot),
         rng=data["rng"],
         ledger=data["ledger"],
         rows=list(data["rows"]),
         seconds=checkpoint_seconds(path),
         trained_samples=data.get("trained_samples"),
         privacy=data.get("privacy"),
+        shared=frozenset(() if disk is None else disk.snapshot),
     )
 
 
@@ -437,12 +461,15 @@ def run_experiment(
     # The initial parameters on the run's device: init_state keeps them where they are given.
     init = exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET).to(exp.ctx.device)
     state = algo.init_state(init)
+    disk = disk_state(exp, out_dir)  # per-client rows in files (None: in RAM)
+    if disk is not None:
+        disk.adopt(state)
     privacy = RunPrivacy.of(cfg, exp.options)  # the DP budget (None: no DP)
     restored: Snapshot | None = None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if resume:
-            restored = _restore(exp, state, out_dir)
+            restored = _restore(exp, state, out_dir, disk)
         else:
             for name in RESULT_FILES:
                 (out_dir / name).unlink(missing_ok=True)
@@ -481,7 +508,8 @@ def run_experiment(
     def budget() -> dict[str, Any] | None:
         return None if privacy is None else privacy.state_dict()
 
-    snap = restored or capture(exp, state, 0, rows, 0.0, trained(), budget())
+    into = None if disk is None else disk.snapshot
+    snap = restored or capture(exp, state, 0, rows, 0.0, trained(), budget(), into=into)
     bar = tqdm(
         total=cfg.rounds, initial=start_round, desc=str(cfg.algorithm.get("name")), disable=not show
     )
@@ -507,6 +535,8 @@ def run_experiment(
                 _round_skipped(exp, rnd, str(why))
             else:
                 _charge_stragglers(exp, snap.state)
+            if disk is not None:  # (a replaced or rolled-back entry back into its file)
+                disk.rebind(state)
             _charge_evaluation(exp, state, rnd)
             round_comm = ledger.end_round()
             problem = divergence_problem(state, stats, cfg.max_loss)
@@ -520,6 +550,8 @@ def run_experiment(
                 error = _divergence(exp, rnd, problem, out_dir)
                 state.clear()
                 state.update(snap.state_copy())  # keep the last good state, not the diverged one
+                if disk is not None:
+                    disk.rebind(state)
                 ledger.load_state_dict(snap.ledger)
                 break
             rounds_done = rnd + 1
@@ -554,7 +586,7 @@ def run_experiment(
                     {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
                 )
             bar.update(1)
-            snap = capture(exp, state, rounds_done, rows, seconds, trained(), budget())
+            snap = capture(exp, state, rounds_done, rows, seconds, trained(), budget(), into=into)
             due = cfg.checkpoint_every and (
                 rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
             )
