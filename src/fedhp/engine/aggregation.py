@@ -8,8 +8,9 @@ the sample size under fixed-size sampling), added back to ``start``. The plain w
 (no robust rule, no noise and no clipping) is :func:`fedhp.engine.ops.weighted_mean` itself, so
 methods that fold their uploads part by part keep doing so (:attr:`LevelRule.folds`).
 
-The noise comes from a stream seeded by ``(seed, round)``, like the failures: a resumed run
-draws the same noise and a checkpoint needs no state for it.
+A robust rule may first average the rows in random buckets (``bucket``, s-bucketing). The noise
+and the buckets' shuffle come from a stream seeded by ``(seed, round)``, like the failures: a
+resumed run draws the same and a checkpoint needs no state for it.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class LevelRule:
         return self.robust.name == "mean" and not self.private
 
     def begin_round(self, rnd: int) -> None:
-        """Re-seed the noise stream for round ``rnd``."""
+        """Re-seed the level's stream (DP noise, the buckets' shuffle) for round ``rnd``."""
         seed = np.random.default_rng([self.seed + NOISE_SEED_OFFSET, rnd]).integers(2**62)
         self.generator.manual_seed(int(seed))
 
