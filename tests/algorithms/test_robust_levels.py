@@ -15,6 +15,7 @@ from fedhp.algorithms.fedht import FedHTOptions
 from fedhp.algorithms.hierfavg import HierFAVGOptions
 from fedhp.algorithms.perfedavg import PerFedAvgOptions
 from fedhp.algorithms.pfedme import PFedMeOptions
+from fedhp.algorithms.scaffold import ScaffoldOptions
 from fedhp.algorithms.sfedhp import SFedHPOptions
 from fedhp.config import AttackConfig
 from fedhp.engine.aggregation import LevelRule
@@ -30,6 +31,7 @@ BUILDERS: dict[str, Callable[[RunContext], Algorithm]] = {
     "perfedavg": lambda ctx: PerFedAvgOptions(local_steps=3, batch_size=6, beta=0.2).build(ctx),
     "hierfavg": lambda ctx: HierFAVGOptions(kappa1=2, kappa2=2, lr=0.2, batch_size=6).build(ctx),
     "pfedme": lambda ctx: PFedMeOptions(R=2, K=2, batch_size=6).build(ctx),
+    "scaffold": lambda ctx: ScaffoldOptions(local_steps=3, lr=0.2, batch_size=6).build(ctx),
     "sfedhp": lambda ctx: SFedHPOptions(R=2, K=2, batch_size=6, lam=5.0).build(ctx),
 }
 FIRST_LEVEL = {"hierfavg": "edge", "sfedhp": "edge"}
@@ -66,6 +68,7 @@ ALL_KEPT = RobustOptions(name="multi_krum", f=0)  # keeps m = n - f = n rows
         ("fedht", {"cloud": MEAN_LIKE}),
         ("perfedavg", {"cloud": ALL_KEPT}),
         ("pfedme", {"cloud": MEAN_LIKE}),
+        ("scaffold", {"cloud": ALL_KEPT}),
         ("pfedme", {"cloud": ALL_KEPT}),
         ("hierfavg", {"edge": MEAN_LIKE, "cloud": MEAN_LIKE}),
         ("hierfavg", {"edge": ALL_KEPT}),

@@ -134,7 +134,7 @@ BAD_CONFIGS = [
         ["algorithm.name=hierfavg", "robust.edge.name=krum", "robust.edge.f=2"],
         "robust.edge.f",
     ),
-    (["algorithm.name=scaffold", *SIGN_FLIP], "faults.attack.name"),
+    (["algorithm.name=fednova", *SIGN_FLIP], "faults.attack.name"),
     (["robust.cloud.name=krum", "robust.cloud.f=1", "robust.cloud.bucket=5"], "robust.cloud.f"),
     (["faults.attack.name=sign_flip", "faults.attack.fraction=1.0"], "faults.attack.fraction"),
 ]

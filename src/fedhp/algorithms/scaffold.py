@@ -101,12 +101,14 @@ class Scaffold(Algorithm):
         clients = task.clients
         p = ctx.model.num_params
         bufs = update.per_client.get("buffers")
-        rows = torch.cat((self.wire(update.per_client["params"], bufs), update.per_client["dc"]), 1)
+        x = state["global"]
+        y = ctx.upload(update.per_client["params"], clients, task.broadcast["global"])
+        rows = torch.cat((self.wire(y, bufs), update.per_client["dc"]), 1)
         up = ctx.send("client_cloud", "up", rows, clients)
         y, bufs = self.unwire(up[:, :-p], bufs is not None)
         dc = up[:, -p:]
         weights = ctx.client_weights(clients)
-        x, mean = state["global"], weighted_mean(y, weights)
+        mean = ctx.cloud_mean(y, weights, task.broadcast["global"])  # (dc: the plain mean)
         state["global"] = mean if opt.server_lr == 1.0 else x + opt.server_lr * (mean - x)
         state["c"] = state["c"] + (len(clients) / ctx.num_clients) * weighted_mean(dc, weights)
         if bufs is not None:
@@ -122,6 +124,8 @@ class ScaffoldOptions(LocalWorkOptions):
     server_lr: float = pydantic.Field(1.0, gt=0, description="global step size eta_g")
 
     supports_buffers = True
+    robust_levels = frozenset({"cloud"})
+    attack_ready = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return Scaffold(self, ctx)
