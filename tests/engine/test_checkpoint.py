@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -74,6 +75,21 @@ class Killed(BaseException):
     """Stands in for SIGKILL inside the process (not caught by the runner)."""
 
 
+def kill_before_round(exp: Any, out: Path, rnd: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``exp`` into ``out`` until round ``rnd`` (0-based) starts, as if killed there."""
+    original = exp.algorithm.run_round
+
+    def dying_round(state: dict[str, torch.Tensor], r: int) -> dict[str, float]:
+        if r == rnd:
+            raise Killed
+        return original(state, r)
+
+    monkeypatch.setattr(exp.algorithm, "run_round", dying_round)
+    with pytest.raises(Killed):
+        run_experiment(exp, out)
+    monkeypatch.undo()
+
+
 @pytest.mark.parametrize(
     ("extra", "where"),
     [([], "before_round"), (HIER_FAULTS, "before_checkpoint")],
@@ -88,14 +104,7 @@ def test_interrupted_run_resumes_bit_identically(
     cfg = resolve_config(None, [*FAST, *extra])
     exp = build_experiment(cfg)
     if where == "before_round":  # killed at the start of round 4 (checkpoint of round 2 exists)
-        original = exp.algorithm.run_round
-
-        def dying_round(state: dict[str, torch.Tensor], rnd: int) -> dict[str, float]:
-            if rnd == 3:
-                raise Killed
-            return original(state, rnd)
-
-        monkeypatch.setattr(exp.algorithm, "run_round", dying_round)
+        kill_before_round(exp, out, 3, monkeypatch)
     else:  # killed after round 4's metrics row was written, before its checkpoint
         real_save = runner.save_checkpoint
 
@@ -105,9 +114,9 @@ def test_interrupted_run_resumes_bit_identically(
             real_save(path, snap, config)
 
         monkeypatch.setattr(runner, "save_checkpoint", dying_save)
-    with pytest.raises(Killed):
-        run_experiment(exp, out)
-    monkeypatch.undo()
+        with pytest.raises(Killed):
+            run_experiment(exp, out)
+        monkeypatch.undo()
     assert load_checkpoint(out / CHECKPOINT_FILE)["round"] == 2
     torch.manual_seed(12345)  # a resumed process starts with another global RNG state
     run(out, *extra, resume=True)

@@ -22,7 +22,7 @@ from fedhp.engine.runner import run_experiment
 from fedhp.privacy import PrivacyAccountant, PrivacyOptions, clip_updates
 from fedhp.robust import RobustOptions
 from tests.conftest import require_module
-from tests.engine.test_checkpoint import FAST, Killed, same_results
+from tests.engine.test_checkpoint import FAST, kill_before_round, same_results
 
 require_module("dp_accounting")
 
@@ -108,17 +108,7 @@ def test_resumed_private_run_is_bit_identical(
     ref, out = tmp_path / "ref", tmp_path / "killed"
     run(ref, *POISSON)
     exp = build_experiment(resolve_config(None, [*SMALL, *POISSON]))
-    original = exp.algorithm.run_round
-
-    def dying_round(state: dict[str, torch.Tensor], rnd: int) -> dict[str, float]:
-        if rnd == 3:  # the checkpoint of round 2 exists
-            raise Killed
-        return original(state, rnd)
-
-    monkeypatch.setattr(exp.algorithm, "run_round", dying_round)
-    with pytest.raises(Killed):
-        run_experiment(exp, out)
-    monkeypatch.undo()
+    kill_before_round(exp, out, 3, monkeypatch)  # the checkpoint of round 2 exists
     saved = load_checkpoint(out / CHECKPOINT_FILE)
     assert saved["round"] == 2 and saved["privacy"]["runs"][0]["rounds"] == 2
     torch.manual_seed(12345)

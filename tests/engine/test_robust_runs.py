@@ -13,7 +13,7 @@ from fedhp.config import resolve_config
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.build import build_experiment
 from fedhp.engine.runner import run_experiment
-from tests.engine.test_checkpoint import FAST, Killed, same_results
+from tests.engine.test_checkpoint import FAST, kill_before_round, same_results
 from tests.engine.test_checkpoint import run as checkpoint_run
 
 # MNIST Setting 1 (20 clients, 4 edges of 5), MLR, 2 local steps, 3 rounds.
@@ -172,17 +172,7 @@ def test_attacked_robust_run_resumes_bit_identically(
     checkpoint_run(ref, *HIER_ATTACKED)
     out = tmp_path / "killed"
     exp = build_experiment(resolve_config(None, [*FAST, *HIER_ATTACKED]))
-    original = exp.algorithm.run_round
-
-    def dying_round(state: dict[str, torch.Tensor], rnd: int) -> dict[str, float]:
-        if rnd == 3:
-            raise Killed
-        return original(state, rnd)
-
-    monkeypatch.setattr(exp.algorithm, "run_round", dying_round)
-    with pytest.raises(Killed):
-        run_experiment(exp, out)
-    monkeypatch.undo()
+    kill_before_round(exp, out, 3, monkeypatch)  # the checkpoint of round 2 exists
     torch.manual_seed(12345)
     checkpoint_run(out, *HIER_ATTACKED, resume=True)
     same_results(ref, out)
