@@ -177,3 +177,43 @@ def test_score_reset_starts_every_round_from_the_initial_scores(init: str) -> No
             unit_mask_from_scores(model, drawn, ratio),
             unit_mask_from_scores(model, ordered, ratio),
         )
+
+
+def test_personal_keep_above_stores_only_models_trained_above_it() -> None:
+    """``personal_keep_above`` (the authors' evaluation): a client's personal model is replaced
+    only in rounds it trains at s above the threshold; until it has one it is evaluated on the
+    global model. RCR (s = z) gives clients on both sides of ¼ in the same round."""
+    exp, state = _run(
+        "algorithm.local_steps=1",
+        "algorithm.ratio=capability",
+        "algorithm.personal_keep_above=0.25",
+        "federation.client_fraction=1.0",
+    )
+    algo = exp.algorithm
+    before = state["personal"].clone()
+    assert torch.equal(algo.personal_models(state), state["global"].expand_as(before))
+    w = state["global"].clone()
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    algo.aggregate(state, task, update)
+    above = task.per_client["ratio"] > 0.25
+    kept, skipped = task.clients[above], task.clients[~above]
+    assert len(kept) and len(skipped)  # clients on both sides of the threshold
+    assert state["has_personal"][kept].eq(1).all() and state["has_personal"][skipped].eq(0).all()
+    assert torch.equal(state["personal"][skipped], before[skipped])
+    # a stored model is the trained model under its mask: ω⊙m = (ω^r − Δ)⊙m, Δ = (ω^r − ω)⊙m
+    pm = param_mask(exp.model, update.per_client["units"] > 0.5, False)
+    expected = (w - update.per_client["delta"]) * pm
+    torch.testing.assert_close(state["personal"][kept], expected[above])
+    evaluated = algo.personal_models(state)
+    assert torch.equal(evaluated[kept], state["personal"][kept])
+    assert torch.equal(evaluated[skipped], state["global"].expand(len(skipped), -1))
+    assert algo.evaluation_needs_global
+
+
+def test_personal_keep_above_zero_adds_no_state() -> None:
+    """The default (the paper) stores every round's personal model and adds no state entry."""
+    exp, state = _run("algorithm.local_steps=1")
+    assert "has_personal" not in state
+    assert "has_personal" not in exp.algorithm.held_keys
+    assert not exp.algorithm.evaluation_needs_global

@@ -21,7 +21,7 @@ CNN_FORWARD_FLOPS = 2 * (10 * 25 * 24 * 24 + 20 * 10 * 25 * 8 * 8 + 320 * 50 + 5
 
 def test_every_row_resolves_to_the_paper_setup() -> None:
     opts = ReproOptions(dataset="mnist")
-    for method in (*fedlps.TABLE1, *fedlps.ABLATION):
+    for method in (*fedlps.TABLE1, *fedlps.TABLE1_EXTRA, *fedlps.ABLATION):
         cfg = resolve_config(None, fedlps.run_overrides(opts, method, 0))
         algo = cfg.algorithm
         assert cfg.federation.num_clients == 100 and cfg.federation.client_fraction == 0.1
@@ -44,6 +44,13 @@ def test_every_row_resolves_to_the_paper_setup() -> None:
         "score_init": "ordered",
         "ste": False,
         "score_reset": True,
+    }
+    authors = resolve_config(None, fedlps.run_overrides(opts, "fedlps-authors", 0)).algorithm
+    assert {k: authors[k] for k in ("mu", "ste", "arms_low", "personal_keep_above")} == {
+        "mu": 0,
+        "ste": False,
+        "arms_low": 0.5,
+        "personal_keep_above": 0.25,
     }
     flst = resolve_config(None, fedlps.run_overrides(opts, "flst", 0)).algorithm
     assert flst["ratio"] == "fixed" and flst["fixed_ratio"] == 0.5

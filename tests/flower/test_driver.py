@@ -76,6 +76,15 @@ P_MLR = 7850  # 784 * 10 + 10
         ("fedrolex", ("federation.client_fraction=0.5", "flower.nodes=2")),
         ("lotteryfl", ("federation.client_fraction=0.5", "flower.nodes=2")),
         ("fedlps", ("federation.client_fraction=0.5", "flower.nodes=2")),
+        (  # the authors' evaluation: node-held "has a personal model" rows, the global sent along
+            "fedlps",
+            (
+                "federation.client_fraction=0.5",
+                "flower.nodes=2",
+                "algorithm.ratio=capability",
+                "algorithm.personal_keep_above=0.25",
+            ),
+        ),
         ("fedavg", ("subsample.train=2500", "subsample.test=600", "partition.test_per_class=50")),
         # FedLPS's device model on the dense baselines: capabilities drawn at the cloud, the
         # bytes the cloud's ledger billed each client (FedPer: its body), the same sim_time_s

@@ -102,6 +102,8 @@ class FedLPS(Algorithm):
         super().__init__(options, ctx)
         self.num_units = num_units(ctx.model)
         self.cost = DeviceCost()
+        if options.personal_keep_above > 0:  # which clients hold a personal model: node rows
+            self.held_keys["has_personal"] = "client"
 
     # ------------------------------------------------------------------ state
     def init_state(self, init_params: torch.Tensor) -> State:
@@ -123,6 +125,8 @@ class FedLPS(Algorithm):
         }
         init_units = unit_mask_from_scores(model, state["scores"], state["ratio"])
         state["personal"] = init_params * param_mask(model, init_units, opt.structural)
+        if opt.personal_keep_above > 0:
+            state["has_personal"] = init_params.new_zeros(k, 1)
         if opt.ratio == "pucbv":
             self._init_bandits(state, init_params)
         return state
@@ -178,10 +182,21 @@ class FedLPS(Algorithm):
         return {"delta": self.ctx.model.num_params, "units": self.num_units, "train_acc": 1}
 
     def row_width(self, key: str) -> int:
-        return self.num_units if key == "scores" else super().row_width(key)
+        widths = {"scores": self.num_units, "has_personal": 1}
+        return widths[key] if key in widths else super().row_width(key)
+
+    @property
+    def evaluation_needs_global(self) -> bool:
+        """With ``personal_keep_above``, a client with no stored model is evaluated on the
+        global one (sent along)."""
+        return self.options.personal_keep_above > 0 or super().evaluation_needs_global
 
     def personal_models(self, state: State) -> torch.Tensor | None:
-        return state["personal"]
+        """Each client's personal sparse model; with ``personal_keep_above`` > 0, the global
+        model for a client that has not stored one yet (the authors' evaluation)."""
+        if "has_personal" not in state:
+            return state["personal"]
+        return torch.where(state["has_personal"] > 0, state["personal"], state["global"])
 
     # ------------------------------------------------------------------ round
     def plan(self, state: State, rnd: int) -> Task:
@@ -215,7 +230,7 @@ class FedLPS(Algorithm):
         state["scores"][clients] = scores
         units = unit_mask_from_scores(model, scores, ratio)
         pm = param_mask(model, units, opt.structural)
-        state["personal"][clients] = params * pm
+        self._store_personal(state, clients, params * pm, ratio)
         acc = tally["correct"] / tally["seen"].clamp(min=1)
         return Update(
             per_client={
@@ -226,6 +241,19 @@ class FedLPS(Algorithm):
             losses=loss_sum.unsqueeze(0),
             steps=steps,
         )
+
+    def _store_personal(
+        self, state: State, clients: torch.Tensor, personal: torch.Tensor, ratio: torch.Tensor
+    ) -> None:
+        """Keep the round's personal sparse models: every one (the paper), or with
+        ``personal_keep_above`` only those trained at a keep ratio above it (the code)."""
+        threshold = self.options.personal_keep_above
+        if threshold <= 0:
+            state["personal"][clients] = personal
+            return
+        kept = (ratio > threshold).to(clients.device)
+        state["personal"][clients[kept]] = personal[kept]
+        state["has_personal"][clients[kept]] = 1.0
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
@@ -289,6 +317,14 @@ class FedLPSOptions(LocalWorkOptions):
         description="re-initialize a client's Q at the start of each round it takes part in "
         "(the authors' code, initialize_mask): score_init's scores again, sigmoid(|ω^r|_J) of "
         "the received model for magnitude; false: Q persists across rounds (the paper)",
+    )
+    personal_keep_above: float = pydantic.Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="store a client's personal model only from rounds it trains at a keep ratio "
+        "s above this, evaluating a client with none stored on the global model (the authors' "
+        "code: 0.25); 0: every round's (the paper)",
     )
     ratio: RatioPolicy = "pucbv"
     fixed_ratio: float = pydantic.Field(0.5, gt=0, le=1, description="FLST's s (ratio=fixed)")

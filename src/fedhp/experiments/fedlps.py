@@ -41,7 +41,7 @@ TABLE1 = (
     "fedlps",
     "fedlps-mu0",
     "fedlps-code",
-    "fedlps-code-reset",
+    "fedlps-authors",
     "fedavg",
     "heterofl",
     "fedrolex",
@@ -50,6 +50,8 @@ TABLE1 = (
     "ditto",
     "lotteryfl",
 )
+TABLE1_EXTRA = ("fedlps-code-reset", "fedlps-code-arms", "fedlps-code-eval")
+"""FedLPS rows that take one of the authors' code choices at a time (``--methods``)."""
 DENSE = ("fedavg", "perfedavg", "fedper", "ditto")
 """Rows that train the full model (``capabilities`` off unless asked: :func:`method_overrides`
 turns it on)."""
@@ -59,6 +61,9 @@ LABELS = {
     "fedlps-mu0": "FedLPS (μ = 0)",
     "fedlps-code": "FedLPS (μ = 0, ordered scores, no STE: code)",
     "fedlps-code-reset": "FedLPS (code, scores reset every round)",
+    "fedlps-code-arms": "FedLPS (code, P-UCBV arms over [0.5, 1))",
+    "fedlps-code-eval": "FedLPS (code, evaluated as the code: models from s > ¼ only)",
+    "fedlps-authors": "FedLPS (authors' code: arms [0.5, 1), models from s > ¼ only)",
     "fedavg": "FedAvg",
     "heterofl": "HeteroFL",
     "fedrolex": "FedRolex",
@@ -80,6 +85,9 @@ PAPER: dict[str, dict[str, tuple[float, float | None]]] = {
         "fedlps-mu0": (96.77, 0.8),
         "fedlps-code": (96.77, 0.8),
         "fedlps-code-reset": (96.77, 0.8),
+        "fedlps-code-arms": (96.77, 0.8),
+        "fedlps-code-eval": (96.77, 0.8),
+        "fedlps-authors": (96.77, 0.8),
         "fedavg": (88.15, 2.8),
         "heterofl": (90.76, 1.1),
         "fedrolex": (93.73, 1.1),
@@ -98,6 +106,9 @@ PAPER: dict[str, dict[str, tuple[float, float | None]]] = {
         "fedlps-mu0": (87.43, 268.5),
         "fedlps-code": (87.43, 268.5),
         "fedlps-code-reset": (87.43, 268.5),
+        "fedlps-code-arms": (87.43, 268.5),
+        "fedlps-code-eval": (87.43, 268.5),
+        "fedlps-authors": (87.43, 268.5),
         "fedavg": (31.28, 825.4),
         "heterofl": (33.22, 380.1),
         "fedrolex": (33.59, 380.1),
@@ -111,18 +122,25 @@ PAPER: dict[str, dict[str, tuple[float, float | None]]] = {
         "pucbv-dyn": (87.43, 268.5),
     },
 }
+CODE_ARM = ["algorithm.mu=0", "algorithm.score_init=ordered", "algorithm.ste=false"]
 FEDLPS_VARIANTS: dict[str, list[str]] = {
     "fedlps": [],
     "fedlps-mu0": ["algorithm.mu=0"],
     # The authors' code: L_pr off, scores from sort(randn) (the first units kept, in index order)
     # and no CE signal to them (spec); our scores persist across rounds, the code's are reset.
-    "fedlps-code": ["algorithm.mu=0", "algorithm.score_init=ordered", "algorithm.ste=false"],
-    # ... and, as the code does (initialize_mask), the scores re-initialized every round.
-    "fedlps-code-reset": [
-        "algorithm.mu=0",
-        "algorithm.score_init=ordered",
-        "algorithm.ste=false",
-        "algorithm.score_reset=true",
+    "fedlps-code": CODE_ARM,
+    # ... and, as the code does (initialize_mask), the scores re-initialized every round;
+    "fedlps-code-reset": [*CODE_ARM, "algorithm.score_reset=true"],
+    # ... with the code's P-UCBV arms over [0.5, 1) (the spec's `code` preset);
+    "fedlps-code-arms": [*CODE_ARM, "algorithm.arms_low=0.5"],
+    # ... evaluated as the code evaluates (FedLPS.py / Hetero_Client.py): a client's personal
+    # model is stored only in rounds it trains at s > 1/4; one with none is scored on the global;
+    "fedlps-code-eval": [*CODE_ARM, "algorithm.personal_keep_above=0.25"],
+    # ... and both: the authors' code as far as fedhp follows it (scores persist here).
+    "fedlps-authors": [
+        *CODE_ARM,
+        "algorithm.arms_low=0.5",
+        "algorithm.personal_keep_above=0.25",
     ],
     "flst": ["algorithm.ratio=fixed", "algorithm.fixed_ratio=0.5", "algorithm.capabilities=dyn"],
     "rcr-fix": ["algorithm.ratio=capability", "algorithm.capabilities=fix"],
@@ -404,8 +422,9 @@ def describe(opts: ReproOptions) -> str:
 def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
     """Run every (method, seed) of ``experiment`` (``table1`` or ``ablation``); print the result
     lines; write the table and the figure."""
-    allowed = TABLE1 if experiment == "table1" else ABLATION
-    methods = opts.methods or list(allowed)
+    default = TABLE1 if experiment == "table1" else ABLATION
+    allowed = (*TABLE1, *TABLE1_EXTRA) if experiment == "table1" else ABLATION
+    methods = opts.methods or list(default)
     for m in methods:
         if m not in allowed:
             raise ConfigError(f"--methods: unknown {m!r}; choose from {', '.join(allowed)}")
