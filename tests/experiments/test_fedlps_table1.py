@@ -177,5 +177,13 @@ def test_density_breakdown_groups_clients_by_their_personal_models_density(
     ]
     rows = [{"label": "FedLPS", "density": bins}]
     assert "| FedLPS | [0.60, 1.00] | 1 | 0.9000 |" in fedlps.density_markdown(rows)
+    # under personal_keep_above, a client holding no personal model counts with the global one
+    has = torch.tensor([[1.0], [0.0], [1.0]])
+    state = {"personal": personal, "has_personal": has, "global": torch.ones(10)}
+    torch.save({"state": state}, tmp_path / "final_state.pt")
+    assert fedlps.density_breakdown(tmp_path) == [
+        {"low": 0.1, "high": 0.2, "clients": 1, "acc": 0.6},
+        {"low": 0.6, "high": 1.0, "clients": 2, "acc": 0.8},
+    ]
     torch.save({"state": {"global": personal[0]}}, tmp_path / "final_state.pt")
     assert fedlps.density_breakdown(tmp_path) is None

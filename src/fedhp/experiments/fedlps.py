@@ -315,9 +315,10 @@ SPARSE_PERSONAL = (*FEDLPS_VARIANTS, "lotteryfl")
 
 
 def density_breakdown(folder: Path) -> list[dict[str, float]] | None:
-    """The final round's personal accuracy grouped by the density of each client's personal
-    model (its non-zero fraction, from ``final_state.pt``'s ``personal``): one entry per
-    density bin of :data:`DENSITY_EDGES` that holds clients (None without personal models)."""
+    """The final round's personal accuracy grouped by the density of each client's evaluated
+    model (its non-zero fraction, from ``final_state.pt``'s ``personal``, or ``global`` for a
+    client that holds none under ``personal_keep_above``): one entry per density bin of
+    :data:`DENSITY_EDGES` that holds clients (None without personal models)."""
     import torch
 
     from fedhp.engine.checkpoint import FINAL_STATE_FILE
@@ -325,7 +326,10 @@ def density_breakdown(folder: Path) -> list[dict[str, float]] | None:
     state = torch.load(folder / FINAL_STATE_FILE, weights_only=True)["state"]
     if "personal" not in state:
         return None
-    density = (state["personal"] != 0).double().mean(1).tolist()
+    models = state["personal"]
+    if "has_personal" in state:
+        models = torch.where(state["has_personal"] > 0, models, state["global"])
+    density = (models != 0).double().mean(1).tolist()
     with (folder / "per_client.csv").open() as f:
         rows = list(csv.DictReader(f))
     last = max(int(r["round"]) for r in rows)
