@@ -33,6 +33,9 @@ Usage: python benchmarks/bench_engine.py [--threads N] [--repeats R] [--steps S]
   [--rounds METHOD ...] [--round-repeats N]
 Output: one line per model,
   bench <model> vectorized_s=… reference_s=… speedup=… train_gflops=… peak_gflops=…
+(the MLPs add gemm_floor_s=… ceiling_speedup=…: the same run's time of the engine's matrix
+products alone, :func:`mlp_gemms_only`, and the reference time over it, the best speedup those
+kernels allow)
 then one line per method of ``--rounds`` (default fedavg sfedhp pfedme; none: ``--rounds``),
   bench round <method> s_per_round=… ratio_to_fedavg=… threads=… train_s=… eval_s=…
 """
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -52,6 +56,7 @@ from fedhp.engine.reference import reference_fedavg_round, reference_local_sgd
 from fedhp.engine.runner import evaluate_state
 from fedhp.models import MODELS as ZOO
 from fedhp.models.base import BatchedModel
+from fedhp.models.zoo import SMALL_LAYER, BatchedMLP
 
 MODELS = {
     "mlr": ["model.name=mlr"],
@@ -99,24 +104,68 @@ def bench_model(name: str, steps: int, repeats: int, peak_before: float) -> str:
         return reference_fedavg_round(model, w0, batches, 0.05, weights)
 
     drift = (vectorized() - reference()).abs().max().item()  # also warms both paths up
-    vec_times: list[float] = []
-    ref_times: list[float] = []
+    paths: list[tuple[Callable[[], object], list[float]]] = [(reference, []), (vectorized, [])]
+    mlp = isinstance(model, BatchedMLP)
+    if isinstance(model, BatchedMLP):
+        start = w0.expand(len(clients), -1)
+
+        def floor() -> None:
+            mlp_gemms_only(model, start.clone(), batches)
+
+        floor()
+        paths.append((floor, []))
     model.trained_samples = 0
     for _ in range(repeats):
-        for fn, times in ((reference, ref_times), (vectorized, vec_times)):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    vec, ref = statistics.median(vec_times), statistics.median(ref_times)
+        for fn, times in paths:
+            _timed(fn, times)
+    ref, vec, *rest = (statistics.median(times) for _, times in paths)
     flops = train_flops_per_call(model, repeats)
     # The peak right before and right after this model's timings; the higher one is reported
     # (conservative for the share of peak). Measuring it between repeats would evict the caches
     # the small models live in and slow them ~2x.
     peak = max(peak_before, matmul_peak_gflops())
+    ceiling = f" gemm_floor_s={rest[0]:.4f} ceiling_speedup={ref / rest[0]:.2f}" if mlp else ""
     return (
         f"bench {name} vectorized_s={vec:.4f} reference_s={ref:.4f} speedup={ref / vec:.2f} "
         f"train_gflops={flops / vec / 1e9:.1f} peak_gflops={peak:.1f} max_param_diff={drift:.1e}"
+        + ceiling
     )
+
+
+def mlp_gemms_only(
+    model: BatchedMLP, flat: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
+    """The matrix products of the engine's MLP steps and nothing else, on the same batches and
+    shapes, with the same kernels (``BatchedMLP.sgd_step``'s forward ``baddbmm``, its input
+    gradients and its weight updates) but no bias, activation, loss or softmax work and no
+    per-step Python logic: a floor on the vectorized path's time with these kernels. Clients in
+    the engine's chunks (:func:`~fedhp.engine.ops.client_chunk`), as ``sgd_steps`` trains them."""
+    chunk = client_chunk(flat.shape[1], flat.shape[0])
+    for start in range(0, flat.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        _mlp_gemms(model, flat[rows], [(x[rows], y) for x, y in batches])
+
+
+def _mlp_gemms(
+    model: BatchedMLP, flat: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
+    layers = model._layers(flat)
+    with torch.no_grad():
+        for x, _ in batches:
+            h = x.reshape(x.shape[0], x.shape[1], -1)
+            acts = [h]
+            for w, b in layers:
+                h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+                acts.append(h)
+            delta = acts[-1].mul_(1e-6)  # any values: the timings do not depend on them
+            for i in reversed(range(len(layers))):
+                w = layers[i][0]
+                below = torch.bmm(delta, w) if i > 0 else delta
+                if w[0].numel() > SMALL_LAYER:
+                    w.baddbmm_(delta.transpose(1, 2), acts[i], alpha=-1e-6)
+                else:
+                    w.add_(torch.bmm(delta.transpose(1, 2), acts[i]), alpha=-1e-6)
+                delta = below
 
 
 def train_flops_per_call(model: BatchedModel, calls: int) -> float:

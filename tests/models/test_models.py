@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedhp.errors import ConfigError
 from fedhp.models import MODELS, BatchedModel
+from fedhp.models.zoo import relu_backward, softmax_cross_entropy
 
 CASES = [
     ({"name": "mlr"}, (1, 28, 28)),
@@ -133,3 +135,24 @@ def test_sgd_step_applies_the_column_hook_before_each_parameters_step(
     assert sorted(seen) == [(s.offset, s.offset + s.numel) for s in model.layout.specs]
     expected = torch.lerp(flat, center, 0.3) - 0.5 * grad
     torch.testing.assert_close(stepped, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_softmax_cross_entropy_is_pytorchs_loss_and_its_gradient() -> None:
+    """The MLPs' five-kernel cross-entropy equals ``F.cross_entropy`` per sample and its logit
+    derivative ``softmax - onehot``, also for logits far from zero (the max is shifted out)."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 7, 10, generator=g) * torch.tensor([1.0, 30.0, 300.0]).view(3, 1, 1)
+    y = torch.randint(0, 10, (3, 7), generator=g)
+    loss, delta = softmax_cross_entropy(logits, y.unsqueeze(2))
+    leaf = logits.clone().requires_grad_()
+    ref = F.cross_entropy(leaf.reshape(-1, 10), y.reshape(-1), reduction="none").view(3, 7)
+    (ref_delta,) = torch.autograd.grad(ref.sum(), leaf)
+    torch.testing.assert_close(loss, ref.detach())
+    torch.testing.assert_close(delta, ref_delta)
+    assert bool(torch.isfinite(loss).all())
+
+
+def test_relu_backward_passes_the_gradient_where_the_output_is_positive() -> None:
+    grad = torch.tensor([1.0, -2.0, 3.0, 4.0])
+    out = torch.tensor([0.5, 0.0, 0.0, 2.0])  # a ReLU's outputs: 0 where the input was <= 0
+    assert relu_backward(grad, out).tolist() == [1.0, 0.0, 0.0, 4.0]

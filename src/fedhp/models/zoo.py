@@ -54,6 +54,34 @@ class MLP(FeatureNet):
         return self.layers[-1](h)
 
 
+SMALL_LAYER = 4096
+"""Per-client weight matrices up to this many entries take their SGD step as one batched ``bmm``
+then an ``add_``; larger ones as an in-place ``baddbmm_`` (on the flat rows' strided view PyTorch
+runs that as one ``addmm_`` per client, which is the faster kernel for large layers and ~2x slower
+for small ones; docs/benchmarks.md, run H)."""
+
+
+def softmax_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample cross-entropy ``[C, B]`` of ``logits [C, B, K]`` at ``target [C, B, 1]`` and
+    its derivative ``softmax - onehot`` ``[C, B, K]``, from one exponential of the shifted logits
+    (what ``log_softmax`` computes, in five small kernels: PyTorch's last-dim ``log_softmax`` is
+    ~10x slower than them for K = 10)."""
+    shifted = logits - logits.amax(2, keepdim=True)
+    exp = shifted.exp()
+    total = exp.sum(2, keepdim=True)
+    loss = (total.log() - shifted.gather(2, target)).squeeze(2)
+    delta = exp.div_(total)
+    delta.scatter_add_(2, target, torch.full_like(target, -1, dtype=delta.dtype))
+    return loss, delta
+
+
+def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``grad`` where the ReLU's output ``out`` is positive, else 0 (one kernel, no bool mask)."""
+    return torch.ops.aten.threshold_backward(grad, out, 0)
+
+
 class BatchedMLP(BatchedModel):
     """Hand-batched MLP: one ``baddbmm`` per layer over the client dimension, and a hand-written
     backward pass that writes each layer's gradient straight into the flat ``[C, P]`` buffer."""
@@ -73,7 +101,7 @@ class BatchedMLP(BatchedModel):
         for i, (w, b) in enumerate(layers):
             h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
             if i < len(layers) - 1:
-                h = torch.relu(h)
+                h.relu_()
             acts.append(h)
         return acts
 
@@ -107,12 +135,10 @@ class BatchedMLP(BatchedModel):
         """The layers' inputs, the per-client (weighted) mean cross-entropy ``[C]`` and its
         derivative with respect to the logits ``[C, B, K]``."""
         acts = self._activations(flat, x)
-        logp = torch.log_softmax(acts[-1], dim=-1)
-        c, b = y.shape
+        b = y.shape[1]
         target = y.unsqueeze(2)
-        loss = weighted_client_mean(-logp.gather(2, target).squeeze(2), weight)
-        delta = logp.exp_()  # softmax
-        delta.scatter_add_(2, target, torch.full_like(target, -1, dtype=delta.dtype))
+        loss, delta = softmax_cross_entropy(acts[-1], target)
+        loss = weighted_client_mean(loss, weight)
         if weight is None:
             delta.div_(b)  # d(mean loss)/d(logits)
         else:  # d(weighted mean loss)/d(logits)
@@ -139,12 +165,15 @@ class BatchedMLP(BatchedModel):
             for i in reversed(range(len(layers))):
                 w, b = layers[i]
                 h_in = acts[i]
-                below = torch.bmm(delta, w).mul_(h_in > 0) if i > 0 else delta
+                below = relu_backward(torch.bmm(delta, w), h_in) if i > 0 else delta
                 if before is not None:
                     for spec in (specs[2 * i], specs[2 * i + 1]):
                         before(spec.offset, spec.offset + spec.numel)
                 b.sub_(delta.sum(1), alpha=lr)
-                w.baddbmm_(delta.transpose(1, 2), h_in, alpha=-lr)
+                if w[0].numel() > SMALL_LAYER:
+                    w.baddbmm_(delta.transpose(1, 2), h_in, alpha=-lr)
+                else:
+                    w.add_(torch.bmm(delta.transpose(1, 2), h_in), alpha=-lr)
                 delta = below
             return loss
 
@@ -167,7 +196,7 @@ class BatchedMLP(BatchedModel):
                 torch.bmm(delta.transpose(1, 2), h_in, out=grads[i][0])
                 torch.sum(delta, dim=1, out=grads[i][1])
                 if i > 0:
-                    delta = torch.bmm(delta, layers[i][0]).mul_(h_in > 0)
+                    delta = relu_backward(torch.bmm(delta, layers[i][0]), h_in)
             return loss, grad
 
 
