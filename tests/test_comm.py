@@ -273,3 +273,22 @@ def test_count_nonzero_half_precision_rows_wider_than_2048() -> None:
     x = torch.ones(2, 5000, dtype=torch.float16)
     x[0, :10] = 0
     assert count_nonzero(x).tolist() == [4990, 5000]
+
+
+def test_merged_node_rounds_add_to_the_cloud_ledgers_own_per_node_rows() -> None:
+    """A Flower node's per-node rows join the cloud's open round node by node (ids far apart
+    too), and close into the totals like the cloud's own."""
+    cloud, node = CommLedger(), CommLedger()
+    cloud.record("client_edge", "up", torch.ones(2, 10), nodes=torch.tensor([3, 99_999]))
+    node.record("client_edge", "up", torch.eye(10)[:2], nodes=torch.tensor([99_999, 0]))
+    cloud.merge_round(json.loads(json.dumps(node.state_dict())))
+    assert cloud.round_node_bytes("client_edge", "up", torch.tensor([0, 3, 99_999])).tolist() == [
+        6.0,
+        40.0,
+        46.0,
+    ]
+    cloud.end_round()
+    rows = cloud.node_totals("client_edge")
+    assert sorted(rows) == [0, 3, 99_999]
+    assert rows[99_999]["messages_up"] == 2 and rows[99_999]["nnz_up"] == 11
+    assert sum(r["bytes_up"] for r in rows.values()) == cloud.totals()["bytes_client_edge_up"]

@@ -267,6 +267,63 @@ def _zero_stats(names: tuple[str, ...]) -> dict[str, int]:
     return dict.fromkeys(names, 0)
 
 
+class _NodeTable:
+    """Per-node counters of one (link, direction): ``stats [n, len(_NODE_STATS)]`` (int64, on the
+    host) indexed by node id, and ``seen [n]``, the ids billed at least once. Node ids are
+    non-negative client or edge indices, so a dense table is at most one row per node (at 10⁵
+    clients a round's ``index_add_`` replaces 10⁵ dict updates per stat)."""
+
+    def __init__(self) -> None:
+        self.stats = torch.zeros(0, len(_NODE_STATS), dtype=torch.int64)
+        self.seen = torch.zeros(0, dtype=torch.bool)
+
+    def _fit(self, size: int) -> None:
+        if size > self.seen.shape[0]:
+            grow = size - self.seen.shape[0]
+            self.stats = torch.cat((self.stats, self.stats.new_zeros(grow, len(_NODE_STATS))))
+            self.seen = torch.cat((self.seen, self.seen.new_zeros(grow)))
+
+    def add(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+        """Add ``values [M, len(_NODE_STATS)]`` to the rows of ``ids [M]`` (repeats summed)."""
+        if ids.numel() == 0:
+            return
+        self._fit(int(ids.max()) + 1)
+        self.stats.index_add_(0, ids, values)
+        self.seen[ids] = True
+
+    def add_table(self, other: _NodeTable) -> None:
+        self._fit(other.seen.shape[0])
+        n = other.seen.shape[0]
+        self.stats[:n] += other.stats
+        self.seen[:n] |= other.seen
+
+    def column(self, ids: torch.Tensor, stat: str) -> torch.Tensor:
+        """``stat`` of each of ``ids`` (0 where never billed), int64."""
+        out = torch.zeros(ids.shape[0], dtype=torch.int64)
+        inside = ids < self.seen.shape[0]
+        out[inside] = self.stats[ids[inside], _NODE_STATS.index(stat)]
+        return out
+
+    def rows(self) -> dict[int, dict[str, int]]:
+        """``{node: {stat: value}}`` of the billed nodes, in id order."""
+        nodes = torch.nonzero(self.seen).flatten()
+        values = self.stats[nodes].tolist()
+        return {
+            node: dict(zip(_NODE_STATS, row, strict=True))
+            for node, row in zip(nodes.tolist(), values, strict=True)
+        }
+
+    @classmethod
+    def of(cls, rows: dict[int, dict[str, int]]) -> _NodeTable:
+        """The table of ``{node: {stat: value}}`` (missing stats 0)."""
+        table = cls()
+        if rows:
+            ids = torch.tensor(list(rows), dtype=torch.int64)
+            values = [[int(stats.get(s, 0)) for s in _NODE_STATS] for stats in rows.values()]
+            table.add(ids, torch.tensor(values, dtype=torch.int64))
+        return table
+
+
 class CommLedger:
     """Accumulates communication cost per (link, direction), per round and in total.
 
@@ -286,9 +343,9 @@ class CommLedger:
     def __init__(self) -> None:
         self._round: dict[tuple[str, str], dict[str, int]] = {}
         self._total: dict[tuple[str, str], dict[str, int]] = {}
-        # (link, direction) -> node id -> stats
-        self._node_round: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
-        self._node_total: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
+        # (link, direction) -> per-node stats
+        self._node_round: dict[tuple[str, str], _NodeTable] = {}
+        self._node_total: dict[tuple[str, str], _NodeTable] = {}
         # (link, direction) -> unit-mask bytes (already included in "bytes")
         self._mask_round: dict[tuple[str, str], int] = {}
         self._mask_total: dict[tuple[str, str], int] = {}
@@ -360,12 +417,12 @@ class CommLedger:
         self._mask_round[key] = self._mask_round.get(key, 0) + added
         self._mask_total.setdefault(key, 0)
         if nodes is not None:
-            ids = torch.as_tensor(nodes).detach().flatten().to(torch.int64).tolist()
-            if len(ids) != int(messages):
-                raise ValueError(f"nodes has {len(ids)} entries but there are {messages} masks")
-            table = self._node_round.setdefault(key, {})
-            for node in ids:
-                table.setdefault(int(node), _zero_stats(_NODE_STATS))["bytes"] += each
+            ids = torch.as_tensor(nodes).detach().flatten().to("cpu", torch.int64)
+            if ids.numel() != int(messages):
+                raise ValueError(f"nodes has {ids.numel()} entries but there are {messages} masks")
+            values = torch.zeros(ids.numel(), len(_NODE_STATS), dtype=torch.int64)
+            values[:, _NODE_STATS.index("bytes")] = each
+            self._node_round.setdefault(key, _NodeTable()).add(ids, values)
         return added
 
     def _with_masks(self, out: dict[str, float], masks: dict[tuple[str, str], int]) -> None:
@@ -391,7 +448,6 @@ class CommLedger:
             return
         if int(ids.min()) < 0:
             raise ValueError("nodes must be non-negative node ids")
-        ids = ids.to(torch.int64)
         columns = {
             "bytes": per.wire,
             "dense_bytes": torch.full_like(nnz, 4 * per.p),
@@ -399,19 +455,9 @@ class CommLedger:
             "nnz": nnz,
             "messages": torch.ones_like(nnz),
         }
-        uniq, inverse = torch.unique(ids, return_inverse=True)
-        sums = {
-            k: torch.zeros(len(uniq), dtype=torch.int64, device=ids.device).index_add_(
-                0, inverse, v
-            )
-            for k, v in columns.items()
-        }
-        table = self._node_round.setdefault((link, direction), {})
-        lists = {k: v.tolist() for k, v in sums.items()}
-        for row, node in enumerate(uniq.tolist()):
-            acc = table.setdefault(int(node), _zero_stats(_NODE_STATS))
-            for k in _NODE_STATS:
-                acc[k] += int(lists[k][row])
+        values = torch.stack([columns[k].to(torch.int64) for k in _NODE_STATS], dim=1)
+        table = self._node_round.setdefault((link, direction), _NodeTable())
+        table.add(ids.to("cpu", torch.int64), values.cpu())
 
     @staticmethod
     def _flatten(table: dict[tuple[str, str], dict[str, int]]) -> dict[str, float]:
@@ -440,11 +486,9 @@ class CommLedger:
         round to each of ``nodes`` (ids as given to :meth:`record`) on ``link`` in
         ``direction``; 0 for a node with no message."""
         _check_link(link, direction)
-        table = self._node_round.get((link, direction), {})
-        ids = torch.as_tensor(nodes).detach().flatten().to(torch.int64).tolist()
-        return torch.tensor(
-            [float(table[i]["bytes"]) if i in table else 0.0 for i in ids], dtype=torch.float64
-        )
+        table = self._node_round.get((link, direction), _NodeTable())
+        ids = torch.as_tensor(nodes).detach().flatten().to("cpu", torch.int64)
+        return table.column(ids, "bytes").to(torch.float64)
 
     def end_round(self) -> dict[str, float]:
         """Close the round: return its counters and add them to the accumulated totals."""
@@ -453,12 +497,8 @@ class CommLedger:
             tot = self._total[key]
             for s, v in stats.items():
                 tot[s] += v
-        for key, nodes in self._node_round.items():
-            tot_nodes = self._node_total.setdefault(key, {})
-            for node, stats in nodes.items():
-                acc = tot_nodes.setdefault(node, _zero_stats(_NODE_STATS))
-                for s, v in stats.items():
-                    acc[s] += v
+        for key, table in self._node_round.items():
+            self._node_total.setdefault(key, _NodeTable()).add_table(table)
         for key, value in self._mask_round.items():
             self._mask_total[key] = self._mask_total.get(key, 0) + value
         self._round = {}
@@ -480,14 +520,15 @@ class CommLedger:
         ``bytes``, ``dense_bytes``, ``remark1_bits``, ``nnz``, ``messages``.
         """
         _check_link(link, "up")
+        tables = {d: self._node_total.get((link, d), _NodeTable()).rows() for d in DIRECTIONS}
         nodes: set[int] = set()
-        for d in DIRECTIONS:
-            nodes.update(self._node_total.get((link, d), {}))
+        for rows in tables.values():
+            nodes.update(rows)
         out: dict[int, dict[str, float]] = {}
         for node in sorted(nodes):
             row: dict[str, float] = {}
             for d in DIRECTIONS:
-                stats = self._node_total.get((link, d), {}).get(node, _zero_stats(_NODE_STATS))
+                stats = tables[d].get(node, _zero_stats(_NODE_STATS))
                 for s in _NODE_STATS:
                     row[f"{s}_{d}"] = float(stats[s])
             for s in _NODE_STATS:
@@ -501,13 +542,11 @@ class CommLedger:
         def pairs(table: dict[tuple[str, str], dict[str, int]]) -> list[list[object]]:
             return [[lk, d, dict(stats)] for (lk, d), stats in table.items()]
 
-        def node_pairs(
-            table: dict[tuple[str, str], dict[int, dict[str, int]]],
-        ) -> list[list[object]]:
+        def node_pairs(table: dict[tuple[str, str], _NodeTable]) -> list[list[object]]:
             return [
-                [lk, d, node, dict(stats)]
+                [lk, d, node, stats]
                 for (lk, d), nodes in table.items()
-                for node, stats in nodes.items()
+                for node, stats in nodes.rows().items()
             ]
 
         out: dict[str, object] = {
@@ -532,14 +571,8 @@ class CommLedger:
                 out[(lk, d)] = {s: int(stats.get(s, 0)) for s in names}
             return out
 
-        def node_pairs(items: object) -> dict[tuple[str, str], dict[int, dict[str, int]]]:
-            out: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
-            for lk, d, node, stats in items:  # type: ignore[attr-defined]
-                _check_link(lk, d)
-                out.setdefault((lk, d), {})[int(node)] = {
-                    s: int(stats.get(s, 0)) for s in _NODE_STATS
-                }
-            return out
+        def node_pairs(items: object) -> dict[tuple[str, str], _NodeTable]:
+            return {key: _NodeTable.of(rows) for key, rows in _node_rows(items).items()}
 
         self.rounds = int(state["rounds"])  # type: ignore[call-overload]
         self._round = pairs(state["round"], _STATS)
@@ -564,16 +597,23 @@ class CommLedger:
             for s in _STATS:
                 acc[s] += int(stats.get(s, 0))
             self._total.setdefault((lk, d), _zero_stats(_STATS))
-        for lk, d, node, stats in other["node_round"]:  # type: ignore[attr-defined]
-            _check_link(lk, d)
-            acc = self._node_round.setdefault((lk, d), {}).setdefault(
-                int(node), _zero_stats(_NODE_STATS)
-            )
-            for s in _NODE_STATS:
-                acc[s] += int(stats.get(s, 0))
+        for key, rows in _node_rows(other["node_round"]).items():
+            self._node_round.setdefault(key, _NodeTable()).add_table(_NodeTable.of(rows))
         for (lk, d), value in _mask_pairs(other.get("mask_round", [])).items():
             self._mask_round[(lk, d)] = self._mask_round.get((lk, d), 0) + value
             self._mask_total.setdefault((lk, d), 0)
+
+
+def _node_rows(items: object) -> dict[tuple[str, str], dict[int, dict[str, int]]]:
+    """``[[link, direction, node, stats], ...]`` (a snapshot's per-node rows) by (link,
+    direction), a node's repeated rows summed."""
+    out: dict[tuple[str, str], dict[int, dict[str, int]]] = {}
+    for lk, d, node, stats in items:  # type: ignore[attr-defined]
+        _check_link(lk, d)
+        acc = out.setdefault((lk, d), {}).setdefault(int(node), _zero_stats(_NODE_STATS))
+        for s in _NODE_STATS:
+            acc[s] += int(stats.get(s, 0))
+    return out
 
 
 def _mask_pairs(items: object) -> dict[tuple[str, str], int]:
