@@ -37,8 +37,9 @@ run: $(DATA_STAMP)
 test: $(DATA_STAMP)
 	$(BIN)/python -m pytest
 
-bench: $(DATA_STAMP)
+bench: $(DATA_STAMP)  # the engine against the per-client loop, then the scale runs
 	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/bench_scale.py
 
 bench-scale: $(DATA_STAMP)
 	$(BIN)/python benchmarks/bench_scale.py
