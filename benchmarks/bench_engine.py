@@ -56,7 +56,7 @@ from fedhp.engine.reference import reference_fedavg_round, reference_local_sgd
 from fedhp.engine.runner import evaluate_state
 from fedhp.models import MODELS as ZOO
 from fedhp.models.base import BatchedModel
-from fedhp.models.zoo import SMALL_LAYER, BatchedMLP
+from fedhp.models.zoo import BatchedMLP, weight_step_
 
 MODELS = {
     "mlr": ["model.name=mlr"],
@@ -105,7 +105,6 @@ def bench_model(name: str, steps: int, repeats: int, peak_before: float) -> str:
 
     drift = (vectorized() - reference()).abs().max().item()  # also warms both paths up
     paths: list[tuple[Callable[[], object], list[float]]] = [(reference, []), (vectorized, [])]
-    mlp = isinstance(model, BatchedMLP)
     if isinstance(model, BatchedMLP):
         start = w0.expand(len(clients), -1)
 
@@ -124,7 +123,7 @@ def bench_model(name: str, steps: int, repeats: int, peak_before: float) -> str:
     # (conservative for the share of peak). Measuring it between repeats would evict the caches
     # the small models live in and slow them ~2x.
     peak = max(peak_before, matmul_peak_gflops())
-    ceiling = f" gemm_floor_s={rest[0]:.4f} ceiling_speedup={ref / rest[0]:.2f}" if mlp else ""
+    ceiling = f" gemm_floor_s={rest[0]:.4f} ceiling_speedup={ref / rest[0]:.2f}" if rest else ""
     return (
         f"bench {name} vectorized_s={vec:.4f} reference_s={ref:.4f} speedup={ref / vec:.2f} "
         f"train_gflops={flops / vec / 1e9:.1f} peak_gflops={peak:.1f} max_param_diff={drift:.1e}"
@@ -161,10 +160,7 @@ def _mlp_gemms(
             for i in reversed(range(len(layers))):
                 w = layers[i][0]
                 below = torch.bmm(delta, w) if i > 0 else delta
-                if w[0].numel() > SMALL_LAYER:
-                    w.baddbmm_(delta.transpose(1, 2), acts[i], alpha=-1e-6)
-                else:
-                    w.add_(torch.bmm(delta.transpose(1, 2), acts[i]), alpha=-1e-6)
+                weight_step_(w, delta, acts[i], 1e-6)
                 delta = below
 
 

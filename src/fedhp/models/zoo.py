@@ -77,6 +77,15 @@ def softmax_cross_entropy(
     return loss, delta
 
 
+def weight_step_(w: torch.Tensor, delta: torch.Tensor, h_in: torch.Tensor, lr: float) -> None:
+    """``w -= lr * deltaᵀ h_in`` per client, in place (``w [C, out, in]``, ``delta [C, B, out]``,
+    ``h_in [C, B, in]``), with the faster kernel for the layer's size (:data:`SMALL_LAYER`)."""
+    if w[0].numel() > SMALL_LAYER:
+        w.baddbmm_(delta.transpose(1, 2), h_in, alpha=-lr)
+    else:
+        w.add_(torch.bmm(delta.transpose(1, 2), h_in), alpha=-lr)
+
+
 def relu_backward(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``grad`` where the ReLU's output ``out`` is positive, else 0 (one kernel, no bool mask)."""
     return torch.ops.aten.threshold_backward(grad, out, 0)
@@ -170,10 +179,7 @@ class BatchedMLP(BatchedModel):
                     for spec in (specs[2 * i], specs[2 * i + 1]):
                         before(spec.offset, spec.offset + spec.numel)
                 b.sub_(delta.sum(1), alpha=lr)
-                if w[0].numel() > SMALL_LAYER:
-                    w.baddbmm_(delta.transpose(1, 2), h_in, alpha=-lr)
-                else:
-                    w.add_(torch.bmm(delta.transpose(1, 2), h_in), alpha=-lr)
+                weight_step_(w, delta, h_in, lr)
                 delta = below
             return loss
 
