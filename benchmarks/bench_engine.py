@@ -20,8 +20,9 @@ values); their line adds ``vmap_all_s``, all clients in one vmap, beside the eng
 (``chunk`` clients at a time, see ``fedhp.engine.ops.client_chunk``).
 
 Then one line per method for whole rounds of the runner (``--rounds``, issue 15): a FedAvg round
-of 100 local steps, a sFedHP round (R = 20 local rounds of K = 5 steps) and a pFedMe round
-(R = 20, K = 5), i.e. 100 gradient steps per client each, MNIST Setting 1, DNN 784-100-10, 20
+of 100 local steps, a sFedHP round (R = 20 local rounds of K = 5 steps), a pFedMe round
+(R = 20, K = 5) and a FedProx round (100 local steps, its default mu), i.e. 100 gradient steps
+per client each, MNIST Setting 1, DNN 784-100-10, 20
 clients, every run's defaults otherwise. A round is timed as the runner's ``seconds_per_round``
 counts it with ``eval_every=1``: ``run_round``, the ledger's round close and the runner's
 evaluation (``evaluate_state``: global and, for the personalized methods, personalized models,
@@ -36,7 +37,8 @@ Output: one line per model,
 (the MLPs add gemm_floor_s=… ceiling_speedup=…: the same run's time of the engine's matrix
 products alone, :func:`mlp_gemms_only`, and the reference time over it, the best speedup those
 kernels allow)
-then one line per method of ``--rounds`` (default fedavg sfedhp pfedme; none: ``--rounds``),
+then one line per method of ``--rounds`` (default fedavg sfedhp pfedme fedprox; none:
+``--rounds``),
   bench round <method> s_per_round=… ratio_to_fedavg=… threads=… train_s=… eval_s=…
 """
 
@@ -232,6 +234,7 @@ ROUND_METHODS: dict[str, list[str]] = {
     "fedavg": ["algorithm.name=fedavg", "algorithm.local_steps=100"],
     "sfedhp": ["algorithm.name=sfedhp", "algorithm.R=20", "algorithm.K=5"],
     "pfedme": ["algorithm.name=pfedme", "algorithm.R=20", "algorithm.K=5"],
+    "fedprox": ["algorithm.name=fedprox", "algorithm.local_steps=100"],
 }
 
 

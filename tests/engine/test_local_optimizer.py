@@ -118,3 +118,42 @@ def test_methods_take_the_options() -> None:
     torch.testing.assert_close(state["global"], expected)
     plain = normalized_average(x, update.per_client["params"], update.steps.double(), weights)
     assert float((plain - expected).abs().max()) > 1e-6  # ρ = 0.5 changes the aggregate
+
+
+def _plain_reference(model, start, batches, client, center):  # type: ignore[no-untyped-def]
+    net = model.make_module(start.clone())
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for x, y in batches:
+        opt.zero_grad()
+        flat = torch.cat([p.reshape(-1) for p in net.parameters()])
+        loss = F.cross_entropy(net(x[client]), y[client]) + MU / 2 * (flat - center).pow(2).sum()
+        loss.backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+def test_plain_prox_steps_pull_inside_the_models_step_and_match_torch(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Plain SGD with FedProx's term takes the fused step (the pull applied inside
+    ``sgd_step``, also chunk by chunk, for a shared centre and for per-client centres) and
+    lands where ``torch.optim.SGD`` on the prox objective does."""
+    model, params, batches = _setup()
+    fused = []
+    plain_step = type(model).sgd_step
+
+    def spy(self, flat, x, y, lr, before=None):  # type: ignore[no-untyped-def]
+        fused.append(before is not None)
+        return plain_step(self, flat, x, y, lr, before)
+
+    monkeypatch.setattr(type(model), "sgd_step", spy)
+    monkeypatch.setattr("fedhp.engine.ops.client_chunk", lambda p, c: 1)  # one client a chunk
+    shared = model.init_params(7)
+    per_client = torch.stack([model.init_params(8), model.init_params(9)])
+    for center in (shared, per_client):
+        fused.clear()
+        out, _ = sgd_steps(model, params, iter(batches).__next__, 4, LR, prox_grad(center, MU))
+        assert fused == [True] * (8 if center.dim() == 1 else 4)  # chunked / whole
+        for c in range(2):
+            ref = _plain_reference(
+                model, params[c], batches, c, center[c] if center.dim() == 2 else center
+            )
+            torch.testing.assert_close(out[c], ref, atol=1e-6, rtol=1e-5)

@@ -114,7 +114,8 @@ def sgd_steps(
     """
     params = params.detach().clone()
     num_clients = params.shape[0]
-    whole = extra_grad is not None or loss_grad is not None
+    shared_prox = isinstance(extra_grad, ProxGrad) and extra_grad.center.dim() == 1
+    whole = (extra_grad is not None and not shared_prox) or loss_grad is not None
     chunk = num_clients if whole else client_chunk(params.shape[1], num_clients)
     if chunk >= num_clients:
         drawn = (batch() for _ in range(steps))
@@ -126,7 +127,7 @@ def sgd_steps(
             params[s : s + chunk],
             ((slice_rows(x, s, s + chunk), y[s : s + chunk]) for x, y in batches),
             lr,
-            None,
+            extra_grad,  # None, or a prox term towards one shared centre
             None if buffers is None else buffers[s : s + chunk],
             None,
             optimizer,
@@ -236,12 +237,13 @@ def _sgd_loop(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     loss_sum = torch.zeros(params.shape[0], device=params.device)
     velocity = _velocity(params, optimizer)
-    plain = extra_grad is None and loss_grad is None and buffers is None
-    plain = plain and (optimizer is None or optimizer.plain)
+    plain = loss_grad is None and buffers is None and (optimizer is None or optimizer.plain)
+    pull = extra_grad.pull(params, lr) if isinstance(extra_grad, ProxGrad) else None
+    plain = plain and (extra_grad is None or pull is not None)
     for x, y in batches:
         if plain:  # the model steps inside its backward pass (BatchedModel.sgd_step)
             model.count_trained(x)
-            loss_sum += model.sgd_step(params, x, y, lr)
+            loss_sum += model.sgd_step(params, x, y, lr, pull)
             continue
         if loss_grad is None:
             loss, grad = batched_loss_grad(model, params, x, y, buffers=buffers)
@@ -258,9 +260,34 @@ def _sgd_loop(
     return params, loss_sum
 
 
+@dataclass(frozen=True)
+class ProxGrad:
+    """Gradient of ``mu/2 ||p - center||^2`` (an :data:`ExtraGrad`; ``center`` broadcasts against
+    ``p``). :func:`sgd_steps` recognizes it: with a plain optimizer its step
+    ``p - lr (grad + mu (p - center))`` is ``lerp(p, center, lr mu) - lr grad``, applied inside
+    the model's :meth:`~fedhp.models.base.BatchedModel.sgd_step` (one pass over the rows, no
+    ``[C, P]`` gradient or prox temporaries; the same values up to rounding)."""
+
+    center: torch.Tensor
+    mu: float
+
+    def __call__(self, p: torch.Tensor) -> torch.Tensor:
+        return (p - self.center).mul_(self.mu)
+
+    def pull(self, params: torch.Tensor, lr: float) -> Callable[[int, int], None]:
+        """The ``before`` hook of :meth:`~fedhp.models.base.BatchedModel.sgd_step` that pulls
+        the columns ``lo .. hi - 1`` of ``params`` towards the centre by ``lr * mu``."""
+        weight = lr * self.mu
+
+        def towards_center(lo: int, hi: int) -> None:
+            params[:, lo:hi].lerp_(self.center[..., lo:hi], weight)
+
+        return towards_center
+
+
 def prox_grad(center: torch.Tensor, mu: float) -> ExtraGrad:
     """Gradient of ``mu/2 ||p - center||^2``; ``center`` broadcasts against ``p``."""
-    return lambda p: (p - center).mul_(mu)
+    return ProxGrad(center, mu)
 
 
 def normalized(weights: torch.Tensor) -> torch.Tensor:
