@@ -21,8 +21,8 @@ values); their line adds ``vmap_all_s``, all clients in one vmap, beside the eng
 
 Then one line per method for whole rounds of the runner (``--rounds``, issue 15): a FedAvg round
 of 100 local steps, a sFedHP round (R = 20 local rounds of K = 5 steps), a pFedMe round
-(R = 20, K = 5) and a FedProx round (100 local steps, its default mu), i.e. 100 gradient steps
-per client each, MNIST Setting 1, DNN 784-100-10, 20
+(R = 20, K = 5), a FedProx round (100 local steps, its default mu) and a SCAFFOLD round (100
+local steps), i.e. 100 gradient steps per client each, MNIST Setting 1, DNN 784-100-10, 20
 clients, every run's defaults otherwise. A round is timed as the runner's ``seconds_per_round``
 counts it with ``eval_every=1``: ``run_round``, the ledger's round close and the runner's
 evaluation (``evaluate_state``: global and, for the personalized methods, personalized models,
@@ -37,8 +37,8 @@ Output: one line per model,
 (the MLPs add gemm_floor_s=… ceiling_speedup=…: the same run's time of the engine's matrix
 products alone, :func:`mlp_gemms_only`, and the reference time over it, the best speedup those
 kernels allow)
-then one line per method of ``--rounds`` (default fedavg sfedhp pfedme fedprox; none:
-``--rounds``),
+then one line per method of ``--rounds`` (default fedavg sfedhp pfedme fedprox scaffold;
+none: ``--rounds``),
   bench round <method> s_per_round=… ratio_to_fedavg=… threads=… train_s=… eval_s=…
 """
 
@@ -235,6 +235,7 @@ ROUND_METHODS: dict[str, list[str]] = {
     "sfedhp": ["algorithm.name=sfedhp", "algorithm.R=20", "algorithm.K=5"],
     "pfedme": ["algorithm.name=pfedme", "algorithm.R=20", "algorithm.K=5"],
     "fedprox": ["algorithm.name=fedprox", "algorithm.local_steps=100"],
+    "scaffold": ["algorithm.name=scaffold", "algorithm.local_steps=100"],
 }
 
 

@@ -6,7 +6,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedhp.engine.ops import LocalOptimizer, prox_grad, sgd_steps, weighted_sgd_steps
+from fedhp.engine.ops import (
+    ConstantGrad,
+    LocalOptimizer,
+    prox_grad,
+    sgd_steps,
+    weighted_sgd_steps,
+)
 from tests.conftest import small_experiment
 
 LR, MOMENTUM, DECAY, MU = 0.1, 0.9, 0.01, 0.5
@@ -120,22 +126,22 @@ def test_methods_take_the_options() -> None:
     assert float((plain - expected).abs().max()) > 1e-6  # ρ = 0.5 changes the aggregate
 
 
-def _plain_reference(model, start, batches, client, center):  # type: ignore[no-untyped-def]
+def _plain_reference(model, start, batches, client, term):  # type: ignore[no-untyped-def]
+    """torch.optim.SGD on the cross-entropy plus the method's term of the flat parameters."""
     net = model.make_module(start.clone())
     opt = torch.optim.SGD(net.parameters(), lr=LR)
     for x, y in batches:
         opt.zero_grad()
         flat = torch.cat([p.reshape(-1) for p in net.parameters()])
-        loss = F.cross_entropy(net(x[client]), y[client]) + MU / 2 * (flat - center).pow(2).sum()
-        loss.backward()
+        (F.cross_entropy(net(x[client]), y[client]) + term(flat)).backward()
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
 
 
-def test_plain_prox_steps_pull_inside_the_models_step_and_match_torch(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Plain SGD with FedProx's term takes the fused step (the pull applied inside
-    ``sgd_step``, also chunk by chunk, for a shared centre and for per-client centres) and
-    lands where ``torch.optim.SGD`` on the prox objective does."""
+def test_plain_steps_fold_prox_and_constant_terms_into_the_models_step(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Plain SGD with FedProx's term (a shared or per-client centre) or SCAFFOLD's constant
+    correction takes the fused step (the term applied inside ``sgd_step``, chunk by chunk) and
+    lands where ``torch.optim.SGD`` on the same objective does."""
     model, params, batches = _setup()
     fused = []
     plain_step = type(model).sgd_step
@@ -147,13 +153,16 @@ def test_plain_prox_steps_pull_inside_the_models_step_and_match_torch(monkeypatc
     monkeypatch.setattr(type(model), "sgd_step", spy)
     monkeypatch.setattr("fedhp.engine.ops.client_chunk", lambda p, c: 1)  # one client a chunk
     shared = model.init_params(7)
-    per_client = torch.stack([model.init_params(8), model.init_params(9)])
-    for center in (shared, per_client):
+    rows = torch.stack([model.init_params(8), model.init_params(9)])
+    cases = [
+        (prox_grad(shared, MU), lambda c: lambda w: MU / 2 * (w - shared).pow(2).sum()),
+        (prox_grad(rows, MU), lambda c: lambda w: MU / 2 * (w - rows[c]).pow(2).sum()),
+        (ConstantGrad(rows * 0.1), lambda c: lambda w: (0.1 * rows[c] * w).sum()),
+    ]
+    for term, objective in cases:
         fused.clear()
-        out, _ = sgd_steps(model, params, iter(batches).__next__, 4, LR, prox_grad(center, MU))
-        assert fused == [True] * (8 if center.dim() == 1 else 4)  # chunked / whole
+        out, _ = sgd_steps(model, params, iter(batches).__next__, 4, LR, term)
+        assert fused == [True] * 8  # 4 steps of each one-client chunk, all fused
         for c in range(2):
-            ref = _plain_reference(
-                model, params[c], batches, c, center[c] if center.dim() == 2 else center
-            )
+            ref = _plain_reference(model, params[c], batches, c, objective(c))
             torch.testing.assert_close(out[c], ref, atol=1e-6, rtol=1e-5)

@@ -30,7 +30,7 @@ import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import momentum_norm, weighted_mean
+from fedhp.engine.ops import ConstantGrad, momentum_norm, weighted_mean
 
 
 def option_two(
@@ -86,7 +86,7 @@ class Scaffold(Algorithm):
         sent = task.broadcast.get("global_buffers")
         bufs = self.start_buffers(state, task.clients, None if sent is None else sent.expand(n, -1))
         y, loss_sum, steps = self.local_update(
-            x.expand(n, -1), task.clients, lambda _: correction, buffers=bufs
+            x.expand(n, -1), task.clients, ConstantGrad(correction), buffers=bufs
         )
         c_new = option_two(c_local, c, x, y, momentum_norm(steps, opt.momentum), opt.lr)
         state["c_local"][task.clients] = c_new

@@ -3,6 +3,7 @@ weighted (segment) averages and broadcasts over the client dimension."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -114,8 +115,8 @@ def sgd_steps(
     """
     params = params.detach().clone()
     num_clients = params.shape[0]
-    shared_prox = isinstance(extra_grad, ProxGrad) and extra_grad.center.dim() == 1
-    whole = (extra_grad is not None and not shared_prox) or loss_grad is not None
+    foldable = extra_grad is None or isinstance(extra_grad, StepTerm)
+    whole = not foldable or loss_grad is not None
     chunk = num_clients if whole else client_chunk(params.shape[1], num_clients)
     if chunk >= num_clients:
         drawn = (batch() for _ in range(steps))
@@ -127,7 +128,7 @@ def sgd_steps(
             params[s : s + chunk],
             ((slice_rows(x, s, s + chunk), y[s : s + chunk]) for x, y in batches),
             lr,
-            extra_grad,  # None, or a prox term towards one shared centre
+            None if extra_grad is None else _rows(extra_grad, s, s + chunk),
             None if buffers is None else buffers[s : s + chunk],
             None,
             optimizer,
@@ -135,6 +136,11 @@ def sgd_steps(
         for s in range(0, num_clients, chunk)
     ]
     return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
+
+
+def _rows(term: ExtraGrad, start: int, stop: int) -> ExtraGrad:
+    assert isinstance(term, StepTerm)  # sgd_steps chunks clients only for these
+    return term.rows(start, stop)
 
 
 WeightedBatch = Callable[[int, slice], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
@@ -238,7 +244,7 @@ def _sgd_loop(
     loss_sum = torch.zeros(params.shape[0], device=params.device)
     velocity = _velocity(params, optimizer)
     plain = loss_grad is None and buffers is None and (optimizer is None or optimizer.plain)
-    pull = extra_grad.pull(params, lr) if isinstance(extra_grad, ProxGrad) else None
+    pull = extra_grad.pull(params, lr) if isinstance(extra_grad, StepTerm) else None
     plain = plain and (extra_grad is None or pull is not None)
     for x, y in batches:
         if plain:  # the model steps inside its backward pass (BatchedModel.sgd_step)
@@ -260,13 +266,36 @@ def _sgd_loop(
     return params, loss_sum
 
 
+class StepTerm(ABC):
+    """An :data:`ExtraGrad` that :func:`sgd_steps` can fold into the model's own step: with a
+    plain optimizer, ``p - lr (grad + term(p))`` is taken as the model's
+    :meth:`~fedhp.models.base.BatchedModel.sgd_step` with :meth:`pull` as its column hook (one
+    pass over the rows, no ``[C, P]`` gradient or term temporaries; the same values up to
+    rounding)."""
+
+    @abstractmethod
+    def __call__(self, p: torch.Tensor) -> torch.Tensor:
+        """The term's gradient at ``p [C, P]`` (broadcastable against it; read, not written)."""
+
+    @abstractmethod
+    def pull(self, params: torch.Tensor, lr: float) -> Callable[[int, int], None]:
+        """The hook that moves the columns ``lo .. hi - 1`` of ``params`` by ``-lr`` times the
+        term (read at the old values)."""
+
+    @abstractmethod
+    def rows(self, start: int, stop: int) -> StepTerm:
+        """The term of clients ``start .. stop - 1`` (for client chunks)."""
+
+
+def _row_slice(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start .. stop - 1`` of a per-client ``[C, P]`` tensor; a shared ``[P]`` as is."""
+    return t if t.dim() == 1 else t[start:stop]
+
+
 @dataclass(frozen=True)
-class ProxGrad:
-    """Gradient of ``mu/2 ||p - center||^2`` (an :data:`ExtraGrad`; ``center`` broadcasts against
-    ``p``). :func:`sgd_steps` recognizes it: with a plain optimizer its step
-    ``p - lr (grad + mu (p - center))`` is ``lerp(p, center, lr mu) - lr grad``, applied inside
-    the model's :meth:`~fedhp.models.base.BatchedModel.sgd_step` (one pass over the rows, no
-    ``[C, P]`` gradient or prox temporaries; the same values up to rounding)."""
+class ProxGrad(StepTerm):
+    """Gradient of ``mu/2 ||p - center||^2`` (``center`` ``[P]`` or one row per client): the
+    step ``p - lr (grad + mu (p - center))`` is ``lerp(p, center, lr mu) - lr grad``."""
 
     center: torch.Tensor
     mu: float
@@ -275,14 +304,35 @@ class ProxGrad:
         return (p - self.center).mul_(self.mu)
 
     def pull(self, params: torch.Tensor, lr: float) -> Callable[[int, int], None]:
-        """The ``before`` hook of :meth:`~fedhp.models.base.BatchedModel.sgd_step` that pulls
-        the columns ``lo .. hi - 1`` of ``params`` towards the centre by ``lr * mu``."""
         weight = lr * self.mu
 
         def towards_center(lo: int, hi: int) -> None:
             params[:, lo:hi].lerp_(self.center[..., lo:hi], weight)
 
         return towards_center
+
+    def rows(self, start: int, stop: int) -> ProxGrad:
+        return ProxGrad(_row_slice(self.center, start, stop), self.mu)
+
+
+@dataclass(frozen=True)
+class ConstantGrad(StepTerm):
+    """A gradient term that does not depend on the parameters (SCAFFOLD's correction
+    ``c - c_i``, ``[P]`` or one row per client): the step is ``p - lr term - lr grad``."""
+
+    term: torch.Tensor
+
+    def __call__(self, p: torch.Tensor) -> torch.Tensor:
+        return self.term
+
+    def pull(self, params: torch.Tensor, lr: float) -> Callable[[int, int], None]:
+        def shift(lo: int, hi: int) -> None:
+            params[:, lo:hi].add_(self.term[..., lo:hi], alpha=-lr)
+
+        return shift
+
+    def rows(self, start: int, stop: int) -> ConstantGrad:
+        return ConstantGrad(_row_slice(self.term, start, stop))
 
 
 def prox_grad(center: torch.Tensor, mu: float) -> ExtraGrad:
