@@ -166,3 +166,31 @@ def test_plain_steps_fold_prox_and_constant_terms_into_the_models_step(monkeypat
         for c in range(2):
             ref = _plain_reference(model, params[c], batches, c, objective(c))
             torch.testing.assert_close(out[c], ref, atol=1e-6, rtol=1e-5)
+
+
+def test_masked_plain_steps_are_the_masked_gradient_steps(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Sub-models (a 0/1 mask) under plain SGD without sample weights take the fused step and
+    then the mask: the same parameters as the masked gradient step ``p - lr (mask * grad)``
+    (with a prox term too), and the masked entries stay zero."""
+    model, params, batches = _setup()
+    mask = (torch.rand(params.shape, generator=torch.Generator().manual_seed(5)) < 0.6).float()
+    center = model.init_params(7)
+    monkeypatch.setattr("fedhp.engine.ops.client_chunk", lambda p, c: 1)  # one client a chunk
+
+    def batch(step: int, rows: slice):  # type: ignore[no-untyped-def]
+        x, y = batches[step]
+        return x[rows], y[rows], None
+
+    for term in (None, prox_grad(center, MU)):
+        out, losses = weighted_sgd_steps(model, params, batch, 4, LR, term, mask=mask)
+        expected = params * mask
+        total = torch.zeros(2)
+        for x, y in batches:
+            loss, grad = model.loss_and_grad(expected, x, y)
+            if term is not None:
+                grad += term(expected)
+            expected = expected - LR * mask * grad
+            total += loss
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(losses, total)
+        assert bool((out[mask == 0] == 0).all())

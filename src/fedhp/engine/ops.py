@@ -181,13 +181,19 @@ def weighted_sgd_steps(
     """
     params = params.detach().clone() if mask is None else params.detach() * mask
     num_clients = params.shape[0]
-    whole = extra_grad is not None or loss_grad is not None
+    foldable = extra_grad is None or isinstance(extra_grad, StepTerm)
+    whole = not foldable or loss_grad is not None
     chunk = num_clients if whole else client_chunk(params.shape[1], num_clients)
     loss_and_grad = model.loss_and_grad if loss_grad is None else loss_grad
+    plain = foldable and loss_grad is None and buffers is None
+    plain = plain and (optimizer is None or optimizer.plain)
     parts = []
     for start in range(0, num_clients, chunk):
-        rows = slice(start, min(start + chunk, num_clients))
+        stop = min(start + chunk, num_clients)
+        rows = slice(start, stop)
         part = params[rows]
+        term = extra_grad if extra_grad is None or whole else _rows(extra_grad, start, stop)
+        pull = term.pull(part, lr) if isinstance(term, StepTerm) else None
         velocity = _velocity(part, optimizer)
         loss_sum = torch.zeros(part.shape[0], device=params.device)
         for step in range(steps):
@@ -195,6 +201,11 @@ def weighted_sgd_steps(
                 continue
             x, y, weight = batch(step, rows)
             model.count_trained(x)
+            if plain and weight is None:  # the fused step, then the sub-models' mask
+                loss_sum += model.sgd_step(part, x, y, lr, pull)
+                if mask is not None:
+                    part.mul_(mask[rows])
+                continue
             if buffers is None:
                 loss, grad = loss_and_grad(part, x, y, weight=weight)
             else:
@@ -205,8 +216,8 @@ def weighted_sgd_steps(
                 loss, grad = loss_and_grad(part, x, y, weight=weight, **kw)
                 if idle is not None and kept is not None:
                     bufs[idle] = kept
-            if extra_grad is not None:
-                grad.add_(extra_grad(part))
+            if term is not None:
+                grad.add_(term(part))
             live = None if weight is None else weight.sum(1) > 0
             if optimizer is not None and not optimizer.plain:
                 grad = optimizer.direction(part, grad, velocity, live)
