@@ -84,8 +84,9 @@ def fedlps_loss_grad(
         else:
             live = weight.sum(1) > 0
         scores.sub_(opt.lr * q_grad * live.unsqueeze(1).to(q_grad.dtype))
-        step = pm * (grad + 2 * opt.mu * (params - global_params))
-        return loss, step
+        # pm * (grad + 2 mu (params - global)), in place: the same roundings, no [C, P] temporaries
+        pull = torch.sub(params, global_params).mul_(2 * opt.mu)
+        return loss, grad.add_(pull).mul_(pm)
 
     return loss_grad, tally
 

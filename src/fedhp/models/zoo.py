@@ -192,6 +192,25 @@ class BatchedMLP(BatchedModel):
         buffers: torch.Tensor | None = None,
         weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        loss, grad, _ = self._loss_grad_logits(flat, x, y, weight)
+        return loss, grad
+
+    def loss_grad_correct(
+        self,
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        buffers: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`loss_and_grad` and each sample's correctness from the same forward pass."""
+        loss, grad, logits = self._loss_grad_logits(flat, x, y, weight)
+        return loss, grad, self.correct(logits, y)
+
+    def _loss_grad_logits(
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             acts, loss, delta = self._loss_delta(flat, x, y, weight)
             grad = torch.empty_like(flat)
@@ -203,7 +222,7 @@ class BatchedMLP(BatchedModel):
                 torch.sum(delta, dim=1, out=grads[i][1])
                 if i > 0:
                     delta = relu_backward(torch.bmm(delta, layers[i][0]), h_in)
-            return loss, grad
+            return loss, grad, acts[-1]
 
 
 @MODELS.register("mlr")
