@@ -299,8 +299,9 @@ class StepTerm(ABC):
 
 
 def _row_slice(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """Rows ``start .. stop - 1`` of a per-client ``[C, P]`` tensor; a shared ``[P]`` as is."""
-    return t if t.dim() == 1 else t[start:stop]
+    """Rows ``start .. stop - 1`` of a per-client ``[C, P]`` tensor; a shared ``[P]`` (or a
+    broadcast ``[1, P]``) as is."""
+    return t if t.dim() == 1 or t.shape[0] == 1 else t[start:stop]
 
 
 @dataclass(frozen=True)
