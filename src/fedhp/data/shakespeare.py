@@ -190,12 +190,9 @@ def parse_play(text: str) -> ParsedPlay:
             speaker = None
             continue
         stripped = line.lstrip()
-        if stripped.startswith(_OPEN) and not _DIRECTION.fullmatch(stripped):
-            if not _DIRECTION.sub("", stripped).strip():
-                continue
-            if "]" not in stripped and "}" not in stripped:
-                direction_left = _MAX_DIRECTION_LINES
-                continue
+        if stripped.startswith(_OPEN) and "]" not in stripped and "}" not in stripped:
+            direction_left = _MAX_DIRECTION_LINES  # a stage direction over several lines
+            continue
         prev_blank = i == 0 or not lines[i - 1].strip()
         next_blank = i + 1 >= len(lines) or not lines[i + 1].strip()
         opened = _speaker(line, prev_blank, next_blank)
