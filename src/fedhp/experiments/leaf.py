@@ -340,8 +340,10 @@ def reproduce(opts: ReproOptions, scale: Scale | None = None) -> dict[str, Any]:
         series,
         out / "acc.png",
         "round",
-        "test accuracy (FedAvg/FedProx: global; others: personalized), seed 0",
-        "LEAF Shakespeare" + (" (quick CPU version)" if opts.quick else ""),
+        "test accuracy (seed 0)",
+        "LEAF Shakespeare"
+        + (" quick" if opts.quick else "")
+        + ": FedAvg/FedProx global, others personalized",
     )
     result = {
         "experiment": "leaf-shakespeare",
