@@ -11,7 +11,7 @@ takes ``local_epochs``; pFedMe and sFedHP (R local rounds of K = 5 steps) the sa
 minibatch steps as FedAvg's mean client. sFedHP's edges are consecutive groups of about 10
 clients (the clients are in play order, so an edge holds a few plays), one edge per round.
 
-``--quick`` shrinks it to fit a CPU (the table says so): ``--sf 0.02`` (18 roles), 40-character
+``--quick`` shrinks it to fit a CPU (the table says so): ``--sf 0.02`` (17 roles), 40-character
 windows, LSTM 32, 20 local steps instead of 20 epochs, 30 rounds, class-stratified subsets of
 15,000 training and 3,000 test windows (the roles' own windows, split by position as always),
 evaluation every 5 rounds.
