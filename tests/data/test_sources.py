@@ -28,6 +28,7 @@ def test_registry_names() -> None:
         "libsvm",
         "fedht_sim",
         "gaussian_sparse",
+        "shakespeare",
     }
     with pytest.raises(ConfigError, match=r"dataset\.dir: unknown key"):
         DATASETS.build({"name": "mnist", "dir": "/x"}, "dataset")

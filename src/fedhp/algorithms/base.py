@@ -36,6 +36,7 @@ from fedhp.engine.federation import ClientTensors
 from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad, client_chunk, normalized
 from fedhp.engine.sampler import EpochBatches
 from fedhp.errors import ConfigError
+from fedhp.models.clip import clip_gradients
 from fedhp.registry import Registry
 
 State = dict[str, torch.Tensor]
@@ -59,6 +60,12 @@ class AlgorithmOptions(pydantic.BaseModel):
         "average",
         description="BatchNorm running statistics: average them like the parameters (FedAvg) "
         "or keep each client's own (local, FedBN-style); models without BatchNorm ignore it",
+    )
+    clip_grad_norm: float | None = pydantic.Field(
+        None,
+        gt=0,
+        description="clip each client's minibatch-loss gradient to this norm before its step "
+        "(torch.nn.utils.clip_grad_norm_ per client; docs/engine.md); None: no clipping",
     )
 
     hierarchical: ClassVar[bool] = False
@@ -385,6 +392,8 @@ class Algorithm(ABC):
         self.options = options
         self.ctx = ctx
         self.num_buffers = ctx.model.num_buffers
+        if options.clip_grad_norm is not None:  # every step through the model is clipped
+            clip_gradients(ctx.model, options.clip_grad_norm)
         if self.num_buffers and not options.supports_buffers:
             raise ConfigError(
                 f"model: {type(self).__name__} does not support BatchNorm running statistics; "

@@ -29,6 +29,7 @@ from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LossGrad
 from fedhp.models.base import BatchedModel, weighted_client_mean
+from fedhp.models.clip import clip_like
 
 
 def contrastive_loss(
@@ -75,7 +76,7 @@ def moon_loss_grad(
         per_sample = ce + mu * contrastive_loss(z, z_glob, z_prev, temperature)
         per_client = weighted_client_mean(per_sample, weight)
         (grad,) = torch.autograd.grad(per_client.sum(), flat)
-        return per_client.detach(), grad
+        return per_client.detach(), clip_like(model, grad)  # algorithm.clip_grad_norm
 
     return loss_grad
 

@@ -3,7 +3,8 @@
 Minibatches are gathered by index for all clients at once; nothing is padded in memory, and
 per-client evaluation gathers fixed-width windows with a validity mask. Features may be a sparse
 COO tensor ``[N, d]`` (LibSVM data kept sparse): rows are then gathered with :func:`take_rows`.
-Float targets (regression) keep their dtype; class labels are int64.
+Float targets (regression) keep their dtype; class labels are int64. Integer features (text as
+uint8 character indices) keep their dtype; every other feature tensor is stored as float32.
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class ClientTensors:
         counts = torch.tensor([int(y.shape[0]) for y in ys], dtype=torch.long)
         offsets = torch.zeros(len(ys) + 1, dtype=torch.long)
         offsets[1:] = torch.cumsum(counts, 0)
-        x = torch.cat(list(xs)).to(device=device, dtype=torch.float32)
+        x_cat = torch.cat(list(xs))
+        # Integer features (character indices of text data) keep their dtype; the rest is fp32.
+        integer = not x_cat.is_sparse and not x_cat.is_floating_point()
+        x = x_cat.to(device=device, dtype=x_cat.dtype if integer else torch.float32)
         y_cat = torch.cat(list(ys))
         y = y_cat.to(device=device, dtype=y_cat.dtype if y_cat.is_floating_point() else torch.long)
         owner = torch.repeat_interleave(torch.arange(len(ys)), counts).to(device)

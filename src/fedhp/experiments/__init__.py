@@ -63,6 +63,12 @@ def _robust(opts: ReproOptions) -> Any:
     return robust.reproduce(opts)
 
 
+def _leaf(opts: ReproOptions) -> Any:
+    from fedhp.experiments import leaf
+
+    return leaf.reproduce(opts)
+
+
 def _dp(opts: ReproOptions) -> Any:
     from fedhp.experiments import dp
 
@@ -84,6 +90,7 @@ REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "fedlps-ablation": _fedlps("ablation"),
     "robust": _robust,
     "dp": _dp,
+    "leaf-shakespeare": _leaf,
 }
 
 __all__ = ["REPRODUCTIONS", "ReproOptions"]

@@ -1,6 +1,9 @@
 """Model zoo in batched multi-client form."""
 
-from fedhp.models import linear  # noqa: F401  (registers linreg, logreg, softmax)
+from fedhp.models import (
+    linear,  # noqa: F401  (registers linreg, logreg, softmax)
+    lstm,  # noqa: F401  (registers lstm)
+)
 from fedhp.models.base import BatchedModel, ParamLayout, VmapModel
 from fedhp.models.zoo import MODELS, ModelOptions
 

@@ -35,12 +35,28 @@ class UnitGroup:
 
     ``weight``: the parameter whose rows are the units; ``extras``: the unit-indexed vectors
     (bias, the following BatchNorm's weight and bias) zeroed with them in ``structural`` masks.
+
+    Recurrent layers (an LSTM's hidden units, :mod:`fedhp.models.lstm`) also use: ``gates``: the
+    unit-indexed tensors hold that many blocks of ``size`` rows (an LSTM's i, f, g, o), unit j
+    being row j of every block; ``row_weights``: further weights whose rows are the units (the
+    recurrent ``weight_hh``), masked and scored like ``weight``; ``inputs``: weights whose
+    columns (dim 1) read the units' outputs (the same layer's ``weight_hh``, the next layer's
+    input weights), zeroed for a dropped unit in every mask.
     """
 
     name: str
     size: int
     weight: str
     extras: tuple[str, ...] = ()
+    gates: int = 1
+    row_weights: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+
+    def rows(self, structural: bool) -> tuple[str, ...]:
+        """The tensors whose rows are the units: the weights, and with ``structural`` the
+        extras."""
+        weights = (self.weight, *self.row_weights)
+        return (*weights, *self.extras) if structural else weights
 
 
 def unit_groups(model: BatchedModel) -> tuple[UnitGroup, ...]:
@@ -95,9 +111,16 @@ def param_mask(
     for g in groups:
         m = unit_mask[:, start : start + g.size].to(out.dtype)
         start += g.size
-        for name in (g.weight, *g.extras) if structural else (g.weight,):
+        for name in g.rows(structural):
             view = model.layout.view(out, specs[name])
+            if g.gates != 1:  # [C, gates * J, ..] as [C, gates, J, -1]
+                view = view.reshape(c, g.gates, g.size, -1)
+                view.copy_(m.reshape(c, 1, g.size, 1).expand_as(view))
+                continue
             view.copy_(m.reshape(c, g.size, *([1] * (view.dim() - 2))).expand_as(view))
+        for name in g.inputs:  # the columns reading the units' outputs
+            view = model.layout.view(out, specs[name])
+            view.mul_(m.reshape(c, 1, g.size, *([1] * (view.dim() - 3))))
     return out
 
 
@@ -123,7 +146,7 @@ def sparse_flops(model: BatchedModel, pmask: torch.Tensor) -> torch.Tensor:
     inputs × kernel area × positions). Inputs that no path reaches are found by
     :func:`_live_inputs`."""
     flops = []
-    for layers in _live_inputs(model, pmask):
+    for layers in _layers(model, pmask):
         flops.append(sum(2 * int(nnz) * positions for _, nnz, _, positions in layers))
     return torch.tensor(flops, dtype=torch.int64)
 
@@ -134,12 +157,24 @@ def held_entries(model: BatchedModel, pmask: torch.Tensor) -> torch.Tensor:
     entries HeteroFL-style aggregation averages over the clients holding them."""
     out = pmask.clone().float()
     specs = {s.name: s for s in model.layout.specs}
-    for c, layers in enumerate(_live_inputs(model, pmask)):
+    for c, layers in enumerate(_layers(model, pmask)):
         for weight, _, live, _ in layers:
             view = model.layout.view(out[c : c + 1], specs[weight])[0]
             shape = (1, -1, *([1] * (view.dim() - 2)))
             view.mul_(live.to(view.dtype).reshape(shape))
     return out
+
+
+def _layers(
+    model: BatchedModel, pmask: torch.Tensor
+) -> list[list[tuple[str, int, torch.Tensor, int]]]:
+    """:func:`_live_inputs`, or the model's own ``live_layers(pmask)`` where it defines one (the
+    LSTM, whose recurrence no Linear / Conv2d hook sees)."""
+    custom = getattr(model, "live_layers", None)
+    if callable(custom):
+        layers: list[list[tuple[str, int, torch.Tensor, int]]] = custom(pmask)
+        return layers
+    return _live_inputs(model, pmask)
 
 
 def _live_inputs(
@@ -203,19 +238,48 @@ def _live_inputs(
 def _unit_rows(
     model: BatchedModel, flat: torch.Tensor, structural: bool
 ) -> list[list[torch.Tensor]]:
-    """For each group, its unit-indexed tensors of ``flat [C, P]`` as ``[C, J, -1]`` views."""
+    """For each group, its unit-indexed tensors of ``flat [C, P]`` as ``[C, J, -1]`` tensors
+    (views where ``gates`` is 1; each unit's gate rows gathered otherwise)."""
     specs = {s.name: s for s in model.layout.specs}
     c = flat.shape[0]
     out = []
     for g in unit_groups(model):
-        names = (g.weight, *g.extras) if structural else (g.weight,)
-        out.append([model.layout.view(flat, specs[n]).reshape(c, g.size, -1) for n in names])
+        views = [model.layout.view(flat, specs[n]) for n in g.rows(structural)]
+        if g.gates == 1:
+            out.append([v.reshape(c, g.size, -1) for v in views])
+        else:
+            out.append(
+                [
+                    v.reshape(c, g.gates, g.size, -1).transpose(1, 2).reshape(c, g.size, -1)
+                    for v in views
+                ]
+            )
+    return out
+
+
+def _unit_columns(model: BatchedModel, flat: torch.Tensor) -> list[torch.Tensor | None]:
+    """For each group, the sum over its ``inputs`` weights' columns of ``flat [C, P]`` per unit
+    ``[C, J]`` (None for a group without ``inputs``)."""
+    specs = {s.name: s for s in model.layout.specs}
+    out: list[torch.Tensor | None] = []
+    for g in unit_groups(model):
+        sums = [
+            model.layout.view(flat, specs[n]).transpose(1, 2).flatten(2).sum(-1) for n in g.inputs
+        ]
+        out.append(torch.stack(sums).sum(0) if sums else None)
     return out
 
 
 def unit_weight_norms(model: BatchedModel, params: torch.Tensor) -> torch.Tensor:
-    """|ω|_J ``[C, U]``: the sum of the absolute weights of every unit's weight row (FedLPS)."""
-    return torch.cat([rows[0].abs().sum(-1) for rows in _unit_rows(model, params, False)], dim=1)
+    """|ω|_J ``[C, U]``: the sum of the absolute weights of every unit's weight row (FedLPS; an
+    LSTM unit: its gate rows of ``weight_ih`` and ``weight_hh``)."""
+    norms = []
+    for rows in _unit_rows(model, params, False):
+        total = rows[0].abs().sum(-1)
+        for more in rows[1:]:
+            total = total + more.abs().sum(-1)
+        norms.append(total)
+    return torch.cat(norms, dim=1)
 
 
 def unit_mask_grad(
@@ -226,6 +290,8 @@ def unit_mask_grad(
     for unit scores)."""
     prod = params * grad
     parts = [sum(t.sum(-1) for t in rows) for rows in _unit_rows(model, prod, structural)]
+    columns = _unit_columns(model, prod)  # a recurrent unit's mask also covers these columns
+    parts = [p if col is None else p + col for p, col in zip(parts, columns, strict=True)]
     return torch.cat([p for p in parts if isinstance(p, torch.Tensor)], dim=1)
 
 

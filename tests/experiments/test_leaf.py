@@ -1,0 +1,74 @@
+"""``leaf-shakespeare`` end to end on fabricated plays at a tiny scale (every method, 1 round)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fedhp.data import shakespeare
+from fedhp.errors import ConfigError
+from fedhp.experiments import REPRODUCTIONS, ReproOptions, leaf
+from tests.data.shakespeare_play import write_plays
+
+TINY = leaf.Scale(
+    sample_fraction=1.0,
+    seq_len=6,
+    hidden=4,
+    rounds=1,
+    local_epochs=None,
+    local_steps=2,
+    lr=0.5,
+    batch=4,
+    per_round=3,
+    eval_every=1,
+    test_windows=None,
+)
+
+
+def test_reproduction_runs_every_method(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FEDHP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("fedhp.engine.runner.plot_run", lambda *args, **kwargs: None)  # speed
+    shakespeare._load.cache_clear()
+    write_plays(tmp_path / "texts", count=2, speeches=4, per_speech=4)
+    opts = ReproOptions(data_dir=str(tmp_path / "texts"), out=tmp_path / "out", quiet=True)
+    result = leaf.reproduce(opts, TINY)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("leaf ")]
+    assert [ln.split()[2] for ln in lines] == list(leaf.METHODS)
+    for line in lines:
+        fields = dict(f.split("=") for f in line.split()[3:])
+        assert 0.0 <= float(fields["acc"]) <= 1.0 and fields["rounds"] == "1"
+        assert float(fields["time_s"]) > 0
+    assert result["clients"] == 6  # ALPHA, BETA, BOTH of two plays (GAMMA has no window)
+    for row in result["rows"]:
+        scored = row["global_acc"] if row["method"] in leaf.GLOBAL_ROWS else row["personal_acc"]
+        assert row["acc"]["mean"] == scored["mean"] and not math.isnan(scored["mean"])
+    saved = json.loads((tmp_path / "out" / "table.json").read_text())
+    assert [r["method"] for r in saved["rows"]] == list(leaf.METHODS)
+    assert (tmp_path / "out" / "acc.png").stat().st_size > 0
+    assert "| FedAvg |" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_paper_and_quick_settings() -> None:
+    fed = leaf.Federation(clients=137, mean_steps_per_epoch=481.0)
+    paper = leaf.method_overrides("fedprox", leaf.PAPER_SCALE, fed)
+    assert paper == [
+        "algorithm.name=fedprox",
+        "algorithm.batch_size=10",
+        "algorithm.lr=0.8",
+        "algorithm.local_epochs=20",
+        "algorithm.mu=0.001",
+    ]
+    # pFedMe gets FedAvg's mean number of steps: 20 epochs × 481 steps = R·K
+    pfedme = leaf.method_overrides("pfedme", leaf.PAPER_SCALE, fed)
+    assert "algorithm.R=1924" in pfedme and "algorithm.K=5" in pfedme
+    quick = leaf.method_overrides("sfedhp", leaf.QUICK_SCALE, fed)
+    assert f"algorithm.R={leaf.QUICK_SCALE.local_steps // 5}" in quick
+    assert fed.edges == 14
+    with pytest.raises(ConfigError, match="--methods"):
+        leaf.method_overrides("scaffold", leaf.QUICK_SCALE, fed)
+    assert "leaf-shakespeare" in REPRODUCTIONS
