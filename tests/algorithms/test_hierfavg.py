@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fedhp.engine.ops as ops
 from fedhp.algorithms.hierfavg import HierFAVGOptions
 from fedhp.engine.faults import RoundFaults
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context, tr, wire_bytes
+from tests.policies import use_policy
 
 COUNTS = (3, 6, 2, 6, 3)  # every count divides the batch of 6: each batch is the full data
 EDGES = (3, 2)
@@ -94,8 +94,8 @@ def test_edge_rounds_in_parts_are_the_whole_round_bit_for_bit(
     same bill, the same statistics as the whole round, exactly."""
     results = []
     for cache in (10**9, 30):
-        monkeypatch.setattr(ops, "CACHE_FLOATS", cache)
         ctx = tiny_context(edge_sizes=(3, 2, 2), zero_threshold=eps, weighting="samples")
+        use_policy(ctx.model, cache_floats=cache)
         algo = HierFAVGOptions(kappa1=2, kappa2=3, batch_size=2, lr=0.3).build(ctx)
         state = algo.init_state(init_params())
         stats = [algo.run_round(state, rnd) for rnd in range(2)]

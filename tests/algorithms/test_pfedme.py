@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fedhp.engine.ops as ops
 from fedhp.algorithms.base import Task, Update
 from fedhp.algorithms.pfedme import PFedMe, PFedMeOptions
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
 from fedhp.models.base import BatchedModel
 from fedhp.models.zoo import BatchedMLP
 from tests.algorithms.tiny import init_params, tiny_context
+from tests.policies import use_policy
 
 
 def unfused_round(algo: PFedMe, state: dict[str, torch.Tensor], task: Task) -> dict[str, float]:
@@ -63,7 +63,6 @@ def test_round_is_the_unfused_formula_bit_for_bit(
     (``theta`` and ``w_loc``: 2 x 15 floats each against a cache of ``cache``). The MLR takes
     the reference step (gradient, then pull, then step): the MLPs' step inside the backward
     pass rounds once less (tests/models: equal to 1e-6)."""
-    monkeypatch.setattr(ops, "CACHE_FLOATS", cache)
     monkeypatch.setattr(BatchedMLP, "sgd_step", BatchedModel.sgd_step)
     opt = PFedMeOptions(
         lam=3.0,
@@ -79,6 +78,7 @@ def test_round_is_the_unfused_formula_bit_for_bit(
     runs = []
     for _ in range(2):
         ctx = tiny_context(edge_sizes=(5,), zero_threshold=eps, weighting="samples")
+        use_policy(ctx.model, cache_floats=cache)
         ctx.client_fraction = fraction
         algo = opt.build(ctx)
         assert isinstance(algo, PFedMe)

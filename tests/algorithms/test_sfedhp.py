@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import torch
 
-import fedhp.engine.ops as ops
 from fedhp.algorithms.base import Task, Update
 from fedhp.algorithms.penalties import smooth_l1, smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp import SFedHP, SFedHPOptions
@@ -24,6 +23,7 @@ from fedhp.models.base import BatchedModel
 from fedhp.models.zoo import BatchedMLP
 from fedhp.topology import Topology
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context
+from tests.policies import use_policy
 
 OPTS = dict(lam1=2.0, lam2=3.0, K=3, R=2, lr=0.1, global_lr=0.2, beta=0.7, rho=0.5)
 
@@ -403,7 +403,6 @@ def test_fused_round_is_the_unfused_formula_bit_for_bit(
     ``torch.equal``, for which -0.0 == 0.0: see ``SFedHP.solve_theta`` on ``lr * lam1 = 1``),
     whether the clients fit one cache-sized part or are trained in parts of two (the MLR's 15
     parameters against a cache of ``cache`` floats; an edge's clients then span parts)."""
-    monkeypatch.setattr(ops, "CACHE_FLOATS", cache)
     # The reference step (gradient, then the pull, then the step) for the MLR: the MLPs' own
     # step inside the backward pass rounds once less (tests/models: equal to 1e-6).
     monkeypatch.setattr(BatchedMLP, "sgd_step", BatchedModel.sgd_step)
@@ -411,6 +410,7 @@ def test_fused_round_is_the_unfused_formula_bit_for_bit(
     runs = []
     for _ in range(2):
         ctx = tiny_context(**ctx_kw)
+        use_policy(ctx.model, cache_floats=cache)
         if layout == "interleaved":  # clients 0, 2, 4 on edge 0: rows must be gathered
             ctx.topology = Topology(torch.tensor([0, 1, 0, 1, 0]), 2)
         if layout == "faults":

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 
-import fedhp.engine.ops as ops
 from fedhp.algorithms.base import Algorithm, State, Task, Update
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions, FedProxOptions
 from fedhp.algorithms.fednova import FedNova, FedNovaOptions
 from fedhp.algorithms.moon import MoonOptions
 from tests.algorithms.tiny import tiny_context
+from tests.policies import use_policy
 
 # MLR on 4 features and 3 classes: 15 parameters; 30 floats -> parts of 2 clients.
 SMALL_CACHE = 30
@@ -24,8 +24,8 @@ def run_rounds(
 ) -> tuple[State, list[dict[str, float]], Any, list[int]]:
     """Three rounds of ``options`` on the tiny federation with client chunks of ``cache``
     floats: the state, each round's statistics, the ledger and the sizes of the trained parts."""
-    monkeypatch.setattr(ops, "CACHE_FLOATS", cache)
     ctx = tiny_context(edge_sizes=(3, 2, 2), **ctx_kw)
+    use_policy(ctx.model, cache_floats=cache)
     algo = options.build(ctx)
     sizes: list[int] = []
     train = algo.train
@@ -94,8 +94,8 @@ def test_a_round_in_parts_equals_the_whole_round(
 def test_one_part_is_the_plain_aggregate(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the round fits one chunk it is ``aggregate(train(plan))``: bit for bit the weighted
     mean of the uploaded models."""
-    monkeypatch.setattr(ops, "CACHE_FLOATS", 10**9)
     ctx = tiny_context(weighting="samples", n_train=(3, 5, 2, 6, 4))
+    use_policy(ctx.model, cache_floats=10**9)
     algo = FedAvgOptions(local_steps=2, batch_size=2, lr=0.3).build(ctx)
     state = algo.init_state(ctx.model.init_params(0))
     task = algo.plan(state, 0)

@@ -29,6 +29,7 @@ from tests.flower.helpers import (
     run_flower_local,
     run_inprocess,
 )
+from tests.policies import use_policy
 
 COUNTS = (5, 13, 27, 1)
 TINY_VGG_BN = {"name": "vgg", "cfg": [4, "M", 8, "M"], "batch_norm": True}
@@ -162,11 +163,11 @@ def test_local_epochs_match_per_client_reference_loop(
     """Unequal clients (partial last batches) against a loop of real smaller batches: for
     BatchNorm, parameters and running statistics come from the real samples only; ``direct``:
     one client per chunk run without vmap, as the engine runs large models."""
-    if chunked:  # one client per chunk: finished clients' steps are skipped, not computed
-        monkeypatch.setattr("fedhp.engine.ops.CACHE_FLOATS", 1)
-    if direct:
-        monkeypatch.setattr("fedhp.models.base.DIRECT_MIN_PARAMS", 1)
     model = build_kind(kind)
+    if chunked:  # one client per chunk: finished clients' steps are skipped, not computed
+        use_policy(model, cache_floats=1)
+    if direct:
+        use_policy(model, direct_min_params=1)
     ctx = unequal_context(model)
     clients = ctx.all_clients
     start = torch.stack([model.init_params(s) for s in range(len(COUNTS))])
@@ -281,9 +282,9 @@ class _CountingMLP(BatchedMLP):
 def test_buffers_are_updated_only_at_a_clients_real_steps(
     chunked: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if chunked:
-        monkeypatch.setattr("fedhp.engine.ops.CACHE_FLOATS", 1)
     model = _CountingMLP(MLP([64, 8, CLASSES]), SHAPE, CLASSES)
+    if chunked:
+        use_policy(model, cache_floats=1)
     ctx = unequal_context(model)
     buffers = torch.zeros(len(COUNTS), 1)
     start = model.init_params(0).expand(len(COUNTS), -1)

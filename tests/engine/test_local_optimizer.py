@@ -14,6 +14,7 @@ from fedhp.engine.ops import (
     weighted_sgd_steps,
 )
 from tests.conftest import small_experiment
+from tests.policies import use_policy
 
 LR, MOMENTUM, DECAY, MU = 0.1, 0.9, 0.01, 0.5
 
@@ -151,7 +152,7 @@ def test_plain_steps_fold_prox_and_constant_terms_into_the_models_step(monkeypat
         return plain_step(self, flat, x, y, lr, before)
 
     monkeypatch.setattr(type(model), "sgd_step", spy)
-    monkeypatch.setattr("fedhp.engine.ops.client_chunk", lambda p, c: 1)  # one client a chunk
+    use_policy(model, clients_per_chunk=1)  # one client a chunk
     shared = model.init_params(7)
     rows = torch.stack([model.init_params(8), model.init_params(9)])
     cases = [
@@ -175,7 +176,7 @@ def test_masked_plain_steps_are_the_masked_gradient_steps(monkeypatch) -> None: 
     model, params, batches = _setup()
     mask = (torch.rand(params.shape, generator=torch.Generator().manual_seed(5)) < 0.6).float()
     center = model.init_params(7)
-    monkeypatch.setattr("fedhp.engine.ops.client_chunk", lambda p, c: 1)  # one client a chunk
+    use_policy(model, clients_per_chunk=1)  # one client a chunk
 
     def batch(step: int, rows: slice):  # type: ignore[no-untyped-def]
         x, y = batches[step]

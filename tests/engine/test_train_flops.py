@@ -12,9 +12,11 @@ import fedhp.engine.ops as ops
 from fedhp.config import resolve_config
 from fedhp.engine.build import build_experiment
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from fedhp.engine.policy import CPU_CHUNK_FLOATS
 from fedhp.engine.runner import run_experiment
 from fedhp.models import MODELS
 from fedhp.models.base import BatchedModel
+from tests.policies import use_policy
 
 MNIST = (1, 28, 28)
 FAST = [
@@ -39,14 +41,14 @@ def minibatches(clients: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-@pytest.mark.parametrize("cache_floats", [ops.CACHE_FLOATS, 1], ids=["one-chunk", "chunked"])
+@pytest.mark.parametrize("cache_floats", [CPU_CHUNK_FLOATS, 1], ids=["one-chunk", "chunked"])
 def test_sgd_steps_count_clients_x_batch_x_steps(
     cache_floats: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """4 clients, 3 steps of 5 samples: 60 samples, whether the clients run in one chunk or one
     by one."""
-    monkeypatch.setattr(ops, "CACHE_FLOATS", cache_floats)
     model = dnn()
+    use_policy(model, cache_floats=cache_floats)
     x, y = minibatches(4, 5)
     w0 = model.init_params(0).expand(4, -1)
     ops.sgd_steps(model, w0, lambda: (x, y), 3, 0.1)
@@ -59,8 +61,8 @@ def test_weighted_steps_count_padding_but_not_skipped_steps(
 ) -> None:
     """Rows of weight 0 (padding) are computed by the kernels, so they count; a chunk whose
     clients are all inactive at a step skips it, so it does not."""
-    monkeypatch.setattr(ops, "CACHE_FLOATS", 1)  # one client per chunk
     model = dnn()
+    use_policy(model, cache_floats=1)  # one client per chunk
     x, y = minibatches(3, 4)
     weight = torch.ones(3, 4)
     weight[1, 2:] = 0  # client 1: a partial batch

@@ -13,6 +13,7 @@ from fedhp.engine.ops import sgd_steps
 from fedhp.engine.reference import reference_local_sgd
 from fedhp.models import MODELS, BatchedModel
 from fedhp.models.base import BufferLayout, FeatureNet
+from tests.policies import use_policy
 
 TINY_VGG_BN = {"name": "vgg", "cfg": [4, "M", 8, "M"], "batch_norm": True}
 # (options, input shape): tiny inputs keep the large models fast on CPU. ResNet-18 at 16x16 ends
@@ -137,9 +138,9 @@ def test_weighted_batch_statistics_leave_padding_out(
 ) -> None:
     """Training-mode taps with per-sample weights (0 = padding): the real samples' outputs and
     the updated running statistics equal PyTorch's BatchNorm on the real samples alone."""
-    if direct:  # one client without vmap, as the engine runs large models
-        monkeypatch.setattr("fedhp.models.base.DIRECT_MIN_PARAMS", 1)
     model = build(TINY_VGG_BN, (3, 8, 8))
+    if direct:  # one client without vmap, as the engine runs large models
+        use_policy(model, direct_min_params=1)
     clients = 1 if direct else 2
     flat = torch.stack([model.init_params(s) for s in range(clients)])
     x = torch.randn(clients, 5, 3, 8, 8)

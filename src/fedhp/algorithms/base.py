@@ -33,7 +33,7 @@ from fedhp.engine.device_cost import (
 )
 from fedhp.engine.evaluate import ClientEval, density
 from fedhp.engine.federation import ClientTensors
-from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad, client_chunk, normalized
+from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad, normalized
 from fedhp.engine.sampler import EpochBatches
 from fedhp.errors import ConfigError
 from fedhp.models.clip import clip_gradients
@@ -652,7 +652,8 @@ class Algorithm(ABC):
 
     def round_parts(self, task: Task) -> list[Task]:
         """The parts of a flat ``task`` trained one after another: ``task`` itself, or (for a
-        method that :attr:`folds_uploads`) runs of :func:`~fedhp.engine.ops.client_chunk`
+        method that :attr:`folds_uploads`) runs of the policy's
+        :meth:`~fedhp.engine.policy.ExecutionPolicy.chunk`
         clients with the round's minibatches drawn ahead for all of them in the order the whole
         round would draw them, so the result does not depend on the parts. Data with per-access
         feature noise (drawn while gathering) is trained whole."""
@@ -662,7 +663,7 @@ class Algorithm(ABC):
             return [task]
         if ctx.whole_rounds:  # the cloud's rule (or the attack) reads all uploads at once
             return [task]
-        chunk = client_chunk(ctx.model.num_params + self.num_buffers, n)
+        chunk = ctx.policy.chunk(ctx.model.num_params + self.num_buffers, n)
         if chunk >= n:
             return [task]
         task.batches = self.draw_batches(task.clients)

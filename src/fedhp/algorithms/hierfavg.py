@@ -9,7 +9,7 @@ from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
 from fedhp.comm import count_nonzero, truncate
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import client_chunk, weighted_mean
+from fedhp.engine.ops import weighted_mean
 
 
 class HierFAVG(Algorithm):
@@ -55,7 +55,7 @@ class HierFAVG(Algorithm):
         totals = totals.index_add_(0, seg, weights.to(dtype)).clamp(min=torch.finfo(dtype).tiny)
         late = task.stragglers if task.stragglers is not None else clients[:0]
         late_seg, late_ids = ctx.edge_positions(late, edges), ctx.global_clients(late)
-        chunk = client_chunk(edge_models.shape[1] + self.num_buffers, n)
+        chunk = ctx.policy.chunk(edge_models.shape[1] + self.num_buffers, n)
         if ctx.fed.train.noise_std is not None:
             chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
         rule = ctx.edge_rule if ctx.edge_rule is not None and not ctx.edge_rule.folds else None

@@ -31,7 +31,7 @@ from fedhp.algorithms.base import (
 )
 from fedhp.engine.context import RunContext
 from fedhp.engine.fused import send_rows
-from fedhp.engine.ops import batched_loss_grad, client_chunk, mean_group_loss
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss
 
 
 class PFedMe(Algorithm):
@@ -63,7 +63,7 @@ class PFedMe(Algorithm):
         local = received.clone()
         # (advanced indexing already copies the state's rows)
         theta = state["theta"][clients] if opt.theta_init == "warm" else received.clone()
-        chunk = client_chunk(2 * local.shape[1], n)
+        chunk = ctx.policy.chunk(2 * local.shape[1], n)
         if chunk < n and ctx.fed.train.noise_std is not None:
             chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
         drawn = ctx.sampler.steps(clients, opt.batch_size, opt.R) if chunk < n else None

@@ -38,7 +38,7 @@ from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.fused import EdgeRows, Received, count_sent, truncate_
-from fedhp.engine.ops import batched_loss_grad, client_chunk, mean_group_loss
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss
 
 
 class SFedHP(Algorithm):
@@ -298,7 +298,7 @@ class _EdgeRound:
         p, dtype = sent_w.shape[1], sent_w.dtype
         rule = ctx.edge_rule if ctx.edge_rule is not None and not ctx.edge_rule.folds else None
         whole = rule is not None or ctx.whole_rounds  # a rule (or ALIE) reads whole edges
-        chunk = c if whole else client_chunk(p, c)
+        chunk = c if whole else ctx.policy.chunk(p, c)
         parts = [
             _Part(a, min(a + chunk, c), EdgeRows.of(seg[a : a + chunk], n))
             for a in range(0, c, chunk)

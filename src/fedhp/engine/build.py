@@ -18,6 +18,7 @@ from fedhp.engine.attacks import UPDATE_ATTACKS, Attack, flip_labels, malicious_
 from fedhp.engine.context import RunContext
 from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
+from fedhp.engine.policy import build_policy
 from fedhp.engine.sampler import BatchSampler
 from fedhp.errors import ConfigError
 from fedhp.models import MODELS, BatchedModel
@@ -163,6 +164,16 @@ def build_experiment(cfg: RunConfig) -> Experiment:
         fed = replace(fed, train=flip_labels(fed.train, malicious, fed.num_classes))
     model = MODELS.build(cfg.model, "model").build(fed.feature_shape, fed.num_classes)
     options = ALGORITHMS.build(cfg.algorithm, "algorithm")
+    model.policy = build_policy(
+        device,
+        model.reference,
+        fed.feature_shape,
+        batch_size=int(getattr(options, "batch_size", 1) or 1),
+        precision=cfg.precision,
+        clients_per_chunk=cfg.engine.clients_per_chunk,
+        memory_fraction=cfg.engine.memory_fraction,
+        channels_last=cfg.engine.channels_last,
+    )
     generator = torch.Generator(device="cpu").manual_seed(cfg.seed + ENGINE_SEED_OFFSET)
     # The global generators too (what dropout draws from; checkpoints save and restore them):
     # torch seeds them differently in every process, which made dropout runs irreproducible.

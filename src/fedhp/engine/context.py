@@ -21,6 +21,7 @@ from fedhp.engine.ops import (
     weighted_mean,
     weighted_sgd_steps,
 )
+from fedhp.engine.policy import ExecutionPolicy
 from fedhp.engine.sampler import BatchSampler, EpochBatches
 from fedhp.models.base import BatchedModel
 from fedhp.topology import Topology
@@ -60,6 +61,12 @@ class RunContext:
     @property
     def device(self) -> torch.device:
         return self.fed.train.x.device
+
+    @property
+    def policy(self) -> ExecutionPolicy:
+        """The run's execution policy (client chunks, evaluation rows, precision), held with
+        the model it was built for (``model.policy``, set by ``build_experiment``)."""
+        return self.model.policy
 
     @property
     def num_clients(self) -> int:

@@ -8,6 +8,7 @@ import torch
 
 from fedhp.comm import count_nonzero
 from fedhp.engine.federation import ClientTensors, slice_rows
+from fedhp.engine.policy import widened
 from fedhp.models.base import BatchedModel
 
 
@@ -66,14 +67,16 @@ def evaluate_shared(
     loss_sum = torch.zeros_like(correct)
     w = params.unsqueeze(0)
     bufs = None if buffers is None else buffers.unsqueeze(0)
-    chunk = model.eval_rows(chunk)
+    chunk = model.policy.eval_rows(chunk, model.forward_flops)
     classes = model.num_classes if not data.y.is_floating_point() and model.num_classes > 1 else 0
     class_correct = torch.zeros(classes, dtype=torch.float64, device=params.device)
     class_count = torch.zeros_like(class_correct)
     for start in range(0, data.y.shape[0], chunk):
         x, y = slice_rows(data.x, start, start + chunk), data.y[start : start + chunk]
         owner = data.owner[start : start + chunk]
-        logits = model.forward(w, x.unsqueeze(0), buffers=bufs)[0]
+        with model.policy.autocast():
+            logits = model.forward(w, x.unsqueeze(0), buffers=bufs)[0]
+        logits = widened(logits)
         hits = model.correct(logits, y).double()
         correct.index_add_(0, owner, hits)
         loss_sum.index_add_(0, owner, model.sample_losses(logits, y).double())
@@ -98,10 +101,12 @@ def evaluate_personal(
     num_clients = params.shape[0]
     correct = torch.zeros(num_clients, dtype=torch.float64, device=params.device)
     loss_sum = torch.zeros_like(correct)
-    width = model.eval_rows(width)
+    width = model.policy.eval_rows(width, model.forward_flops, num_clients)
     for start in range(0, data.max_count, width):
         x, y, valid = data.windows(start, min(width, data.max_count - start))
-        logits = model.forward(params, x, buffers=buffers)
+        with model.policy.autocast():
+            logits = model.forward(params, x, buffers=buffers)
+        logits = widened(logits)
         losses = model.sample_losses(logits, y)
         correct += (model.correct(logits, y) & valid).double().sum(1)
         loss_sum += (losses * valid).double().sum(1)

@@ -109,15 +109,16 @@ def sgd_steps(
     Returns the new parameters and the per-client loss summed over steps (a tensor, no host sync).
     ``buffers [C, B]`` (BatchNorm running statistics; a writable tensor, not an expanded view)
     are updated in place, one update per step.
-    Large models without an ``extra_grad`` term are trained in client chunks that keep parameters
-    and gradients cache-resident (see :func:`client_chunk`); the minibatches are drawn first, in
+    Without a non-foldable ``extra_grad`` term the clients are trained in chunks of the run's
+    policy (:meth:`~fedhp.engine.policy.ExecutionPolicy.chunk`: cache-resident rows on the CPU,
+    a memory budget on CUDA); the minibatches are drawn first, in
     the same order, so the result does not depend on the chunking.
     """
     params = params.detach().clone()
     num_clients = params.shape[0]
     foldable = extra_grad is None or isinstance(extra_grad, StepTerm)
     whole = not foldable or loss_grad is not None
-    chunk = num_clients if whole else client_chunk(params.shape[1], num_clients)
+    chunk = num_clients if whole else model.policy.chunk(params.shape[1], num_clients)
     if chunk >= num_clients:
         drawn = (batch() for _ in range(steps))
         return _sgd_loop(model, params, drawn, lr, extra_grad, buffers, loss_grad, optimizer)
@@ -183,7 +184,7 @@ def weighted_sgd_steps(
     num_clients = params.shape[0]
     foldable = extra_grad is None or isinstance(extra_grad, StepTerm)
     whole = not foldable or loss_grad is not None
-    chunk = num_clients if whole else client_chunk(params.shape[1], num_clients)
+    chunk = num_clients if whole else model.policy.chunk(params.shape[1], num_clients)
     loss_and_grad = model.loss_and_grad if loss_grad is None else loss_grad
     plain = foldable and loss_grad is None and buffers is None
     plain = plain and (optimizer is None or optimizer.plain)
@@ -210,12 +211,14 @@ def weighted_sgd_steps(
                 loss, grad = loss_and_grad(part, x, y, weight=weight)
             else:
                 bufs = buffers[rows]
-                idle = None if weight is None else weight.sum(1) == 0
-                kept = None if idle is None else bufs[idle].clone()
+                # a frozen client's statistics are restored after the step (torch.where: no
+                # boolean indexing, which would wait for the device)
+                kept = None if weight is None else bufs.clone()
                 kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
                 loss, grad = loss_and_grad(part, x, y, weight=weight, **kw)
-                if idle is not None and kept is not None:
-                    bufs[idle] = kept
+                if weight is not None and kept is not None:
+                    idle = (weight.sum(1) == 0).unsqueeze(1)
+                    bufs.copy_(torch.where(idle, kept, bufs))
             if term is not None:
                 grad.add_(term(part))
             live = None if weight is None else weight.sum(1) > 0
@@ -231,15 +234,6 @@ def weighted_sgd_steps(
     if not parts:  # no clients
         return params, torch.zeros(0, device=params.device)
     return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
-
-
-CACHE_FLOATS = 2_500_000
-"""Parameters of one client chunk (~8 MB, plus as much gradient): fits this class of CPUs' L3."""
-
-
-def client_chunk(num_params: int, num_clients: int) -> int:
-    """Clients per chunk so that a chunk's parameters stay near :data:`CACHE_FLOATS`."""
-    return max(1, min(num_clients, CACHE_FLOATS // max(num_params, 1)))
 
 
 def _sgd_loop(

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from fedhp.engine.policy import CPU_POLICY, ExecutionPolicy, widened
+
 ColumnHook = Callable[[int, int], None]
 """``(lo, hi)``: act in place on columns ``lo .. hi - 1`` of a step's flat rows
 (:meth:`BatchedModel.sgd_step`)."""
@@ -288,6 +290,9 @@ class BatchedModel(ABC):
         )
         self.trained_samples = 0
         """Samples of every gradient evaluation the engine ran (:meth:`count_trained`)."""
+        self.policy: ExecutionPolicy = CPU_POLICY
+        """How the engine batches this model's work on its device (the run's policy, set by
+        :func:`fedhp.engine.build.build_experiment`; the CPU's otherwise)."""
 
     @property
     def num_params(self) -> int:
@@ -419,9 +424,11 @@ class BatchedModel(ABC):
             for s in self.layout.specs
         ]
         params = {s.name: leaf for s, leaf in zip(self.layout.specs, leaves, strict=True)}
-        logits = self.forward_params(
-            params, x, buffers=buffers, train=True, weight=self.statistic_weight(weight)
-        )
+        with self.policy.autocast():  # bf16: a lower-precision forward, float32 leaves
+            logits = self.forward_params(
+                params, x, buffers=buffers, train=True, weight=self.statistic_weight(weight)
+            )
+        logits = widened(logits)
         c, b = logits.shape[0], logits.shape[1]
         losses = F.cross_entropy(logits.reshape(c * b, -1), y.reshape(-1), reduction="none")
         per_client = weighted_client_mean(losses.view(c, b), weight)
@@ -486,14 +493,12 @@ class BatchedModel(ABC):
             self.buffer_layout.load_into(module, buffers)
         return module
 
-    def eval_rows(self, rows: int) -> int:
-        """``rows`` samples per evaluation forward, scaled down for models above 1e8 forward
-        FLOPs per sample so that activations stay within a few hundred MB."""
+    @property
+    def forward_flops(self) -> int:
+        """:meth:`flops_per_sample`, counted once, then cached."""
         if self._flops is None:
             self._flops = self.flops_per_sample()
-        if self._flops <= 1e8:
-            return rows
-        return max(8, int(rows * 1e8 / self._flops))
+        return self._flops
 
     def flops_per_sample(self) -> int:
         """Forward FLOPs for one sample (counted by PyTorch's FlopCounterMode)."""
@@ -524,15 +529,11 @@ class BatchedModel(ABC):
         return self.trained_samples * self.train_flops_per_sample()
 
 
-DIRECT_MIN_PARAMS = 2_500_000
-"""From this many parameters on, a single client is run without vmap (see :class:`VmapModel`)."""
-
-
 class VmapModel(BatchedModel):
     """Generic batched form of any module, via ``torch.func.vmap`` over ``functional_call``.
 
-    One client of a model with at least :data:`DIRECT_MIN_PARAMS` parameters (the engine trains
-    such models client by client, see ``fedhp.engine.ops.client_chunk``) is run by a plain
+    One client of a large model (:meth:`~fedhp.engine.policy.ExecutionPolicy.direct`: at least
+    2.5 M parameters; the CPU trains such models client by client) is run by a plain
     ``functional_call`` of the reference module instead: vmap's batched-weight convolutions cost
     about twice a plain loop's for VGG-11 (docs/benchmarks.md). Feature taps need a
     :class:`FeatureNet` reference."""
@@ -591,9 +592,10 @@ class VmapModel(BatchedModel):
         weight: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         kwargs = {"features": True} if features else {}
+        x = self.policy.arrange(x)
         if weight is not None and self.num_buffers and train:
             return self._call_weighted(params, x, buffers, weight, kwargs)
-        if x.shape[0] == 1 and self.num_params >= DIRECT_MIN_PARAMS:
+        if self.policy.direct(x.shape[0], self.num_params):
             return self._call_one(params, x, buffers, train, kwargs)
         module = self.functional
         module.train(train)
@@ -636,7 +638,7 @@ class VmapModel(BatchedModel):
                 out = torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
             return out
 
-        if x.shape[0] == 1 and self.num_params >= DIRECT_MIN_PARAMS:
+        if self.policy.direct(x.shape[0], self.num_params):
             out = one(
                 {k: v[0] for k, v in params.items()},
                 {k: v[0] for k, v in bufs.items()},

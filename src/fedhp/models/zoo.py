@@ -13,6 +13,7 @@ import pydantic
 import torch
 from torch import nn
 
+from fedhp.engine.policy import SMALL_LAYER
 from fedhp.errors import ConfigError
 from fedhp.models.base import (
     BatchedModel,
@@ -54,13 +55,6 @@ class MLP(FeatureNet):
         return self.layers[-1](h)
 
 
-SMALL_LAYER = 4096
-"""Per-client weight matrices up to this many entries take their SGD step as one batched ``bmm``
-then an ``add_``; larger ones as an in-place ``baddbmm_`` (on the flat rows' strided view PyTorch
-runs that as one ``addmm_`` per client, which is the faster kernel for large layers and ~2x slower
-for small ones; docs/benchmarks.md, run H)."""
-
-
 def softmax_cross_entropy(
     logits: torch.Tensor, target: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,10 +71,18 @@ def softmax_cross_entropy(
     return loss, delta
 
 
-def weight_step_(w: torch.Tensor, delta: torch.Tensor, h_in: torch.Tensor, lr: float) -> None:
+def weight_step_(
+    w: torch.Tensor,
+    delta: torch.Tensor,
+    h_in: torch.Tensor,
+    lr: float,
+    small_layer: int = SMALL_LAYER,
+) -> None:
     """``w -= lr * deltaᵀ h_in`` per client, in place (``w [C, out, in]``, ``delta [C, B, out]``,
-    ``h_in [C, B, in]``), with the faster kernel for the layer's size (:data:`SMALL_LAYER`)."""
-    if w[0].numel() > SMALL_LAYER:
+    ``h_in [C, B, in]``), with the faster kernel for the layer's size (up to ``small_layer``
+    entries per client: ``bmm`` then ``add_``; the run's
+    :attr:`~fedhp.engine.policy.ExecutionPolicy.small_layer`)."""
+    if w[0].numel() > small_layer:
         w.baddbmm_(delta.transpose(1, 2), h_in, alpha=-lr)
     else:
         w.add_(torch.bmm(delta.transpose(1, 2), h_in), alpha=-lr)
@@ -166,8 +168,11 @@ class BatchedMLP(BatchedModel):
         ``baddbmm`` into the flat rows (after the layer's old weights have passed ``delta`` on,
         and after ``before`` on the layer's columns), so no ``[C, P]`` gradient is written and
         read back. Equal to ``loss_and_grad`` then ``flat -= lr * grad`` up to rounding (one
-        rounding of the update instead of two)."""
-        with torch.no_grad():
+        rounding of the update instead of two). Under ``precision=bf16`` the generic autograd
+        step under autocast instead (:meth:`BatchedModel.sgd_step`)."""
+        if self.policy.bf16:
+            return super().sgd_step(flat, x, y, lr, before)
+        with torch.no_grad(), self.policy.autocast():  # (tf32: its matmul flags)
             acts, loss, delta = self._loss_delta(flat, x, y, None)
             specs = self.layout.specs
             layers = self._layers(flat)
@@ -179,7 +184,7 @@ class BatchedMLP(BatchedModel):
                     for spec in (specs[2 * i], specs[2 * i + 1]):
                         before(spec.offset, spec.offset + spec.numel)
                 b.sub_(delta.sum(1), alpha=lr)
-                weight_step_(w, delta, h_in, lr)
+                weight_step_(w, delta, h_in, lr, self.policy.small_layer)
                 delta = below
             return loss
 
@@ -192,6 +197,8 @@ class BatchedMLP(BatchedModel):
         buffers: torch.Tensor | None = None,
         weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.policy.bf16:  # the generic autograd path under autocast
+            return super().loss_and_grad(flat, x, y, buffers=buffers, weight=weight)
         loss, grad, _ = self._loss_grad_logits(flat, x, y, weight)
         return loss, grad
 
@@ -205,13 +212,15 @@ class BatchedMLP(BatchedModel):
         weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`loss_and_grad` and each sample's correctness from the same forward pass."""
+        if self.policy.bf16:
+            return super().loss_grad_correct(flat, x, y, buffers=buffers, weight=weight)
         loss, grad, logits = self._loss_grad_logits(flat, x, y, weight)
         return loss, grad, self.correct(logits, y)
 
     def _loss_grad_logits(
         self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        with torch.no_grad():
+        with torch.no_grad(), self.policy.autocast():  # (tf32: its matmul flags)
             acts, loss, delta = self._loss_delta(flat, x, y, weight)
             grad = torch.empty_like(flat)
             layers = self._layers(flat)

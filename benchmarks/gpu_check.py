@@ -1,0 +1,231 @@
+"""Every GPU check of issue 35 in one script of under 8 minutes, with one table printed last.
+
+On a GPU host (python3.12 + torch, no package index; docs/gpu.md), from the project root:
+
+    bash ../shared/gpu/prepare.sh     # once, on a machine with the project's .venv (fills .gpu/)
+    . .gpu/env.sh && python3 benchmarks/gpu_check.py
+
+Pieces, each in its own subprocess with its own time box (a slow piece is cut off and reported,
+the others still run):
+
+* ``tests``: ``pytest tests/engine/test_gpu.py`` (skipped without CUDA);
+* ``table:<row>``: one row of ``bench_engine.py``'s device table at fp32 (the engine against the
+  per-client loop, and the sFedHP / FedAvg rounds at scale);
+* ``bf16:<row>``: VGG-11-BN and ResNet-18's rows at ``precision=bf16``;
+* ``run``: ``fedhp run device=cuda`` of the default experiment (summary.json ``seconds``).
+
+The last lines are the table: each must-show with its measured value and target.
+``--device cpu --smoke`` runs every piece at tiny sizes on the CPU (tests/benchmarks check it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TABLE_ROWS = [
+    "fedavg-dnn100-10k",
+    "sfedhp-dnn100-1k",
+    "dnn100-1k",
+    "cnn2-10",
+    "vgg11-bn-10",
+    "resnet18-10",
+]
+BF16_ROWS = ["vgg11-bn-10", "resnet18-10"]
+# piece -> seconds it may take on the GPU host (sum 450 s < 8 min, with start-up to spare)
+BUDGET = {
+    "tests": 150,
+    "table:fedavg-dnn100-10k": 30,
+    "table:sfedhp-dnn100-1k": 30,
+    "table:dnn100-1k": 30,
+    "table:cnn2-10": 25,
+    "table:vgg11-bn-10": 40,
+    "table:resnet18-10": 50,
+    "bf16:vgg11-bn-10": 25,
+    "bf16:resnet18-10": 30,
+    "run": 40,
+}
+SMOKE_RUN = ["rounds=2", "eval_every=1", "algorithm.R=1", "algorithm.K=1"]
+
+# (what, piece, key, target, "<=" or ">=") — the issue's must-shows
+MUST_SHOW = [
+    ("test_gpu.py passed (issue: 47 or more)", "tests", "passed", 47, ">="),
+    ("test_gpu.py failed", "tests", "failed", 0, "<="),
+    ("FedAvg DNN-100 10k s/round", "table:fedavg-dnn100-10k", "s_per_round", 0.02, "<="),
+    (
+        "FedAvg DNN-100 10k launches (<= 62,424/50)",
+        "table:fedavg-dnn100-10k",
+        "launches",
+        1248,
+        "<=",
+    ),
+    ("FedAvg DNN-100 10k ratio to roofline", "table:fedavg-dnn100-10k", "ratio", 3, "<="),
+    ("sFedHP DNN-100 1k/50 edges s/round", "table:sfedhp-dnn100-1k", "s_per_round", 0.08, "<="),
+    ("DNN-100 1k vs per-client loop", "table:dnn100-1k", "speedup", 20, ">="),
+    ("cnn2 10 clients vs loop", "table:cnn2-10", "speedup", 1.5, ">="),
+    ("VGG-11-BN 10 clients vs loop", "table:vgg11-bn-10", "speedup", 1.5, ">="),
+    ("ResNet-18 10 clients vs loop", "table:resnet18-10", "speedup", 1.5, ">="),
+    ("VGG-11-BN fp32 s/round", "table:vgg11-bn-10", "s_per_round", 3.5, "<="),
+    ("ResNet-18 fp32 s/round", "table:resnet18-10", "s_per_round", 6.0, "<="),
+    ("VGG-11-BN bf16 s/round", "bf16:vgg11-bn-10", "s_per_round", 1.5, "<="),
+    ("ResNet-18 bf16 s/round", "bf16:resnet18-10", "s_per_round", 2.5, "<="),
+    ("fedhp run device=cuda (250 rounds) seconds", "run", "seconds", 10, "<="),
+]
+
+
+@dataclass
+class Piece:
+    """One check's outcome: ``status`` ok / failed / timeout, its wall time, its numbers."""
+
+    name: str
+    status: str
+    seconds: float
+    values: dict[str, float]
+    note: str = ""
+
+
+def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
+    """The subprocess that runs piece ``name``."""
+    py = sys.executable
+    if name == "tests":
+        return [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/test_gpu.py"]
+    if name == "run":
+        extra = SMOKE_RUN if smoke else []
+        return [
+            py,
+            "-m",
+            "fedhp.cli",
+            "run",
+            f"device={device}",
+            "progress=false",
+            "checkpoint_every=0",
+            *extra,
+            "--out",
+            str(out),
+        ]
+    kind, row = name.split(":")
+    precision = "bf16" if kind == "bf16" else "fp32"
+    cmd = [
+        py,
+        str(HERE / "bench_engine.py"),
+        "--device",
+        device,
+        "--precision",
+        precision,
+        "--rows",
+        row,
+        "--table",
+        "--table-repeats",
+        "2",
+    ]
+    return [*cmd, "--smoke"] if smoke else cmd
+
+
+def parse(name: str, output: str, out: Path) -> dict[str, float]:
+    """The numbers of a piece's output: pytest's passed/failed/skipped counts, a device-table
+    line's ``key=value`` numbers, the run's summary.json ``seconds``."""
+    values: dict[str, float] = {}
+    if name == "tests":
+        for count, what in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", output):
+            values["failed" if what.startswith("error") else what] = float(count)
+        values.setdefault("failed", 0.0)
+        return values
+    if name == "run":
+        summary = out / "summary.json"
+        if summary.exists():
+            values["seconds"] = float(json.loads(summary.read_text())["seconds"])
+        return values
+    for line in output.splitlines():
+        if line.startswith("device ") and " failed: " not in line:
+            for key, value in re.findall(r"(\w+)=([-+0-9.e]+)(?:\s|$)", line):
+                values[key] = float(value)
+    return values
+
+
+def run_piece(name: str, device: str, smoke: bool, budget: float) -> Piece:
+    """Run one piece in a subprocess cut off after ``budget`` seconds."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), str(HERE), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        cmd = piece_command(name, device, smoke, out)
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(
+                cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return Piece(name, "timeout", time.perf_counter() - start, {}, f"> {budget:.0f} s")
+        wall = time.perf_counter() - start
+        output = done.stdout + done.stderr
+        values = parse(name, output, out)
+    lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
+    print(f"## {name} ({wall:.1f} s, exit {done.returncode})", flush=True)
+    for ln in lines[-12:]:
+        print(f"   {ln}", flush=True)
+    failed = done.returncode != 0 or " failed: " in done.stdout
+    if name == "tests" and done.returncode == 5:  # pytest: nothing collected/all deselected
+        failed = False
+    tail = (done.stderr.strip().splitlines() or [""])[-1][:120] if failed else ""
+    return Piece(name, "failed" if failed else "ok", wall, values, tail)
+
+
+def verdict(value: float | None, target: float, op: str) -> str:
+    if value is None:
+        return "n/a"
+    ok = value <= target if op == "<=" else value >= target
+    return "yes" if ok else "NO"
+
+
+def table(pieces: dict[str, Piece]) -> list[str]:
+    """The final table: every piece's status and time, then every must-show."""
+    rows = ["| piece | status | seconds | note |", "|---|---|---|---|"]
+    rows += [f"| {p.name} | {p.status} | {p.seconds:.1f} | {p.note} |" for p in pieces.values()]
+    rows += ["", "| must-show | measured | target | met |", "|---|---|---|---|"]
+    for what, piece, key, target, op in MUST_SHOW:
+        got = pieces.get(piece)
+        value = None if got is None else got.values.get(key)
+        shown = "—" if value is None else f"{value:g}"
+        rows.append(f"| {what} | {shown} | {op} {target:g} | {verdict(value, target, op)} |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU check)")
+    parser.add_argument("--only", nargs="*", default=None, help="pieces to run (default all)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every time box")
+    args = parser.parse_args(argv)
+    names = args.only or list(BUDGET)
+    unknown = [n for n in names if n not in BUDGET]
+    if unknown:
+        parser.error(f"unknown piece(s) {unknown}; choose from {list(BUDGET)}")
+    start = time.perf_counter()
+    pieces = {n: run_piece(n, args.device, args.smoke, BUDGET[n] * args.scale) for n in names}
+    print(
+        f"# gpu_check: device={args.device} smoke={args.smoke} "
+        f"total={time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
+    for row in table(pieces):
+        print(row, flush=True)
+    return 0 if all(p.status == "ok" for p in pieces.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

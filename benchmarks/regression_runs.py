@@ -1,0 +1,110 @@
+"""The 5-round regression runs of every algorithm (docs/engine.md, "Same results as before"):
+``fedhp run progress=false threads=1 rounds=5 eval_every=1 checkpoint_every=0
+algorithm.local_steps=5 algorithm.name=<alg>`` (FNR-FL with ``public.per_class=10``), each in its
+own subprocess, its ``metrics.csv`` copied to ``<out>/<alg>.csv``. Run it on two checkouts
+(``PYTHONPATH=<checkout>/src``) and compare the folders with ``--compare A B``: byte-identical
+files are listed as such, others with their largest relative difference of any value.
+
+Usage: python benchmarks/regression_runs.py OUT [--only ALG ...] [--extra key=value ...]
+       python benchmarks/regression_runs.py --compare OLD NEW
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BASE = [
+    "progress=false",
+    "threads=1",
+    "rounds=5",
+    "eval_every=1",
+    "checkpoint_every=0",
+    "algorithm.local_steps=5",
+]
+EXTRA = {"fnrfl": ["public.per_class=10"], "diht": ["algorithm.local_steps=1"]}
+
+
+def algorithms() -> list[str]:
+    """Every registered algorithm (of the checkout on ``PYTHONPATH``)."""
+    from fedhp.algorithms import ALGORITHMS
+
+    return sorted(ALGORITHMS.names())
+
+
+def run_all(out: Path, names: list[str], extra: list[str]) -> None:
+    """Run every algorithm in ``names`` and copy its metrics.csv to ``out/<name>.csv``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        with tempfile.TemporaryDirectory() as run:
+            args = [*BASE, f"algorithm.name={name}", *EXTRA.get(name, []), *extra]
+            cmd = [sys.executable, "-m", "fedhp.cli", "run", *args, "--out", run]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                tail = (done.stderr.strip().splitlines() or ["?"])[-1]
+                print(f"{name}: failed: {tail}", flush=True)
+                continue
+            shutil.copy(Path(run) / "metrics.csv", out / f"{name}.csv")
+            print(f"{name}: ok", flush=True)
+
+
+def max_relative_difference(a: Path, b: Path) -> float:
+    """Largest relative difference of any numeric value of two metrics.csv files (inf if their
+    shapes or non-numeric cells differ)."""
+    rows_a, rows_b = list(csv.reader(a.open())), list(csv.reader(b.open()))
+    if len(rows_a) != len(rows_b):
+        return float("inf")
+    worst = 0.0
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        if len(ra) != len(rb):
+            return float("inf")
+        for x, y in zip(ra, rb, strict=True):
+            if x == y:
+                continue
+            try:
+                fx, fy = float(x), float(y)
+            except ValueError:
+                return float("inf")
+            worst = max(worst, abs(fx - fy) / max(abs(fx), abs(fy), 1e-30))
+    return worst
+
+
+def compare(old: Path, new: Path) -> bool:
+    """Print one line per algorithm; True if every file is byte-identical."""
+    same = True
+    for a in sorted(old.glob("*.csv")):
+        b = new / a.name
+        if not b.exists():
+            print(f"{a.stem}: missing in {new}")
+            same = False
+        elif a.read_bytes() == b.read_bytes():
+            print(f"{a.stem}: byte-identical")
+        else:
+            print(
+                f"{a.stem}: differs (max relative difference {max_relative_difference(a, b):.2e})"
+            )
+            same = False
+    return same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", type=Path)
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"))
+    args = parser.parse_args()
+    if args.compare:
+        sys.exit(0 if compare(*args.compare) else 1)
+    if args.out is None:
+        parser.error("OUT is required (or --compare OLD NEW)")
+    run_all(args.out, args.only or algorithms(), args.extra)
+
+
+if __name__ == "__main__":
+    main()

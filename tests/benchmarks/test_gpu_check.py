@@ -1,0 +1,72 @@
+"""The GPU check script and the device table run on the CPU at tiny sizes (``--smoke``), so they
+do not rot between GPU sessions; the final table's parsing and time boxes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+
+
+def test_device_table_rows_run_at_smoke_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    """The engine against the per-client loop (DNN-100 and a BatchNorm conv net at bf16) on the
+    CPU: a row of numbers each, the engine's result the loop's (fp32: to float rounding)."""
+    import bench_engine
+
+    bench_engine.device_table(torch.device("cpu"), "fp32", ["dnn100-1k"], 1, smoke=True)
+    bench_engine.device_table(torch.device("cpu"), "bf16", ["cnn2-10"], 1, smoke=True)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("device ")]
+    assert len(lines) == 2 and not any("failed" in ln for ln in lines), lines
+    fp32 = dict(kv.split("=") for kv in lines[0].split()[2:])
+    assert float(fp32["max_param_diff"]) < 1e-5 and int(fp32["launches"]) > 0
+    assert float(fp32["roofline_s"]) > 0 and fp32["chunk"] == fp32["clients"] == "8"
+    assert "precision=bf16" in lines[1]
+
+
+def test_gpu_check_smoke_runs_a_piece_and_prints_the_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import gpu_check
+
+    code = gpu_check.main(["--device", "cpu", "--smoke", "--only", "run", "--scale", "4"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| fedhp run"))
+    assert float(row.split("|")[2]) > 0  # summary.json's seconds
+    assert out.strip().splitlines()[-1].startswith("| fedhp run")  # the table comes last
+
+
+def test_a_slow_piece_is_cut_off_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu_check
+
+    monkeypatch.setitem(gpu_check.BUDGET, "run", 0.05)
+    piece = gpu_check.run_piece("run", "cpu", True, 0.05)
+    assert piece.status == "timeout" and piece.seconds < 5
+
+
+def test_outputs_are_parsed_into_the_must_shows(tmp_path: Path) -> None:
+    import gpu_check
+
+    tests = gpu_check.parse("tests", "3 failed, 44 passed, 2 skipped in 9.1s", tmp_path)
+    assert tests == {"failed": 3.0, "passed": 44.0, "skipped": 2.0}
+    line = "device fedavg-dnn100-10k s_per_round=0.0150 launches=900 ratio=2.5 device=cuda"
+    row = gpu_check.parse("table:fedavg-dnn100-10k", line, tmp_path)
+    assert row == {"s_per_round": 0.015, "launches": 900.0, "ratio": 2.5}
+    pieces = {
+        "tests": gpu_check.Piece("tests", "ok", 1.0, tests),
+        "table:fedavg-dnn100-10k": gpu_check.Piece("table:fedavg-dnn100-10k", "ok", 1.0, row),
+    }
+    text = "\n".join(gpu_check.table(pieces))
+    assert "| test_gpu.py failed | 3 | <= 0 | NO |" in text
+    assert "| FedAvg DNN-100 10k s/round | 0.015 | <= 0.02 | yes |" in text
+    assert "| sFedHP DNN-100 1k/50 edges s/round | — | <= 0.08 | n/a |" in text
+    assert sys.executable  # the pieces run under this interpreter
