@@ -48,7 +48,7 @@ def test_compare_three_runs_writes_png_and_table(
     table = (tmp_path / "fig.md").read_text()
     assert table in capsys.readouterr().out
     lines = table.splitlines()
-    assert lines[0].startswith("| run | runs | final global_acc | best global_acc |")
+    assert lines[0].startswith("| run | seeds | final global_acc | best global_acc |")
     assert len(lines) == 4  # header, rule, two groups
     finals = [read_rows(r / "metrics.csv")[-1]["global_acc"] for r in runs]
     mean, sd = mean_std([float(finals[0]), float(finals[1])])

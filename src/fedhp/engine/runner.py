@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from fedhp.algorithms.base import LocalWorkOptions, State
-from fedhp.config import RunConfig, config_to_dict
+from fedhp.config import RunConfig, config_to_dict, normalized_config, resolved_section
 from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.checkpoint import (
     CHECKPOINT_FILE,
@@ -37,7 +37,13 @@ from fedhp.engine.faults import RoundSkipped
 from fedhp.engine.objective import sparse_learning_metrics
 from fedhp.engine.privacy_budget import RunPrivacy
 from fedhp.errors import DivergenceError
-from fedhp.reporting import MetricsWriter, plot_run, write_json_atomic, write_yaml_atomic
+from fedhp.reporting import (
+    MetricsWriter,
+    plot_run,
+    rounded,
+    write_json_atomic,
+    write_yaml_atomic,
+)
 
 Row = dict[str, Any]
 
@@ -257,7 +263,7 @@ def summarize(
     summary: Row = {
         "algorithm": exp.cfg.algorithm.get("name"),
         "dataset": exp.cfg.dataset.get("name"),
-        "model": exp.cfg.model,
+        "model": resolved_section("model", exp.cfg.model),
         "num_params": exp.model.num_params,
         "rounds": rounds_done,
         "seed": exp.cfg.seed,
@@ -348,7 +354,8 @@ def _restore(
     if not path.exists():
         return None
     data = load_checkpoint(path)
-    diff = config_difference(data["config"], config_to_dict(exp.cfg))
+    # (a checkpoint written before config.yaml held every option compares in today's form)
+    diff = config_difference(normalized_config(data["config"]), config_to_dict(exp.cfg))
     if diff is not None:
         raise CheckpointError(
             f"{path}: written by a different configuration ({diff} differs); "
@@ -626,7 +633,7 @@ def run_experiment(
             _write_checkpoint(exp, out_dir, snap, config)
         if error is None:
             save_final_state(out_dir / FINAL_STATE_FILE, final, rounds_done)
-        write_json_atomic(out_dir / "summary.json", summary)
+        write_json_atomic(out_dir / "summary.json", rounded(summary))
         if rows:
             plot_run(rows, out_dir / "plot.png", f"{summary['algorithm']} on {summary['dataset']}")
     if error is not None:

@@ -37,7 +37,7 @@ def resolve_run_config(
     import yaml
 
     from fedhp.algorithms import ALGORITHMS
-    from fedhp.config import config_to_dict, resolve_config
+    from fedhp.config import check_unique_overrides, config_to_dict, resolve_config
     from fedhp.engine.build import check_components
     from fedhp.errors import ConfigError
     from fedhp.flower.shards import node_count
@@ -49,6 +49,7 @@ def resolve_run_config(
             config_path = Path(item)
         else:
             overrides.append(item)
+    check_unique_overrides(overrides)
     cfg = resolve_config(config_path, overrides, plugins=plugins)
     check_components(cfg)
     if cfg.algorithm.get("name") == "centralized":
@@ -68,10 +69,28 @@ def resolve_run_config(
     return cfg, run_config, nodes
 
 
+def writable_folder(folder: Path, what: str) -> Path:
+    """``folder`` made (with its parents), or a one-line error naming ``what`` (the argument)
+    where it is a file or cannot be written."""
+    from fedhp.errors import ConfigError
+
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{what} {folder}: is a file, not a folder; name a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"{what} {folder}: cannot be created ({err.strerror or err}); name a folder you can "
+            "write to"
+        ) from None
+    return folder
+
+
 def cmd_certs(args: argparse.Namespace) -> int:
     require_flower()
     from fedhp.flower.certs import write_certificates
 
+    writable_folder(Path(args.dir), "flower certs DIR")
     hosts = tuple(args.host) if args.host else ("127.0.0.1", "localhost")
     paths = write_certificates(Path(args.dir), hosts=hosts, days=args.days)
     print(f"CA: {paths.ca_cert} (key {paths.ca_key}); SuperLink: {paths.server_cert}, ", end="")
@@ -83,6 +102,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     require_flower()
     from fedhp.flower.certs import write_node_keys
 
+    writable_folder(Path(args.dir), "flower keys DIR")
     for key in write_node_keys(Path(args.dir), args.nodes, prefix=args.prefix):
         print(f"{key.private} (SuperNode) / {key.public} (flwr supernode register)")
     return 0
@@ -124,6 +144,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
 def add_parser(sub: Any) -> None:
     """Add ``flower`` and its subcommands to the ``fedhp`` subparsers ``sub``."""
     from fedhp.plugins import add_plugin_option
@@ -140,11 +171,11 @@ def add_parser(sub: Any) -> None:
         help="host name or IP the SuperLink is reached at (repeatable; "
         "default 127.0.0.1 and localhost)",
     )
-    certs.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    certs.add_argument("--days", type=_positive_int, default=365, help="validity in days (default 365)")
     certs.set_defaults(func=cmd_certs)
     keys = fsub.add_parser("keys", help="write SuperNode authentication key pairs")
     keys.add_argument("dir", help="folder for <prefix>-<i> and <prefix>-<i>.pub")
-    keys.add_argument("--nodes", type=int, required=True, help="number of key pairs")
+    keys.add_argument("--nodes", type=_positive_int, required=True, help="number of key pairs")
     keys.add_argument("--prefix", default="node", help="file name prefix (default node)")
     keys.set_defaults(func=cmd_keys)
     app = fsub.add_parser("app", help="write the Flower app project for `flwr run`")
