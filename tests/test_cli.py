@@ -88,3 +88,79 @@ def test_override_order_does_not_drop_options() -> None:
     assert a == b and a.algorithm == {"name": "fedavg", "lr": 0.2}
     default = resolve_config(None, [])
     assert default.algorithm["name"] == "sfedhp" and "lam" in default.algorithm
+
+
+RUN = [
+    "progress=false",
+    "threads=1",
+    "rounds=2",
+    "eval_every=1",
+    "checkpoint_every=0",
+    "algorithm.name=fedavg",
+    "algorithm.local_steps=2",
+    "model.name=mlr",
+    "partition.train_per_class=40",
+    "partition.test_per_class=40",
+]
+
+
+def test_config_yaml_is_complete_and_reruns_byte_identical(tmp_path: Path) -> None:
+    """config.yaml holds every option of the algorithm, model, dataset and partition (not only
+    those given), and ``fedhp run <run>/config.yaml`` gives the same metrics.csv, byte for
+    byte, and the same config.yaml."""
+    import yaml
+
+    from fedhp.algorithms import ALGORITHMS
+    from fedhp.data import PARTITIONERS
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(["run", *RUN, "--out", str(first)]) == 0
+    config = yaml.safe_load((first / "config.yaml").read_text())
+    for section, registry in (("algorithm", ALGORITHMS), ("partition", PARTITIONERS)):
+        fields = registry.get(config[section]["name"]).model_fields
+        assert set(config[section]) == {"name", *fields}, section
+    assert config["algorithm"]["lr"] == 0.05 and config["algorithm"]["batch_size"] == 20
+    assert config["dataset"] == {"name": "mnist", "data_dir": None}
+    assert main(["run", str(first / "config.yaml"), "--out", str(second)]) == 0
+    for name in ("metrics.csv", "per_client.csv", "config.yaml"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_resolved_sections_round_trip() -> None:
+    """Every registered component's options, written out in full, validate back to the same
+    options; a default that holds only while unset (local_steps beside local_epochs) stays out,
+    and FNR-FL hands its base method the same options."""
+    from fedhp.algorithms import ALGORITHMS
+    from fedhp.config import COMPONENT_SECTIONS, _registry, resolved_section
+
+    for section in COMPONENT_SECTIONS:
+        registry = _registry(section)
+        for name in registry.names():
+            cls = registry.get(name)
+            if any(f.is_required() for f in cls.model_fields.values()):
+                continue  # libsvm's path
+            full = resolved_section(section, {"name": name})
+            assert set(full) == {"name", *cls.model_fields}, (section, name)
+            assert resolved_section(section, full) == full
+    epochs = resolved_section("algorithm", {"name": "fedavg", "local_epochs": 2})
+    assert "local_steps" not in epochs and epochs["lr"] == 0.05
+    given = {"name": "fnrfl", "local_epochs": 2}
+    full = resolved_section("algorithm", given)
+    base = [ALGORITHMS.build(c, "a").base_config() for c in (given, full)]  # type: ignore[attr-defined]
+    assert ALGORITHMS.build(base[0], "b") == ALGORITHMS.build(base[1], "b")
+
+
+def test_out_holding_a_run_needs_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    fast = [a for a in RUN if a != "rounds=2"] + ["rounds=1"]
+    assert main(["run", *fast, "--out", str(out)]) == 0
+    before = (out / "metrics.csv").read_bytes()
+    capsys.readouterr()
+    assert main(["run", *fast, "seed=1", "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (out / "metrics.csv").read_bytes() == before  # untouched
+    assert main(["run", *fast, "seed=1", "--out", str(out), "--overwrite"]) == 0
+    assert "seed: 1" in (out / "config.yaml").read_text()
+    assert main(["run", "--resume", str(out), "--overwrite"]) == 2

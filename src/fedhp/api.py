@@ -152,7 +152,9 @@ def batch_size_note(exp: Experiment) -> str | None:
     )
 
 
-def check_out_dir(out: Path, overwrite: bool = False, create: bool = True, flag: str = "--out") -> None:
+def check_out_dir(
+    out: Path, overwrite: bool = False, create: bool = True, flag: str = "--out"
+) -> None:
     """One-line errors for a results folder the run must not or cannot write: a file, a folder
     holding a fedhp run (unless ``overwrite``), a non-empty folder that is not a run (unless
     ``overwrite``), a folder that cannot be created or written. ``create``: make the folder

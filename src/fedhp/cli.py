@@ -79,8 +79,10 @@ def _resume_config(folder: Path, overrides: list[str]) -> Any:
     for text in overrides:
         key = next(iter(parse_override(text)))
         if key not in RESUMABLE_KEYS:
+            dotted = text.partition("=")[0]
             raise ConfigError(
-                f"--resume: {key} cannot change when resuming; allowed: {', '.join(RESUMABLE_KEYS)}"
+                f"--resume: {dotted} cannot change when resuming; allowed: "
+                f"{', '.join(RESUMABLE_KEYS)} (start a new run with --out for other changes)"
             )
     return resolve_config(folder / "config.yaml", overrides)
 
@@ -260,9 +262,7 @@ def check_methods(name: str, opts: Any) -> None:
     unknown = [m for m in opts.methods if m not in valid]
     if unknown or not opts.methods:
         shown = ", ".join(repr(m) for m in unknown) or "none"
-        raise ConfigError(
-            f"--methods: unknown {shown} for {name}; choose from {', '.join(valid)}"
-        )
+        raise ConfigError(f"--methods: unknown {shown} for {name}; choose from {', '.join(valid)}")
 
 
 def _parameter_counts(options: Any) -> str:
@@ -402,9 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--out", help="folder for table.md/table.json/figures")
     rep.add_argument("--runs", help="folder of the individual runs (default OUT/runs; reused)")
-    rep.add_argument(
-        "--eval-every", type=_positive_int, default=10, help="evaluate every N rounds"
-    )
+    rep.add_argument("--eval-every", type=_positive_int, default=10, help="evaluate every N rounds")
     rep.add_argument(
         "--threads", type=_positive_int, default=1, help="torch threads per run (default 1)"
     )
@@ -475,17 +473,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    # key=value overrides may also come after options (fedhp run --out DIR rounds=5)
-    takes = "items" if hasattr(args, "items") else "overrides"
-    if (
-        unknown
-        and all("=" in u and not u.startswith("-") for u in unknown)
-        and hasattr(args, takes)
-    ):
-        setattr(args, takes, [*getattr(args, takes), *unknown])
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:  # --help, --version (0) and argument errors (2, one line) end here
+        args, unknown = parser.parse_known_args(argv)
+        # key=value overrides may also come after options (fedhp run --out DIR rounds=5)
+        takes = "items" if hasattr(args, "items") else "overrides"
+        if (
+            unknown
+            and all("=" in u and not u.startswith("-") for u in unknown)
+            and hasattr(args, takes)
+        ):
+            setattr(args, takes, [*getattr(args, takes), *unknown])
+        elif unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         code: int = args.func(args)
         return code

@@ -101,17 +101,22 @@ def read_runs(folders: Sequence[Path], metric: str) -> list[Run]:
     has it) and repeats of an earlier run's configuration and seed are left out with a warning
     line; an error if none is left."""
     runs: list[Run] = []
+    broken: list[str] = []
     for folder in folders:
         try:
             runs.append(read_run(Path(folder)))
         except BrokenRun as err:
-            warnings.warn(f"{err}; left out", FedhpWarning, stacklevel=2)
+            broken.append(str(err))
     if not runs:
-        raise ConfigError("compare: none of the runs can be read; give fedhp run folders")
+        more = f" (and {len(broken) - 1} more runs cannot be read)" if len(broken) > 1 else ""
+        raise ConfigError(f"{broken[0]}{more}; nothing to compare")
+    for reason in broken:
+        warnings.warn(f"{reason}; left out", FedhpWarning, stacklevel=2)
     if any(metric in row for run in runs for row in run.rows):
         for run in [r for r in runs if not any(metric in row for row in r.rows)]:
             warnings.warn(
-                f"{run.folder}: metrics.csv has no {metric} column; left out", FedhpWarning,
+                f"{run.folder}: metrics.csv has no {metric} column; left out",
+                FedhpWarning,
                 stacklevel=2,
             )
             runs.remove(run)

@@ -256,9 +256,7 @@ def check_unique_overrides(overrides: Sequence[str]) -> None:
         for leaf in _leaf_keys(key, parsed[key]):
             for other, first in seen.items():
                 if leaf == other or leaf.startswith(other + ".") or other.startswith(leaf + "."):
-                    raise ConfigError(
-                        f"{leaf}: given twice ({first} and {text}); give it once"
-                    )
+                    raise ConfigError(f"{leaf}: given twice ({first} and {text}); give it once")
             seen[leaf] = text
 
 
