@@ -25,7 +25,8 @@ fedhp flower certs|keys|app|deploy                Flower deployment (docs/flower
 
 --plugin FILE (run, list, reproduce, flower app/deploy) imports your own components first.
 Exit codes: 0 done, 2 bad input (one line naming the field and the fix), 3 the run diverged
-(the input was valid; results up to the last good round are kept), 130 interrupted."""
+(the input was valid; results up to the last good round are kept), 1 a Flower deployment's run
+failed, 130 interrupted. What each run folder holds: docs/outputs.md."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -238,13 +238,17 @@ def local_work_summary(exp: Experiment) -> Row:
 
 
 def train_flops_summary(exp: Experiment, trained_samples: int | None) -> Row:
-    """The run's training arithmetic: ``train_samples`` (samples of every gradient evaluation
-    the engine ran, :attr:`~fedhp.models.base.BatchedModel.trained_samples`),
-    ``train_flops_per_sample`` (:meth:`~fedhp.models.base.BatchedModel.train_flops_per_sample`)
-    and their product ``train_flops``; the first and last are None where the count is not known
-    (rounds run on Flower nodes, a resumed checkpoint written before the count existed)."""
+    """The run's training arithmetic: ``samples_processed`` (samples of every gradient
+    evaluation the engine ran, :attr:`~fedhp.models.base.BatchedModel.trained_samples`; also as
+    ``train_samples``, its older, misleading name: it is not the training set's size, which is
+    ``train_set_size``), ``train_flops_per_sample``
+    (:meth:`~fedhp.models.base.BatchedModel.train_flops_per_sample`) and the product
+    ``train_flops``; ``samples_processed`` and ``train_flops`` are None where the count is not
+    known (rounds run on Flower nodes, a resumed checkpoint written before the count existed)."""
     per_sample = exp.model.train_flops_per_sample()
     return {
+        "train_set_size": int(exp.ctx.fed.train.counts.sum()),
+        "samples_processed": trained_samples,
         "train_samples": trained_samples,
         "train_flops_per_sample": per_sample,
         "train_flops": None if trained_samples is None else trained_samples * per_sample,
