@@ -132,24 +132,6 @@ CASES: list[tuple[str, Setup, Callable[[list[str]], list[str]], tuple[str, ...]]
         ("not a fedhp run folder",),
     ),
     (
-        "key-twice",
-        _none,
-        lambda p: ["run", "--check", *FAST, "rounds=2", "rounds=3"],
-        ("rounds", "given twice", "give it once"),
-    ),
-    (
-        "key-twice-in-a-section",
-        _none,
-        lambda p: ["run", "--check", *FAST, "algorithm={name: fedprox}"],
-        ("algorithm.name", "given twice"),
-    ),
-    (
-        "key-twice-in-reproduce",
-        _none,
-        lambda p: ["reproduce", "sfedhp-table1", "rounds=1", "rounds=2"],
-        ("rounds", "given twice"),
-    ),
-    (
         "rounds-huge",
         _none,
         lambda p: ["run", "--check", *FAST, "rounds=100000000000000000000"],
@@ -443,6 +425,24 @@ def test_batch_larger_than_a_client_is_one_warning_line(
     assert captured.out.startswith("ok:")
     assert main(["run", "--check", *FAST]) == 0
     assert capsys.readouterr().err == ""  # batch 20 ≤ 100 samples: no warning
+
+
+def test_key_given_twice_is_one_warning_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A key given twice on the command line: the later value is used (scripts add to a base
+    list of options), and a warning line names both."""
+    assert main(["run", "--check", *FAST, "rounds=2", "federation.num_clients=10"]) == 0
+    assert capsys.readouterr().err == ""
+    argv = ["run", "--check", *FAST, "federation.num_clients=10", "federation.num_clients=5"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "fedhp: warning: federation.num_clients given twice (federation.num_clients=10, then "
+        "federation.num_clients=5); the later one is used\n"
+    )
+    assert ", 5 clients," in captured.out
+    assert main(["run", "--check", *FAST, "algorithm={name: fedprox}"]) == 0  # a section
+    captured = capsys.readouterr()
+    assert "algorithm.name given twice" in captured.err and "fedprox" in captured.out
 
 
 def test_huge_learning_rate_exits_3_diverged(

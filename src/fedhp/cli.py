@@ -38,8 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
     """``[CONFIG] [key=value ...]``: the config file (if the first item has no ``=``) and the
-    overrides, each key given at most once."""
-    from fedhp.config import check_unique_overrides
+    overrides (a key given twice: a warning line, the later value is used)."""
 
     config: Path | None = None
     overrides: list[str] = []
@@ -48,8 +47,16 @@ def _split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
             config = Path(item)
         else:
             overrides.append(item)
-    check_unique_overrides(overrides)
+    warn_repeated(overrides)
     return config, overrides
+
+
+def warn_repeated(overrides: Sequence[str]) -> None:
+    """A warning line for each key the overrides give twice (the later value is used)."""
+    from fedhp.config import repeated_overrides
+
+    for note in repeated_overrides(overrides):
+        warnings.warn(note, FedhpWarning, stacklevel=2)
 
 
 def _positive_int(text: str) -> int:
@@ -95,11 +102,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config_path, overrides = _split_positionals(args.items)
     if args.resume is not None:
-        if args.out or config_path is not None or args.plugin or args.overwrite:
+        if args.out or config_path is not None or args.plugin:
             raise ConfigError(
-                "--resume DIR: give no CONFIG, --out, --overwrite or --plugin (the run's folder "
-                "is DIR; its config.yaml names the plugins)"
+                "--resume DIR: give no CONFIG, --out or --plugin (the run's folder is DIR; its "
+                "config.yaml names the plugins)"
             )
+        if args.overwrite:
+            raise ConfigError("--overwrite: not with --resume (it continues the run in DIR)")
         out = Path(args.resume)
         cfg = _resume_config(out, overrides)
     else:
@@ -292,9 +301,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"reproduce: unknown {args.name!r}; choose from {', '.join(REPRODUCTIONS)}"
         )
-    from fedhp.config import check_unique_overrides
-
-    check_unique_overrides(args.overrides)
+    warn_repeated(args.overrides)
     methods = None
     if args.methods is not None:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -246,18 +246,24 @@ def _leaf_keys(prefix: str, value: Any) -> list[str]:
     return [prefix]
 
 
-def check_unique_overrides(overrides: Sequence[str]) -> None:
-    """A one-line :class:`ConfigError` when two ``key=value`` overrides set the same key (or one
-    sets a section another sets a key of): which one should win is a guess, so neither does."""
+def repeated_overrides(overrides: Sequence[str]) -> list[str]:
+    """One note per key that two ``key=value`` overrides both set (or that one sets as a whole
+    section and another inside it), for a warning: the later one is used, as
+    :func:`resolve_config` merges them in order."""
     seen: dict[str, str] = {}
+    notes: list[str] = []
     for text in overrides:
         parsed = parse_override(text)
         key = next(iter(parsed))
         for leaf in _leaf_keys(key, parsed[key]):
             for other, first in seen.items():
                 if leaf == other or leaf.startswith(other + ".") or other.startswith(leaf + "."):
-                    raise ConfigError(f"{leaf}: given twice ({first} and {text}); give it once")
+                    notes.append(
+                        f"{leaf} given twice ({first}, then {text}); the later one is used"
+                    )
+                    break
             seen[leaf] = text
+    return notes
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -266,7 +272,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         keys: dict[Any, int] = {}
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, str | int | float | bool) and key in keys:
                 raise ConfigError(

@@ -94,23 +94,6 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     write_text_atomic(Path(path), json.dumps(obj, indent=2, default=_json_default) + "\n")
 
 
-SIGNIFICANT = 12
-"""Significant digits :func:`rounded` keeps: far above any result's precision, below float
-arithmetic's last-bit noise (``0.8370000000000001`` → ``0.837``)."""
-
-
-def rounded(obj: Any, digits: int = SIGNIFICANT) -> Any:
-    """``obj`` with every float (in nested dicts and lists) rounded to ``digits`` significant
-    digits, for files people read (summary.json); NaN and ±inf stay."""
-    if isinstance(obj, float):
-        return float(f"{obj:.{digits}g}") if math.isfinite(obj) else obj
-    if isinstance(obj, Mapping):
-        return {k: rounded(v, digits) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [rounded(v, digits) for v in obj]
-    return obj
-
-
 def write_yaml_atomic(path: Path, obj: Any) -> None:
     """Write ``obj`` as YAML (keys in insertion order) to ``path`` atomically."""
     write_text_atomic(Path(path), yaml.safe_dump(obj, sort_keys=False, allow_unicode=True))

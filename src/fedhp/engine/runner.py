@@ -40,7 +40,6 @@ from fedhp.errors import DivergenceError
 from fedhp.reporting import (
     MetricsWriter,
     plot_run,
-    rounded,
     write_json_atomic,
     write_yaml_atomic,
 )
@@ -637,7 +636,7 @@ def run_experiment(
             _write_checkpoint(exp, out_dir, snap, config)
         if error is None:
             save_final_state(out_dir / FINAL_STATE_FILE, final, rounds_done)
-        write_json_atomic(out_dir / "summary.json", rounded(summary))
+        write_json_atomic(out_dir / "summary.json", summary)
         if rows:
             plot_run(rows, out_dir / "plot.png", f"{summary['algorithm']} on {summary['dataset']}")
     if error is not None:

@@ -37,7 +37,8 @@ def resolve_run_config(
     import yaml
 
     from fedhp.algorithms import ALGORITHMS
-    from fedhp.config import check_unique_overrides, config_to_dict, resolve_config
+    from fedhp.cli import warn_repeated
+    from fedhp.config import config_to_dict, resolve_config
     from fedhp.engine.build import check_components
     from fedhp.errors import ConfigError
     from fedhp.flower.shards import node_count
@@ -49,7 +50,7 @@ def resolve_run_config(
             config_path = Path(item)
         else:
             overrides.append(item)
-    check_unique_overrides(overrides)
+    warn_repeated(overrides)
     cfg = resolve_config(config_path, overrides, plugins=plugins)
     check_components(cfg)
     if cfg.algorithm.get("name") == "centralized":
@@ -102,7 +103,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     require_flower()
     from fedhp.flower.certs import write_node_keys
 
-    writable_folder(Path(args.dir), "flower keys DIR")
+    if args.nodes >= 1:  # (write_node_keys names a bad count)
+        writable_folder(Path(args.dir), "flower keys DIR")
     for key in write_node_keys(Path(args.dir), args.nodes, prefix=args.prefix):
         print(f"{key.private} (SuperNode) / {key.public} (flwr supernode register)")
     return 0
@@ -144,17 +146,6 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer ≥ 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def add_parser(sub: Any) -> None:
     """Add ``flower`` and its subcommands to the ``fedhp`` subparsers ``sub``."""
     from fedhp.plugins import add_plugin_option
@@ -172,12 +163,12 @@ def add_parser(sub: Any) -> None:
         "default 127.0.0.1 and localhost)",
     )
     certs.add_argument(
-        "--days", type=_positive_int, default=365, help="validity in days (default 365)"
+        "--days", type=int, default=365, help="validity in days (default 365)"
     )
     certs.set_defaults(func=cmd_certs)
     keys = fsub.add_parser("keys", help="write SuperNode authentication key pairs")
     keys.add_argument("dir", help="folder for <prefix>-<i> and <prefix>-<i>.pub")
-    keys.add_argument("--nodes", type=_positive_int, required=True, help="number of key pairs")
+    keys.add_argument("--nodes", type=int, required=True, help="number of key pairs")
     keys.add_argument("--prefix", default="node", help="file name prefix (default node)")
     keys.set_defaults(func=cmd_keys)
     app = fsub.add_parser("app", help="write the Flower app project for `flwr run`")
