@@ -454,3 +454,17 @@ def test_huge_learning_rate_exits_3_diverged(
     line = _one_line_error(capsys)
     assert code == 3 and "diverged" in line and "algorithm.lr" in line
     assert (out / "summary.json").is_file()
+
+
+def test_python_api_errors(tmp_path: Path) -> None:
+    """fedhp.run: the same one-line errors as the command line, as exceptions."""
+    import fedhp
+    from fedhp.errors import ConfigError, DatasetError
+
+    small = {"progress": False, "rounds": 1, "model__name": "mlr", "algorithm__name": "fedavg"}
+    with pytest.raises(DatasetError, match="federation.num_clients: 260 of 300 clients"):
+        fedhp.run(save=False, federation__num_clients=300, partition__train_per_class=20, **small)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.yaml").write_text("rounds: 1\n")
+    with pytest.raises(ConfigError, match="out .*holds a fedhp run already"):
+        fedhp.run(out=tmp_path / "old", **small)

@@ -164,3 +164,26 @@ def test_out_holding_a_run_needs_overwrite(
     assert main(["run", *fast, "seed=1", "--out", str(out), "--overwrite"]) == 0
     assert "seed: 1" in (out / "config.yaml").read_text()
     assert main(["run", "--resume", str(out), "--overwrite"]) == 2
+
+
+def test_resume_of_a_run_written_before_full_configs(tmp_path: Path) -> None:
+    """A run folder from before config.yaml held every option (its config.yaml and its
+    checkpoint's configuration list only the options given) still resumes, to the same numbers
+    as an uninterrupted run."""
+    import torch
+    import yaml
+
+    from fedhp.config import resolve_config
+
+    args = [a for a in RUN if a not in ("rounds=2", "checkpoint_every=0")]
+    whole, old = tmp_path / "whole", tmp_path / "old"
+    assert main(["run", *args, "rounds=3", "--out", str(whole)]) == 0
+    assert main(["run", *args, "rounds=2", "checkpoint_every=1", "--out", str(old)]) == 0
+    given = resolve_config(None, [*args, "rounds=2", "checkpoint_every=1"]).model_dump(mode="json")
+    assert "lr" not in given["algorithm"]  # the old form
+    (old / "config.yaml").write_text(yaml.safe_dump(given, sort_keys=False))
+    checkpoint = torch.load(old / "checkpoint.pt", weights_only=True)
+    checkpoint["config"] = given
+    torch.save(checkpoint, old / "checkpoint.pt")
+    assert main(["run", "--resume", str(old), "rounds=3"]) == 0
+    assert (old / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()

@@ -162,9 +162,7 @@ def add_parser(sub: Any) -> None:
         help="host name or IP the SuperLink is reached at (repeatable; "
         "default 127.0.0.1 and localhost)",
     )
-    certs.add_argument(
-        "--days", type=int, default=365, help="validity in days (default 365)"
-    )
+    certs.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     certs.set_defaults(func=cmd_certs)
     keys = fsub.add_parser("keys", help="write SuperNode authentication key pairs")
     keys.add_argument("dir", help="folder for <prefix>-<i> and <prefix>-<i>.pub")
