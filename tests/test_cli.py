@@ -187,3 +187,23 @@ def test_resume_of_a_run_written_before_full_configs(tmp_path: Path) -> None:
     torch.save(checkpoint, old / "checkpoint.pt")
     assert main(["run", "--resume", str(old), "rounds=3"]) == 0
     assert (old / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
+
+
+def test_list_has_no_placeholders_or_cut_sentences(capsys: pytest.CaptureFixture[str]) -> None:
+    """No internal placeholders (PydanticUndefined), no empty size line, no rST markup, and
+    every component's summary ends a sentence."""
+    from fedhp.algorithms import ALGORITHMS
+    from fedhp.cli import summary_of
+    from fedhp.data import DATASETS, PARTITIONERS
+    from fedhp.models import MODELS
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "PydanticUndefined" not in out and "``" not in out and ":class:" not in out
+    assert all(line.strip() != "size:" for line in out.splitlines())
+    assert "path (required)" in out and "capability_levels=[1.0, 0.5" in out
+    for registry in (ALGORITHMS, DATASETS, MODELS, PARTITIONERS):
+        for name in registry.names():
+            summary = summary_of(registry.get(name).__doc__)
+            assert summary.endswith((".", ".)")), (name, summary)
+            assert " ".join(summary.split()[:4]) in " ".join(out.split()), name

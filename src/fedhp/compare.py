@@ -318,7 +318,9 @@ def compare(
     for line in lines:
         line.marker = marker
     title = f"{column_label(metric)}: {len(runs)} runs" + (
-        f" in {len(groups)} groups" if len(groups) < len(runs) else ""
+        f" in {len(groups)} group{'s' if len(groups) > 1 else ''}"
+        if len(groups) < len(runs)
+        else ""
     )
     plot_lines(lines, out_png, X_AXES[x][1], column_label(metric), title, integer_x=x == "round")
     text = table(groups, metric)
