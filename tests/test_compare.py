@@ -48,7 +48,7 @@ def test_compare_three_runs_writes_png_and_table(
     table = (tmp_path / "fig.md").read_text()
     assert table in capsys.readouterr().out
     lines = table.splitlines()
-    assert lines[0].startswith("| run | runs | final global_acc | best global_acc |")
+    assert lines[0].startswith("| run | seeds | final global_acc | best global_acc |")
     assert len(lines) == 4  # header, rule, two groups
     finals = [read_rows(r / "metrics.csv")[-1]["global_acc"] for r in runs]
     mean, sd = mean_std([float(finals[0]), float(finals[1])])
@@ -90,3 +90,44 @@ def test_compare_errors_are_one_line(
     assert main(["compare", str(tmp_path), "--out", out]) == 2
     assert "not a fedhp run folder" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_broken_and_repeated_runs_are_left_out_with_a_line(
+    runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose metrics.csv is damaged, and a copy of a run (same configuration and seed),
+    are left out with one warning line each; the seed count comes from the configurations."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(runs[0], broken)
+    (broken / "metrics.csv").write_text("\x00garbage\n")
+    copy = tmp_path / "copy"
+    shutil.copytree(runs[0], copy)
+    out = tmp_path / "fig.png"
+    capsys.readouterr()
+    argv = ["compare", str(runs[0]), str(copy), str(broken), str(runs[2]), "--out", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    warnings = captured.err.strip().splitlines()
+    assert len(warnings) == 2 and all(w.startswith("fedhp: warning: ") for w in warnings)
+    assert "broken/metrics.csv" in warnings[0] and "left out" in warnings[0]
+    assert "copy" in warnings[1] and "same configuration and seed" in warnings[1]
+    lines = (tmp_path / "fig.md").read_text().splitlines()
+    assert len(lines) == 4 and "seeds" not in lines[2] and lines[2].split("|")[2].strip() == "1"
+
+
+def test_a_default_given_or_not_is_one_group(runs: list[Path], tmp_path: Path) -> None:
+    """config.yaml is compared in its resolved form: lr left at its default and lr=0.05 given
+    are the same configuration (older folders list only the options given)."""
+    import shutil
+
+    import yaml
+
+    old = tmp_path / "old"
+    shutil.copytree(runs[1], old)
+    config = yaml.safe_load((old / "config.yaml").read_text())
+    config["algorithm"] = {"name": "fedavg", "local_steps": 2}  # as written before issue 34
+    (old / "config.yaml").write_text(yaml.safe_dump(config))
+    groups = make_groups([read_run(runs[0]), read_run(old)])
+    assert len(groups) == 1 and "2 seeds" in groups[0].label

@@ -246,7 +246,7 @@ def test_plugin_on_flower_simulation_matches_inprocess(
     flower = [*args, "backend=flower-sim", "flower.ray_cpus=1", "flower.timeout=3000"]
     code = main(["run", "--out", str(tmp_path / "flower"), *flower])
     if code != 0 and "simulation runtime failed" in capsys.readouterr().err:
-        code = main(["run", "--out", str(tmp_path / "flower"), *flower])  # see test_simulation
+        code = main(["run", "--overwrite", "--out", str(tmp_path / "flower"), *flower])  # see above
     assert code == 0
     # The nodes' thread count (not 1 here) lets a batched GEMM's last bits depend on how many
     # clients one call holds (docs/flower.md): equal to float rounding, not bit for bit.

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from matplotlib.figure import Figure
 
 from fedhp.reporting import (
     Line,
     MetricsWriter,
+    column_label,
+    draw_lines,
     plot_curves,
     plot_lines,
     plot_run,
@@ -200,15 +203,45 @@ def test_run_figure_panels() -> None:
     fig = run_figure(_run_rows(), "t")
     acc, comm, loss = fig.axes
     widths = {line.get_label(): line.get_linewidth() for line in acc.get_lines()}
-    bold = [w for label, w in widths.items() if "_acc)" in label]
+    bold = [w for label, w in widths.items() if label.endswith("all clients")]
     assert len(acc.get_lines()) == 2 + 2 * 4 and len(bold) == 2
     thin = [line.get_linewidth() for line in acc.get_lines() if line.get_linewidth() < 1]
     assert len(thin) == 8 and min(bold) > 2 * max(thin)
     assert comm.get_yscale() == "log"
-    assert sorted(line.get_label() for line in comm.get_lines()) == ["client↔edge", "edge↔cloud"]
-    assert sorted(line.get_label() for line in loss.get_lines()) == ["local_loss", "train_loss"]
+    assert sorted(line.get_label() for line in comm.get_lines()) == [
+        "client ↔ edge",
+        "edge ↔ cloud",
+    ]
+    assert sorted(line.get_label() for line in loss.get_lines()) == [
+        "clients' minibatches during the round",
+        "global model, training data",
+    ]
     without_edges = run_figure(_run_rows(), "t", per_edge=False).axes[0]
     assert len(without_edges.get_lines()) == 2
+
+
+def test_round_axes_have_integer_ticks() -> None:
+    """Two rounds: ticks at 1 and 2 only (matplotlib alone puts ticks at 1.25, 1.5, 1.75)."""
+    rows = _run_rows()[:2]
+    for ax in run_figure(rows, "t").axes:
+        ticks = [t for t in ax.get_xticks() if 1 <= t <= 2]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    fig = Figure()
+    ax = fig.subplots()
+    draw_lines(ax, [Line("a", [0.5, 0.75, 1.0], [1, 2, 3])], "MB", "acc")  # not rounds
+    assert any(not float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_columns_in_words() -> None:
+    assert column_label("global_acc") == "global model, test accuracy"
+    assert column_label("edge2_personal_acc") == (
+        "personalized models, test accuracy on edge 2's clients"
+    )
+    assert column_label("cum_remark1_bits_client_edge_up") == (
+        "bits (Remark 1) accumulated, client ↔ edge, uplink"
+    )
+    assert column_label("round_bytes_total") == "bytes this round, all links"
+    assert column_label("something_new") == "something_new"
 
 
 def test_plot_lines_band_and_read_rows(tmp_path: Path) -> None:

@@ -18,8 +18,10 @@ configuration give the same numbers and the same folder::
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fedhp.errors import ConfigError
+from fedhp.errors import ConfigError, FedhpWarning
 
 if TYPE_CHECKING:
     import torch
@@ -116,7 +118,80 @@ def prepare(cfg: RunConfig) -> Experiment:
 
         hierarchical = ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical
         check_flower_config(cfg, hierarchical)
-    return build_experiment(cfg)
+    exp = build_experiment(cfg)
+    note = batch_size_note(exp)
+    if note is not None:
+        warnings.warn(note, FedhpWarning, stacklevel=2)
+    return exp
+
+
+def batch_size_note(exp: Experiment) -> str | None:
+    """What happens to clients with fewer training samples than ``algorithm.batch_size`` (None:
+    every client has enough). The engine keeps the batch size: under ``local_steps`` their
+    minibatches repeat their samples to ``batch_size`` rows, under ``local_epochs`` their one
+    step per epoch is padded to ``batch_size`` rows; either way a step costs ``batch_size``
+    rows."""
+    from fedhp.algorithms.base import local_epochs_of
+
+    batch = getattr(exp.options, "batch_size", None)
+    if not isinstance(batch, int):
+        return None
+    counts = exp.ctx.fed.train.counts
+    small = int((counts < batch).sum())
+    if small == 0:
+        return None
+    smallest = int(counts.min())
+    if local_epochs_of(exp.options) is None:
+        what = f"their minibatches repeat their samples to fill {batch} rows"
+    else:
+        what = f"their one step per epoch is padded to {batch} rows"
+    return (
+        f"algorithm.batch_size={batch} exceeds the training samples of {small} of "
+        f"{len(counts)} clients (smallest: {smallest}): {what}, and each step costs {batch} rows; "
+        f"set algorithm.batch_size={smallest} or less to avoid that"
+    )
+
+
+def check_out_dir(
+    out: Path, overwrite: bool = False, create: bool = True, flag: str = "--out"
+) -> None:
+    """One-line errors for a results folder the run must not or cannot write: a file, a folder
+    holding a fedhp run (unless ``overwrite``), a non-empty folder that is not a run (unless
+    ``overwrite``), a folder that cannot be created or written. ``create``: make the folder
+    (else only check that the nearest existing folder above it is writable: ``--check``)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{flag} {out}: is a file, not a folder; name a folder for the results")
+    if out.is_dir() and not overwrite:
+        if (out / "config.yaml").is_file():
+            raise ConfigError(
+                f"{flag} {out}: holds a fedhp run already; add --overwrite to replace it, "
+                f"continue it with `fedhp run --resume {out}`, or name another folder"
+            )
+        if any(out.iterdir()):
+            raise ConfigError(
+                f"{flag} {out}: is not empty and holds no fedhp run; name a new or empty folder "
+                "(or add --overwrite to write the results among its files)"
+            )
+    if not create:
+        above = out
+        while not above.exists() and above != above.parent:
+            above = above.parent
+        if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"{flag} {out}: cannot be written ({above} is not a writable folder); "
+                "name a folder you can write to"
+            )
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".fedhp-write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(
+            f"{flag} {out}: cannot be written ({err.strerror or err}); "
+            "name a folder you can write to"
+        ) from None
 
 
 def run_built(
@@ -167,11 +242,14 @@ def resolve(
     **overrides: Any,
 ) -> RunConfig:
     """The validated configuration :func:`run` would use (nothing is loaded or run)."""
-    from fedhp.config import RunConfig, config_to_dict, resolve_config
+    from fedhp.config import RunConfig, resolve_config
 
     items = overrides_from_kwargs(overrides)
     if isinstance(config, RunConfig):
-        return resolve_config(None, items, base=config_to_dict(config), plugins=plugins)
+        # The options as given (not config_to_dict's full form): an override such as
+        # local_epochs then replaces the unset local_steps instead of clashing with it.
+        base = config.model_dump(mode="json")
+        return resolve_config(None, items, base=base, plugins=plugins)
     if isinstance(config, Mapping):
         mapping = {k: v for k, v in config.items() if k != "plugins"}
         listed = config.get("plugins") or []
@@ -186,6 +264,7 @@ def run(
     *,
     out: str | Path | None = None,
     save: bool = True,
+    overwrite: bool = False,
     plugins: Sequence[str] = (),
     **overrides: Any,
 ) -> Result:
@@ -196,10 +275,14 @@ def run(
     arguments (``rounds=3``, ``algorithm__lr=0.1`` or ``**{"algorithm.lr": 0.1}``,
     ``algorithm={"name": "fedavg", "lr": 0.1}``). ``plugins``: files or modules registering your
     own components (docs/extending.md). ``out``: the run folder (default
-    ``runs/<algorithm>-<dataset>-<time>``); ``save=False`` keeps nothing on disk (the results
-    are read from a temporary folder, then deleted). Errors are :class:`fedhp.errors.FedhpError`
-    with one-line messages."""
+    ``runs/<algorithm>-<dataset>-<time>``; a folder holding a run is refused unless
+    ``overwrite``); ``save=False`` keeps nothing on disk (the results are read from a temporary
+    folder, then deleted). Errors are :class:`fedhp.errors.FedhpError` with one-line
+    messages."""
     cfg = resolve(config, plugins, **overrides)
+    folder = Path(out) if out is not None else default_out_dir(cfg)
+    if save:
+        check_out_dir(folder, overwrite, flag="out")
     exp = prepare(cfg)
     if not save:
         tmp = Path(tempfile.mkdtemp(prefix="fedhp-run-"))
@@ -211,6 +294,5 @@ def run(
             return result
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    folder = Path(out) if out is not None else default_out_dir(cfg)
     run_built(exp, folder)
     return load_run(folder)

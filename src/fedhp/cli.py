@@ -1,20 +1,32 @@
-"""The ``fedhp`` command line: ``fedhp run [CONFIG] [--out DIR] [key=value ...]``,
-``fedhp run --resume DIR``, ``fedhp list``, ``fedhp compare RUN_DIR... --out fig.png``,
-``fedhp reproduce NAME [--dataset ..] [--setting ..] [--rounds T] [--seeds N] [key=value ...]``;
-``--plugin FILE`` (run, list, reproduce, flower app/deploy) imports your own components first.
-"""
+"""The ``fedhp`` command line (:data:`DESCRIPTION`); exit codes in :mod:`fedhp.errors`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import textwrap
 import typing
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from fedhp.errors import FedhpError
+from fedhp.errors import FedhpError, FedhpWarning
+
+DESCRIPTION = """\
+fedhp run [CONFIG] [--out DIR] [key=value ...]   run one experiment
+fedhp run --resume DIR                            continue an interrupted run
+fedhp list                                        algorithms, datasets, models, partitions
+fedhp compare RUN_DIR... --out fig.png            several runs on one figure, and a table
+fedhp reproduce NAME [options] [key=value ...]    a paper's table or figure
+fedhp flower certs|keys|app|deploy                Flower deployment (docs/flower.md)
+
+--plugin FILE (run, list, reproduce, flower app/deploy) imports your own components first.
+Exit codes: 0 done, 2 bad input (one line naming the field and the fix), 3 the run diverged
+(the input was valid; results up to the last good round are kept), 1 a Flower deployment's run
+failed, 130 interrupted. What each run folder holds: docs/outputs.md."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,6 +37,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
+    """``[CONFIG] [key=value ...]``: the config file (if the first item has no ``=``) and the
+    overrides (a key given twice: a warning line, the later value is used)."""
+
     config: Path | None = None
     overrides: list[str] = []
     for i, item in enumerate(items):
@@ -32,7 +47,27 @@ def _split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
             config = Path(item)
         else:
             overrides.append(item)
+    warn_repeated(overrides)
     return config, overrides
+
+
+def warn_repeated(overrides: Sequence[str]) -> None:
+    """A warning line for each key the overrides give twice (the later value is used)."""
+    from fedhp.config import repeated_overrides
+
+    for note in repeated_overrides(overrides):
+        warnings.warn(note, FedhpWarning, stacklevel=2)
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
 
 
 RESULTS = (
@@ -52,14 +87,16 @@ def _resume_config(folder: Path, overrides: list[str]) -> Any:
     for text in overrides:
         key = next(iter(parse_override(text)))
         if key not in RESUMABLE_KEYS:
+            dotted = text.partition("=")[0]
             raise ConfigError(
-                f"--resume: {key} cannot change when resuming; allowed: {', '.join(RESUMABLE_KEYS)}"
+                f"--resume: {dotted} cannot change when resuming; allowed: "
+                f"{', '.join(RESUMABLE_KEYS)} (start a new run with --out for other changes)"
             )
     return resolve_config(folder / "config.yaml", overrides)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedhp.api import default_out_dir, prepare, run_built
+    from fedhp.api import check_out_dir, default_out_dir, prepare, run_built
     from fedhp.config import resolve_config
     from fedhp.errors import ConfigError
 
@@ -70,19 +107,24 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "--resume DIR: give no CONFIG, --out or --plugin (the run's folder is DIR; its "
                 "config.yaml names the plugins)"
             )
+        if args.overwrite:
+            raise ConfigError("--overwrite: not with --resume (it continues the run in DIR)")
         out = Path(args.resume)
         cfg = _resume_config(out, overrides)
     else:
         cfg = resolve_config(config_path, overrides, plugins=args.plugin)
         out = Path(args.out) if args.out else default_out_dir(cfg)
+        check_out_dir(out, args.overwrite, create=False)  # before the data is loaded
     exp = prepare(cfg)
     if args.check:
         fed = exp.ctx.fed
         print(
             f"ok: {cfg.algorithm.get('name')} on {cfg.dataset.get('name')}, {fed.num_clients} "
-            f"clients, {exp.ctx.topology.num_edges} edges, {exp.model.num_params} parameters"
+            f"clients, {exp.ctx.topology.num_edges} edges, {exp.model.num_params:,} parameters"
         )
         return 0
+    if args.resume is None:
+        check_out_dir(out, args.overwrite)
     try:
         summary = run_built(exp, out, resume=args.resume is not None)
     except KeyboardInterrupt:
@@ -92,19 +134,51 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{k}={summary[k]:.4f}" for k in ("final_global_acc", "final_personal_acc") if k in summary
     ]
     print(f"done: {summary['rounds']} rounds in {summary['seconds']:.1f}s; {' '.join(parts)}")
-    print(f"results: {out}/ ({RESULTS})")
+    print(f"results: {out}/ ({RESULTS}; docs/outputs.md explains them)")
     return 0
 
 
 def _options_line(cls: Any) -> str:
-    fields = getattr(cls, "model_fields", {})
+    """``name=default, ...`` of a component's options (``name (required)`` where there is no
+    default)."""
     parts = []
-    for name, field in fields.items():
-        default = field.default
-        parts.append(
-            f"{name}={default!r}" if default is not None or not field.is_required() else name
-        )
+    for name, field in getattr(cls, "model_fields", {}).items():
+        if field.is_required():
+            parts.append(f"{name} (required)")
+        else:
+            default = field.get_default(call_default_factory=True)
+            parts.append(f"{name}={default!r}")
     return ", ".join(parts) if parts else "(no options)"
+
+
+SUMMARY_CHARS = 160
+"""``fedhp list`` shows a component's first paragraph, cut after the sentence that passes this."""
+
+
+def plain(text: str) -> str:
+    """Docstring text for people: ``literal`` and :role:`target` markup removed."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
+def summary_of(doc: str | None) -> str:
+    """A component's summary: its docstring's first paragraph in whole sentences (at least the
+    first), without markup."""
+    if not doc:
+        return ""
+    paragraph = " ".join(plain(doc).strip().split("\n\n")[0].split())
+    sentences = re.split(r"(?<![ (]e\.g\.)(?<![ (]i\.e\.)(?<=[.!?])\s+(?=[A-Z(])", paragraph)
+    out = sentences[0]
+    for sentence in sentences[1:]:
+        if len(out) >= SUMMARY_CHARS:
+            break
+        out += " " + sentence
+    return out
+
+
+def _wrapped(text: str, indent: int) -> str:
+    pad = " " * indent
+    return textwrap.fill(text, width=100, initial_indent=pad, subsequent_indent=pad + "  ")
 
 
 def _choice_lines(cls: Any) -> list[str]:
@@ -134,13 +208,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"{title}:")
         for name in registry.names():
             cls = registry.get(name)
-            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-            print(f"  {name:14s} {doc}")
-            print(f"  {'':14s} options: {_options_line(cls)}")
+            print(f"  {name}")
+            print(_wrapped(summary_of(cls.__doc__), 6))
+            print(_wrapped(f"options: {_options_line(cls)}", 6))
             if registry is MODELS:
-                print(f"  {'':14s} {_parameter_counts(cls())}")
+                print(_wrapped(_parameter_counts(cls()), 6))
             for line in _choice_lines(cls):
-                print(f"  {'':14s}   {line}")
+                print(_wrapped(plain(line), 8))
     return 0
 
 
@@ -162,6 +236,45 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _method_names(name: str, opts: Any) -> tuple[str, ...] | None:
+    """The names ``--methods`` may list for reproduction ``name`` (None: it runs a fixed set)."""
+    import dataclasses
+
+    from fedhp.experiments import dp, fedlps, figures, fnrfl, robust, table1, tune
+
+    if name == "sfedhp-lambda":
+        from fedhp.experiments import lambda_sweep
+
+        jobs = lambda_sweep.jobs(dataclasses.replace(opts, methods=None))
+        return tuple(dict.fromkeys(job.method for job in jobs))
+    names: dict[str, tuple[str, ...]] = {
+        "sfedhp-table1": tuple(table1.METHODS),
+        "sfedhp-tune": tuple(tune.GRIDS),
+        "sfedhp-figures": tuple(figures.FIG_PANELS),
+        "fnrfl-table2": tuple(fnrfl.METHODS),
+        "fedlps-table1": (*fedlps.TABLE1, *fedlps.TABLE1_EXTRA),
+        "fedlps-ablation": tuple(fedlps.ABLATION),
+        "robust": tuple(robust.ALGORITHMS),
+        "dp": tuple(dp.METHODS),
+    }
+    return names.get(name)
+
+
+def check_methods(name: str, opts: Any) -> None:
+    """A one-line error for ``--methods`` naming something reproduction ``name`` does not run."""
+    from fedhp.errors import ConfigError
+
+    if opts.methods is None:
+        return
+    valid = _method_names(name, opts)
+    if valid is None:
+        raise ConfigError(f"--methods: {name} runs a fixed set of methods; drop --methods")
+    unknown = [m for m in opts.methods if m not in valid]
+    if unknown or not opts.methods:
+        shown = ", ".join(repr(m) for m in unknown) or "none"
+        raise ConfigError(f"--methods: unknown {shown} for {name}; choose from {', '.join(valid)}")
+
+
 def _parameter_counts(options: Any) -> str:
     """A model's parameter (and BatchNorm buffer) counts with its default options on MNIST-
     and CIFAR-shaped inputs with 10 classes."""
@@ -175,6 +288,8 @@ def _parameter_counts(options: Any) -> str:
             continue
         extra = f" + {model.num_buffers:,} buffers" if model.num_buffers else ""
         parts.append(f"{model.num_params:,} parameters{extra} on {label}")
+    if not parts:
+        return "size: depends on the dataset's features (not an image model)"
     return "size: " + "; ".join(parts)
 
 
@@ -186,6 +301,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"reproduce: unknown {args.name!r}; choose from {', '.join(REPRODUCTIONS)}"
         )
+    warn_repeated(args.overrides)
+    methods = None
+    if args.methods is not None:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     opts = ReproOptions(
         dataset=args.dataset,
         setting=args.setting,
@@ -200,7 +319,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         threads=args.threads,
         tuned=Path(args.tuned) if args.tuned else None,
-        methods=args.methods.split(",") if args.methods else None,
+        methods=methods,
         data_dir=args.data_dir,
         extra=[*args.overrides, *_plugin_overrides(args.plugin)],
         jobs=args.jobs,
@@ -208,6 +327,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         leak=args.leak,
         skews=args.skews.split(",") if args.skews else None,
     )
+    check_methods(args.name, opts)
     REPRODUCTIONS[args.name](opts)
     return 0
 
@@ -215,7 +335,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from fedhp.plugins import add_plugin_option
 
-    parser = _Parser(prog="fedhp", description=__doc__)
+    parser = _Parser(
+        prog="fedhp", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"fedhp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment")
     run.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
@@ -225,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="continue the run in DIR from its config.yaml and checkpoint.pt "
         "(only rounds=N and progress=... may be given)",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (without it, a folder holding a run is refused)",
     )
     run.add_argument(
         "--check",
@@ -267,9 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--dataset", choices=("mnist", "fmnist", "cifar10"), default="mnist")
     rep.add_argument("--setting", type=int, choices=(1, 2), default=1)
     rep.add_argument(
-        "--rounds", type=int, default=None, help="global rounds T (default 800; fedht-*: their own)"
+        "--rounds",
+        type=_positive_int,
+        default=None,
+        help="global rounds T (default 800; fedht-*: their own)",
     )
-    rep.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (default 1)")
+    rep.add_argument("--seeds", type=_positive_int, default=1, help="seeds 0..N-1 (default 1)")
     rep.add_argument(
         "--model",
         choices=("dnn", "dnn-500-200", "mlr", "cnn", "cnn2", "vgg", "resnet18", "vgg11", "small"),
@@ -279,9 +410,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--out", help="folder for table.md/table.json/figures")
     rep.add_argument("--runs", help="folder of the individual runs (default OUT/runs; reused)")
-    rep.add_argument("--eval-every", type=int, default=10, help="evaluate every N rounds")
-    rep.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
-    rep.add_argument("--jobs", type=int, default=1, help="runs at once, in worker processes")
+    rep.add_argument("--eval-every", type=_positive_int, default=10, help="evaluate every N rounds")
+    rep.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch threads per run (default 1)"
+    )
+    rep.add_argument(
+        "--jobs", type=_positive_int, default=1, help="runs at once, in worker processes"
+    )
     rep.add_argument("--tuned", help="JSON written by sfedhp-tune (hyperparameters to use)")
     rep.add_argument("--methods", help="comma-separated subset of the reproduction's methods")
     rep.add_argument("--data-dir", help="dataset.data_dir for every run (e.g. CIFAR-10 batches)")
@@ -294,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help="fnrfl-table2: a short CPU run (data subset, E = 2); fedlps-*: 30 rounds of 1 epoch; "
-        "robust: 10 rounds, sign flip and ALIE at 20 % only; dp: 40 rounds",
+        "robust: 10 rounds, sign flip and ALIE at 20%% only; dp: 40 rounds",
     )
     rep.add_argument(
         "--leak", action="store_true", help="fnrfl-table2: the authors' protocol (D_pub = test set)"
@@ -309,26 +444,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed package's version (the source tree's where it is not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("fedhp")
+    except metadata.PackageNotFoundError:
+        from fedhp import __version__
+
+        return __version__
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """fedhp's warnings as one line on stderr; others as Python shows them."""
+    if issubclass(category, FedhpWarning):
+        print(f"fedhp: warning: {message}", file=sys.stderr)
+    else:
+        print(warnings.formatwarning(message, category, filename, lineno, line), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fedhp`` console script."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", FedhpWarning)
+        warnings.showwarning = _show_warning
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    # key=value overrides may also come after options (fedhp run --out DIR rounds=5)
-    takes = "items" if hasattr(args, "items") else "overrides"
-    if (
-        unknown
-        and all("=" in u and not u.startswith("-") for u in unknown)
-        and hasattr(args, takes)
-    ):
-        setattr(args, takes, [*getattr(args, takes), *unknown])
-    elif unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:  # --help, --version (0) and argument errors (2, one line) end here
+        args, unknown = parser.parse_known_args(argv)
+        # key=value overrides may also come after options (fedhp run --out DIR rounds=5)
+        takes = "items" if hasattr(args, "items") else "overrides"
+        if (
+            unknown
+            and all("=" in u and not u.startswith("-") for u in unknown)
+            and hasattr(args, takes)
+        ):
+            setattr(args, takes, [*getattr(args, takes), *unknown])
+        elif unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         code: int = args.func(args)
         return code
     except FedhpError as err:
         print(f"fedhp: error: {err}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:  # a path the command cannot read or write
+        where = f"{err.filename}: " if err.filename else ""
+        print(
+            f"fedhp: error: {where}{err.strerror or err} (check the path and its permissions)",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print("fedhp: interrupted; results written so far are kept", file=sys.stderr)
         return 130

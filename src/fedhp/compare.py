@@ -6,11 +6,19 @@ a ± one-standard-deviation band (sample std, n − 1). Each line is labelled by
 apart from the others (e.g. ``algorithm=fedavg`` or ``algorithm.lr=0.1``). The Markdown table
 gives each group's final and best value of the metric (mean ± std over seeds); it is printed and
 written beside the PNG (``fig.md``).
+
+Configurations are compared in their fully resolved form (:func:`fedhp.config.normalized_config`),
+so a run that left an option at its default and one that gave the default are one group. A run
+whose metrics.csv is missing, unreadable or without evaluated rounds is left out with a
+``fedhp: warning:`` line; a run repeating another's configuration and seed is left out too, so a
+group's count is its number of distinct seeds.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +26,9 @@ from typing import Any
 
 import yaml
 
-from fedhp.errors import ConfigError
+from fedhp.errors import ConfigError, FedhpError, FedhpWarning
 from fedhp.experiments.common import markdown_table, mean_std
-from fedhp.reporting import Line, plot_lines, read_rows, write_text_atomic
+from fedhp.reporting import Line, column_label, plot_lines, read_rows, write_text_atomic
 
 NOT_GROUPED = ("seed", "progress", "checkpoint_every", "tensorboard")
 NOT_LABELLED = (*NOT_GROUPED, "plugins")
@@ -50,15 +58,81 @@ class Group:
     label: str = ""
 
 
+class BrokenRun(ConfigError):
+    """A run folder whose metrics cannot be used (``fedhp compare`` leaves it out)."""
+
+
 def read_run(folder: Path) -> Run:
-    """A run folder's config.yaml and metrics.csv, or a one-line error."""
+    """A run folder's configuration (resolved) and metrics.csv, or a one-line error
+    (:class:`BrokenRun` where the folder is a run but its metrics cannot be used)."""
     config_path, metrics_path = folder / "config.yaml", folder / "metrics.csv"
-    if not config_path.is_file() or not metrics_path.is_file():
+    if not config_path.is_file():
         raise ConfigError(f"{folder}: not a fedhp run folder (no config.yaml or metrics.csv)")
-    config = yaml.safe_load(config_path.read_text())
+    try:
+        config = yaml.safe_load(config_path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        raise BrokenRun(f"{config_path}: unreadable or invalid YAML") from None
     if not isinstance(config, dict):
-        raise ConfigError(f"{config_path}: not a fedhp configuration")
-    return Run(folder, config, read_rows(metrics_path))
+        raise BrokenRun(f"{config_path}: not a fedhp configuration")
+    if not metrics_path.is_file():
+        raise BrokenRun(f"{folder}: no metrics.csv (the run wrote no evaluated round)")
+    try:
+        rows = read_rows(metrics_path)
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise BrokenRun(f"{metrics_path}: unreadable ({err})") from None
+    rows = [r for r in rows if isinstance(r.get("round"), int)]
+    if not rows:
+        raise BrokenRun(f"{metrics_path}: no rows with a round number (empty or damaged)")
+    return Run(folder, _resolved(config), rows)
+
+
+def _resolved(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` in its fully resolved form (as written where it no longer validates)."""
+    from fedhp.config import normalized_config
+
+    try:
+        return normalized_config(config)
+    except FedhpError:
+        return config
+
+
+def read_runs(folders: Sequence[Path], metric: str) -> list[Run]:
+    """The usable runs of ``folders``: broken ones, ones without ``metric`` (when some other run
+    has it) and repeats of an earlier run's configuration and seed are left out with a warning
+    line; an error if none is left."""
+    runs: list[Run] = []
+    broken: list[str] = []
+    for folder in folders:
+        try:
+            runs.append(read_run(Path(folder)))
+        except BrokenRun as err:
+            broken.append(str(err))
+    if not runs:
+        more = f" (and {len(broken) - 1} more runs cannot be read)" if len(broken) > 1 else ""
+        raise ConfigError(f"{broken[0]}{more}; nothing to compare")
+    for reason in broken:
+        warnings.warn(f"{reason}; left out", FedhpWarning, stacklevel=2)
+    if any(metric in row for run in runs for row in run.rows):
+        for run in [r for r in runs if not any(metric in row for row in r.rows)]:
+            warnings.warn(
+                f"{run.folder}: metrics.csv has no {metric} column; left out",
+                FedhpWarning,
+                stacklevel=2,
+            )
+            runs.remove(run)
+    kept: dict[str, Run] = {}
+    for run in runs:
+        key = f"{group_key(run.config)} seed={run.config.get('seed')!r}"
+        if key in kept:
+            warnings.warn(
+                f"{run.folder}: the same configuration and seed as {kept[key].folder}; left out "
+                "(it adds no seed)",
+                FedhpWarning,
+                stacklevel=2,
+            )
+            continue
+        kept[key] = run
+    return list(kept.values())
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -125,8 +199,14 @@ def label_groups(groups: list[Group]) -> None:
     for group in groups:  # still ambiguous (they differ only in plugins): add the folder
         if labels.count(group.label) > 1:
             group.label += f" [{group.runs[0].folder.name}]"
-        if len(group.runs) > 1:
-            group.label += f" ({len(group.runs)} seeds, mean ± std)"
+        seeds = len(seeds_of(group))
+        if seeds > 1:
+            group.label += f" ({seeds} seeds, mean ± std)"
+
+
+def seeds_of(group: Group) -> list[Any]:
+    """The distinct seeds of a group's runs (from their configurations)."""
+    return list(dict.fromkeys(run.config.get("seed") for run in group.runs))
 
 
 def make_groups(runs: Sequence[Run]) -> list[Group]:
@@ -190,14 +270,14 @@ def table(groups: Sequence[Group], metric: str) -> str:
         rows.append(
             [
                 group.label,
-                str(len(group.runs)),
+                str(len(seeds_of(group))),
                 _stat(finals),
                 _stat(bests),
                 str(max(rounds, default=0)),
                 mb,
             ]
         )
-    header = ["run", "runs", f"final {metric}", f"best {metric}", "rounds", "MB (all links)"]
+    header = ["run", "seeds", f"final {metric}", f"best {metric}", "rounds", "MB (all links)"]
     return markdown_table(header, rows)
 
 
@@ -212,7 +292,7 @@ def compare(
     Markdown table (``out_png`` with suffix ``.md``)."""
     if x not in X_AXES:
         raise ConfigError(f"--x {x}: choose one of {', '.join(X_AXES)}")
-    runs = [read_run(Path(f)) for f in folders]
+    runs = read_runs(folders, metric)
     if not any(metric in row for run in runs for row in run.rows):
         columns = sorted({k for run in runs for row in run.rows for k in row})
         hint = ", ".join(
@@ -237,10 +317,12 @@ def compare(
     marker = "." if max((len(line.x) for line in lines), default=0) < 30 else ""
     for line in lines:
         line.marker = marker
-    title = f"{metric} of {len(runs)} runs" + (
-        f" in {len(groups)} groups" if len(groups) < len(runs) else ""
+    title = f"{column_label(metric)}: {len(runs)} runs" + (
+        f" in {len(groups)} group{'s' if len(groups) > 1 else ''}"
+        if len(groups) < len(runs)
+        else ""
     )
-    plot_lines(lines, out_png, X_AXES[x][1], metric, title)
+    plot_lines(lines, out_png, X_AXES[x][1], column_label(metric), title, integer_x=x == "round")
     text = table(groups, metric)
     md = Path(out_png).with_suffix(".md")
     write_text_atomic(md, text)

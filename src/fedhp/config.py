@@ -14,8 +14,11 @@ import yaml
 
 from fedhp.errors import ConfigError
 from fedhp.privacy import PrivacyOptions
-from fedhp.registry import format_validation_error
+from fedhp.registry import check_int_range, format_validation_error
 from fedhp.robust import RobustOptions
+
+MAX_ROUNDS = 10**7
+"""The most global rounds a run may ask for (a larger count is a typo, not an experiment)."""
 
 
 class FederationConfig(pydantic.BaseModel):
@@ -163,7 +166,7 @@ class RunConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
     seed: int = pydantic.Field(0, ge=0, lt=2**31)
-    rounds: int = pydantic.Field(200, gt=0)
+    rounds: int = pydantic.Field(200, gt=0, le=MAX_ROUNDS)
     eval_every: int = pydantic.Field(1, gt=0)
     eval_split: Literal["test", "val"] = "test"
     eval_train: bool = pydantic.Field(
@@ -254,12 +257,60 @@ def parse_override(text: str) -> dict[str, Any]:
     return result
 
 
+def _leaf_keys(prefix: str, value: Any) -> list[str]:
+    """The dotted keys an override sets (a mapping value sets each of its keys)."""
+    if isinstance(value, Mapping) and value:
+        return [k for key, sub in value.items() for k in _leaf_keys(f"{prefix}.{key}", sub)]
+    return [prefix]
+
+
+def repeated_overrides(overrides: Sequence[str]) -> list[str]:
+    """One note per key that two ``key=value`` overrides both set (or that one sets as a whole
+    section and another inside it), for a warning: the later one is used, as
+    :func:`resolve_config` merges them in order."""
+    seen: dict[str, str] = {}
+    notes: list[str] = []
+    for text in overrides:
+        parsed = parse_override(text)
+        key = next(iter(parsed))
+        for leaf in _leaf_keys(key, parsed[key]):
+            for other, first in seen.items():
+                if leaf == other or leaf.startswith(other + ".") or other.startswith(leaf + "."):
+                    notes.append(
+                        f"{leaf} given twice ({first}, then {text}); the later one is used"
+                    )
+                    break
+            seen[leaf] = text
+    return notes
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in keys:
+                raise ConfigError(
+                    f"key {key!r} appears twice (lines {keys[key]} and {line}); keep one"
+                )
+            if isinstance(key, str | int | float | bool):
+                keys[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping from ``path``, or a one-line :class:`ConfigError`."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except FileNotFoundError:
         raise ConfigError(f"config file {path}: not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path}: is a folder; name a YAML file") from None
+    except ConfigError as err:
+        raise ConfigError(f"config file {path}: {err}") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"config file {path}: cannot be read ({err})") from None
     except yaml.YAMLError as err:
@@ -315,10 +366,77 @@ def validate_config(data: Mapping[str, Any]) -> RunConfig:
         cfg = RunConfig.model_validate(dict(data))
     except pydantic.ValidationError as err:
         raise ConfigError(format_validation_error(err, "")) from None
+    check_int_range(cfg.model_dump(), "")
     load_plugins(cfg.plugins)
     return cfg
 
 
+COMPONENT_SECTIONS = ("dataset", "partition", "model", "algorithm")
+"""The sections validated by the component registered under their ``name``."""
+
+
+def _registry(section: str) -> Any:
+    from fedhp.algorithms import ALGORITHMS
+    from fedhp.data import DATASETS, PARTITIONERS
+    from fedhp.models import MODELS
+
+    registries = {
+        "dataset": DATASETS,
+        "partition": PARTITIONERS,
+        "model": MODELS,
+        "algorithm": ALGORITHMS,
+    }
+    return registries[section]
+
+
+def resolved_section(section: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A component section with every option of the component and its value: ``name`` first,
+    then the options in the component's field order (what ``config.yaml`` holds).
+
+    An option left at its default is written only where writing it keeps the options the same:
+    a default that holds only while the option is unset (``local_steps`` beside
+    ``local_epochs``) stays out. Validating the result gives the same options."""
+    registry = _registry(section)
+    options = registry.build(data, section)
+    cls = type(options)
+    full = options.model_dump(mode="json")
+    out = {k: full[k] for k in options.model_fields_set if k in full}
+    for key in full:
+        if key in out:
+            continue
+        try:
+            cls.model_validate({**out, key: full[key]})
+        except pydantic.ValidationError:
+            continue  # a default that only holds while unset
+        out[key] = full[key]
+    try:
+        again = cls.model_validate(out).model_dump(mode="json")
+    except pydantic.ValidationError:
+        again = None
+    if again != full:  # cannot be written out in full: keep the options as given
+        return dict(data)
+    return {"name": data["name"], **{k: out[k] for k in full if k in out}}
+
+
 def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
-    """The resolved configuration as plain data (what ``config.yaml`` holds)."""
-    return cfg.model_dump(mode="json")
+    """The resolved configuration as plain data (what ``config.yaml`` holds): every top-level
+    option, and every option of the dataset, partition, model and algorithm with its value
+    (:func:`resolved_section`). Running it again gives the same run."""
+    data = cfg.model_dump(mode="json")
+    for section in COMPONENT_SECTIONS:
+        data[section] = resolved_section(section, data[section])
+    return data
+
+
+def normalized_config(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A configuration written earlier (config.yaml, a checkpoint's), in today's resolved form
+    (:func:`config_to_dict`, keys added since at their defaults), to compare with another run's;
+    as written (with the added keys) where it no longer validates."""
+    from fedhp.engine.checkpoint import with_added_defaults
+    from fedhp.errors import FedhpError
+
+    data = with_added_defaults(dict(saved))
+    try:
+        return config_to_dict(validate_config(data))
+    except FedhpError:  # no longer valid, or a plugin gone
+        return data

@@ -34,14 +34,36 @@ def format_validation_error(err: pydantic.ValidationError, prefix: str) -> str:
     return f"{field}: {msg}{shown}"
 
 
+INT_LIMIT = 2**63
+"""Integers must fit int64 (what tensors and indices hold); larger ones are typos."""
+
+
+def check_int_range(value: Any, prefix: str) -> None:
+    """A one-line :class:`ConfigError` for an integer anywhere in ``value`` (nested mappings and
+    lists) outside the int64 range, naming its dotted key."""
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            check_int_range(sub, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list | tuple):
+        for sub in value:
+            check_int_range(sub, prefix)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= INT_LIMIT:
+        raise ConfigError(
+            f"{prefix}: {value} is out of range (integers must lie within ±2**63); "
+            "give a smaller value"
+        )
+
+
 def validate(cls: type[T], data: Mapping[str, Any], prefix: str) -> T:
     """Build ``cls`` from ``data`` or raise a one-line :class:`ConfigError`."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix}: expected a mapping of options, got {data!r}")
     try:
-        return cls.model_validate(dict(data))
+        options = cls.model_validate(dict(data))
     except pydantic.ValidationError as err:
         raise ConfigError(format_validation_error(err, prefix)) from None
+    check_int_range(options.model_dump(), prefix)
+    return options
 
 
 class Registry(Generic[T]):

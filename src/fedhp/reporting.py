@@ -13,6 +13,7 @@ import io
 import json
 import math
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import Any, BinaryIO
 import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 Value = float | int | str
 
@@ -283,12 +285,14 @@ def draw_lines(
     title: str | None = None,
     log_y: bool = False,
     no_data: str | None = "no data",
+    integer_x: bool | None = None,
 ) -> None:
     """Draw ``lines`` on ``ax`` with a legend and grid (``no_data`` written when none has any
     point).
 
     The one line-drawing routine of fedhp: run plots, ``fedhp compare`` and the reproductions'
-    figures all go through it. On a log axis, non-positive values are left out."""
+    figures all go through it. On a log axis, non-positive values are left out. ``integer_x``:
+    x ticks at integers only (rounds); None: when every x value is an integer."""
     drawn = False
     for line in lines:
         pts = [
@@ -313,6 +317,11 @@ def draw_lines(
         drawn = True
     if log_y:
         ax.set_yscale("log")
+    if integer_x is None:
+        xs_all = [float(x) for line in lines for x in line.x]
+        integer_x = bool(xs_all) and all(x.is_integer() for x in xs_all)
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if drawn:
         if any(line.label for line in lines):
             ax.legend(fontsize="small")
@@ -332,10 +341,13 @@ def plot_lines(
     ylabel: str,
     title: str,
     log_y: bool = False,
+    integer_x: bool | None = None,
 ) -> None:
     """One panel of ``lines`` written as a PNG (see :func:`draw_lines`)."""
     fig = Figure(figsize=(6.4, 4.4))
-    draw_lines(fig.subplots(), lines, xlabel, ylabel, title, log_y, no_data=None)
+    draw_lines(
+        fig.subplots(), lines, xlabel, ylabel, title, log_y, no_data=None, integer_x=integer_x
+    )
     fig.tight_layout()
     _save(fig, out_png)
 
@@ -353,9 +365,66 @@ def plot_curves(
     plot_lines(lines, out_png, xlabel, ylabel, title, log_y=logy)
 
 
-ACC_STYLE = {"global": ("tab:blue", "global model"), "personal": ("tab:orange", "personalized")}
+LINK_WORDS = {
+    "client_edge": "client ↔ edge",
+    "edge_cloud": "edge ↔ cloud",
+    "client_cloud": "client ↔ cloud",
+    "client_cloud_eval": "client ↔ cloud (evaluation only)",
+    "total": "all links",
+}
+COLUMN_LABELS = {
+    "global_acc": "global model, test accuracy",
+    "global_loss": "global model, test loss",
+    "global_balanced_acc": "global model, balanced test accuracy",
+    "train_loss": "global model, training loss",
+    "personal_acc": "personalized models, test accuracy",
+    "personal_loss": "personalized models, test loss",
+    "personal_train_loss": "personalized models, training loss",
+    "local_loss": "local training loss (minibatches, during the round)",
+    "density_global": "global model density",
+    "density_personal": "personalized models' density",
+    "density_client": "client models' density",
+    "density_edge": "edge models' density",
+    "density_cloud": "cloud model density",
+    "epsilon": "privacy budget ε",
+    "clients_participating": "clients taking part",
+    "sim_time": "simulated time (s)",
+    "sim_time_s": "simulated time (s)",
+    "round_sim_time_s": "simulated round time (s)",
+}
+"""metrics.csv columns in words (legends and axis labels); docs/outputs.md explains them all."""
+
+
+def column_label(column: str) -> str:
+    """A metrics.csv column in words (the column itself where fedhp has no words for it)."""
+    if column in COLUMN_LABELS:
+        return COLUMN_LABELS[column]
+    edge = re.fullmatch(r"edge(\d+)_(global|personal)_acc", column)
+    if edge is not None:
+        model = "global model" if edge[2] == "global" else "personalized models"
+        return f"{model}, test accuracy on edge {edge[1]}'s clients"
+    traffic = re.fullmatch(r"(cum|round)_(bytes|remark1_bits)_(.+?)(?:_(up|down))?", column)
+    if traffic is not None and traffic[3] in LINK_WORDS:
+        what = "bytes" if traffic[2] == "bytes" else "bits (Remark 1)"
+        when = "accumulated" if traffic[1] == "cum" else "this round"
+        way = {"up": ", uplink", "down": ", downlink", None: ""}[traffic[4]]
+        return f"{what} {when}, {LINK_WORDS[traffic[3]]}{way}"
+    return column
+
+
+ACC_STYLE = {
+    "global": ("tab:blue", "global model"),
+    "personal": ("tab:orange", "personalized models"),
+}
 LINK_COLORS = {"client_edge": "tab:green", "edge_cloud": "tab:red", "client_cloud": "tab:purple"}
 LOSS_KEYS = ("train_loss", "global_loss", "local_loss", "personal_train_loss", "personal_loss")
+LOSS_WORDS = {
+    "train_loss": "global model, training data",
+    "global_loss": "global model, test data",
+    "local_loss": "clients' minibatches during the round",
+    "personal_train_loss": "personalized models, training data",
+    "personal_loss": "personalized models, test data",
+}
 
 
 def _marker(xs: Sequence[float]) -> str:
@@ -370,7 +439,7 @@ def _accuracy_lines(rows: list[dict[str, Any]], per_edge: bool) -> list[Line]:
     for kind, (color, text) in ACC_STYLE.items():
         xs, ys = _series(rows, f"{kind}_acc")
         if xs:
-            lines.append(Line(f"{text} ({kind}_acc)", xs, ys, width=2.6, color=color))
+            lines.append(Line(f"{text}, all clients", xs, ys, width=2.6, color=color))
         if not per_edge:
             continue
         edges = [c for c in cols if c.startswith("edge") and c.endswith(f"_{kind}_acc")]
@@ -390,12 +459,12 @@ def _comm_lines(rows: list[dict[str, Any]]) -> list[Line]:
         xs, ys = _series(rows, f"cum_bytes_{link}")
         if xs and any(y > 0 for y in ys):
             mb = [y / 1e6 for y in ys]
-            lines.append(Line(link.replace("_", "↔"), xs, mb, color=LINK_COLORS.get(link)))
+            lines.append(Line(LINK_WORDS[link], xs, mb, color=LINK_COLORS.get(link)))
     if not lines:  # rows from elsewhere: whatever accumulated byte counts there are
         for col in _columns(rows):
             xs, ys = _series(rows, col)
             if col.startswith("cum_bytes_") and xs:
-                lines.append(Line(col, xs, [y / 1e6 for y in ys]))
+                lines.append(Line(column_label(col), xs, [y / 1e6 for y in ys]))
     return lines
 
 
@@ -405,14 +474,16 @@ def run_figure(metrics_rows: list[dict[str, Any]], title: str, per_edge: bool = 
     ax_acc, ax_comm, ax_loss = fig.subplots(1, 3)
     acc = _accuracy_lines(metrics_rows, per_edge)
     comm = _comm_lines(metrics_rows)
-    losses = [Line(k, *_series(metrics_rows, k)) for k in LOSS_KEYS]
+    losses = [Line(LOSS_WORDS[k], *_series(metrics_rows, k)) for k in LOSS_KEYS]
     for group in (acc, comm, losses):
         for line in group:
             thin = line.width is not None and line.width < 1
             line.marker = "" if thin else _marker(line.x)
-    draw_lines(ax_acc, acc, "round", "test accuracy")
-    draw_lines(ax_comm, comm, "round", "accumulated MB per link (log)", log_y=bool(comm))
-    draw_lines(ax_loss, [ln for ln in losses if ln.x], "round", "loss")
+    draw_lines(ax_acc, acc, "round", "test accuracy", integer_x=True)
+    draw_lines(
+        ax_comm, comm, "round", "accumulated MB per link (log)", log_y=bool(comm), integer_x=True
+    )
+    draw_lines(ax_loss, [ln for ln in losses if ln.x], "round", "loss", integer_x=True)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

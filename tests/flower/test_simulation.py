@@ -39,7 +39,7 @@ def test_flower_simulation_matches_inprocess(
     if code != 0 and "simulation runtime failed" in capsys.readouterr().err:
         # Ray's raylet must start within 30 s; on an overloaded machine it sometimes does not
         # (the run then ends with that one-line error). Retry that environmental failure once.
-        code = main(["run", *flower, "--out", str(tmp_path / "flower")])
+        code = main(["run", *flower, "--overwrite", "--out", str(tmp_path / "flower")])
     assert code == 0
     assert_same_metrics(tmp_path / "inprocess", tmp_path / "flower")
     carried = read_csv(tmp_path / "flower" / "flower_bytes.csv")

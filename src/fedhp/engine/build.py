@@ -131,6 +131,14 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"device: unknown device {name!r}; use cpu or cuda[:N]") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: CUDA is not available on this machine; use device=cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ConfigError(
+            f"device: {name} does not exist (this machine has {count} CUDA devices: "
+            f"cuda:0..cuda:{count - 1}); use one of them or device=cpu"
+        )
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device: {name!r} is not supported; use cpu or cuda[:N]")
     return device
 
 

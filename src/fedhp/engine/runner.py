@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from fedhp.algorithms.base import LocalWorkOptions, State
-from fedhp.config import RunConfig, config_to_dict
+from fedhp.config import RunConfig, config_to_dict, normalized_config, resolved_section
 from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.checkpoint import (
     CHECKPOINT_FILE,
@@ -37,7 +37,12 @@ from fedhp.engine.faults import RoundSkipped
 from fedhp.engine.objective import sparse_learning_metrics
 from fedhp.engine.privacy_budget import RunPrivacy
 from fedhp.errors import DivergenceError
-from fedhp.reporting import MetricsWriter, plot_run, write_json_atomic, write_yaml_atomic
+from fedhp.reporting import (
+    MetricsWriter,
+    plot_run,
+    write_json_atomic,
+    write_yaml_atomic,
+)
 
 Row = dict[str, Any]
 
@@ -232,13 +237,17 @@ def local_work_summary(exp: Experiment) -> Row:
 
 
 def train_flops_summary(exp: Experiment, trained_samples: int | None) -> Row:
-    """The run's training arithmetic: ``train_samples`` (samples of every gradient evaluation
-    the engine ran, :attr:`~fedhp.models.base.BatchedModel.trained_samples`),
-    ``train_flops_per_sample`` (:meth:`~fedhp.models.base.BatchedModel.train_flops_per_sample`)
-    and their product ``train_flops``; the first and last are None where the count is not known
-    (rounds run on Flower nodes, a resumed checkpoint written before the count existed)."""
+    """The run's training arithmetic: ``samples_processed`` (samples of every gradient
+    evaluation the engine ran, :attr:`~fedhp.models.base.BatchedModel.trained_samples`; also as
+    ``train_samples``, its older, misleading name: it is not the training set's size, which is
+    ``train_set_size``), ``train_flops_per_sample``
+    (:meth:`~fedhp.models.base.BatchedModel.train_flops_per_sample`) and the product
+    ``train_flops``; ``samples_processed`` and ``train_flops`` are None where the count is not
+    known (rounds run on Flower nodes, a resumed checkpoint written before the count existed)."""
     per_sample = exp.model.train_flops_per_sample()
     return {
+        "train_set_size": int(exp.ctx.fed.train.counts.sum()),
+        "samples_processed": trained_samples,
         "train_samples": trained_samples,
         "train_flops_per_sample": per_sample,
         "train_flops": None if trained_samples is None else trained_samples * per_sample,
@@ -257,7 +266,7 @@ def summarize(
     summary: Row = {
         "algorithm": exp.cfg.algorithm.get("name"),
         "dataset": exp.cfg.dataset.get("name"),
-        "model": exp.cfg.model,
+        "model": resolved_section("model", exp.cfg.model),
         "num_params": exp.model.num_params,
         "rounds": rounds_done,
         "seed": exp.cfg.seed,
@@ -348,7 +357,8 @@ def _restore(
     if not path.exists():
         return None
     data = load_checkpoint(path)
-    diff = config_difference(data["config"], config_to_dict(exp.cfg))
+    # (a checkpoint written before config.yaml held every option compares in today's form)
+    diff = config_difference(normalized_config(data["config"]), config_to_dict(exp.cfg))
     if diff is not None:
         raise CheckpointError(
             f"{path}: written by a different configuration ({diff} differs); "

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhp.errors import DatasetError
+
 MAX_KEYS = 1 << 24
 """Above this many random keys per draw (``total * max_count``), :meth:`BatchSampler.draw` draws
 without a key per sample (:meth:`BatchSampler._partial_shuffle`)."""
@@ -37,6 +39,7 @@ class BatchSampler:
         max_count: int | None = None,
         min_count: int | None = None,
     ):
+        check_counts(counts, rows)
         self.counts = counts
         self.generator = generator
         self.replacement = replacement
@@ -141,6 +144,22 @@ class BatchSampler:
         return EpochBatches(
             torch.cat(index).contiguous(), torch.cat(weight).float().contiguous(), steps * epochs
         )
+
+
+def check_counts(counts: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """A one-line :class:`DatasetError` if some client has no training samples (a minibatch of
+    it cannot be drawn): more clients than the partition can give data to. ``rows``: the
+    clients' global indices (a Flower node's)."""
+    empty = torch.nonzero(counts <= 0).flatten().cpu()
+    if len(empty) == 0:
+        return
+    ids = empty if rows is None else rows.cpu()[empty]
+    shown = ", ".join(str(int(c)) for c in ids[:5]) + (", ..." if len(ids) > 5 else "")
+    raise DatasetError(
+        f"federation.num_clients: {len(ids)} of {len(counts)} clients get no training samples "
+        f"(clients {shown}; {int(counts.sum())} samples in all); use fewer clients or give the "
+        "partition more data (e.g. partition.train_per_class)"
+    )
 
 
 @dataclass(frozen=True)

@@ -240,8 +240,7 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     link (:meth:`fedhp.comm.CommLedger.node_totals`)."""
     from fedhp.api import prepare, run_built
     from fedhp.comm import LINKS
-    from fedhp.config import config_to_dict, resolve_config
-    from fedhp.engine.checkpoint import with_added_defaults
+    from fedhp.config import config_to_dict, normalized_config, resolve_config
     from fedhp.errors import DivergenceError
     from fedhp.reporting import write_json_atomic
 
@@ -249,14 +248,14 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     config = config_to_dict(cfg)
     summary_path, config_path = folder / "summary.json", folder / "config.yaml"
     if summary_path.is_file() and config_path.is_file():
-        old = with_added_defaults(yaml.safe_load(config_path.read_text()))
+        old = normalized_config(yaml.safe_load(config_path.read_text()))
         if old == config:
             summary: dict[str, Any] = json.loads(summary_path.read_text())
             summary["reused"] = True
             return summary
     exp = prepare(cfg)
     resume = config_path.is_file() and (folder / "checkpoint.pt").is_file()
-    if resume and with_added_defaults(yaml.safe_load(config_path.read_text())) != config:
+    if resume and normalized_config(yaml.safe_load(config_path.read_text())) != config:
         resume = False
     try:
         summary = run_built(exp, folder, resume=resume, progress=False)

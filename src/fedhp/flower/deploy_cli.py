@@ -37,6 +37,7 @@ def resolve_run_config(
     import yaml
 
     from fedhp.algorithms import ALGORITHMS
+    from fedhp.cli import warn_repeated
     from fedhp.config import config_to_dict, resolve_config
     from fedhp.engine.build import check_components
     from fedhp.errors import ConfigError
@@ -49,6 +50,7 @@ def resolve_run_config(
             config_path = Path(item)
         else:
             overrides.append(item)
+    warn_repeated(overrides)
     cfg = resolve_config(config_path, overrides, plugins=plugins)
     check_components(cfg)
     if cfg.algorithm.get("name") == "centralized":
@@ -68,10 +70,28 @@ def resolve_run_config(
     return cfg, run_config, nodes
 
 
+def writable_folder(folder: Path, what: str) -> Path:
+    """``folder`` made (with its parents), or a one-line error naming ``what`` (the argument)
+    where it is a file or cannot be written."""
+    from fedhp.errors import ConfigError
+
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{what} {folder}: is a file, not a folder; name a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(
+            f"{what} {folder}: cannot be created ({err.strerror or err}); name a folder you can "
+            "write to"
+        ) from None
+    return folder
+
+
 def cmd_certs(args: argparse.Namespace) -> int:
     require_flower()
     from fedhp.flower.certs import write_certificates
 
+    writable_folder(Path(args.dir), "flower certs DIR")
     hosts = tuple(args.host) if args.host else ("127.0.0.1", "localhost")
     paths = write_certificates(Path(args.dir), hosts=hosts, days=args.days)
     print(f"CA: {paths.ca_cert} (key {paths.ca_key}); SuperLink: {paths.server_cert}, ", end="")
@@ -83,6 +103,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     require_flower()
     from fedhp.flower.certs import write_node_keys
 
+    if args.nodes >= 1:  # (write_node_keys names a bad count)
+        writable_folder(Path(args.dir), "flower keys DIR")
     for key in write_node_keys(Path(args.dir), args.nodes, prefix=args.prefix):
         print(f"{key.private} (SuperNode) / {key.public} (flwr supernode register)")
     return 0
