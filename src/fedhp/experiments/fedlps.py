@@ -33,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_keyed
+from fedhp.experiments.common import (
+    ReproOptions,
+    inputs_text,
+    markdown_table,
+    mean_std,
+    run_keyed,
+)
 from fedhp.experiments.figures import read_metrics
 from fedhp.reporting import plot_curves, write_json_atomic
 
@@ -419,8 +425,8 @@ def describe(opts: ReproOptions) -> str:
         f"cost model, every row (FedAvg, FedPer, Ditto, Per-FedAvg train the full model "
         f"at any z); wall s: wall-clock seconds per run, torch "
         f"threads = {opts.threads}, {opts.jobs} runs at once (machine: {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__})."
-    )
+        f"torch {torch.__version__}). {inputs_text(opts.dataset, opts.extra)}"
+    ).rstrip()
 
 
 def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:

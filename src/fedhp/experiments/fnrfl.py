@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_keyed
+from fedhp.experiments.common import (
+    ReproOptions,
+    inputs_text,
+    markdown_table,
+    mean_std,
+    run_keyed,
+)
 from fedhp.experiments.figures import read_metrics
 from fedhp.reporting import plot_curves, write_json_atomic
 
@@ -329,8 +335,9 @@ def describe(opts: ReproOptions) -> str:
         f"acc = final-round global accuracy as the mean of per-class accuracies (the paper's), "
         f"mean over seeds 0..{opts.seeds - 1}; time = wall seconds for the whole run "
         f"(evaluation every round included), torch threads = {opts.threads}, {opts.jobs} runs at "
-        f"once (machine: {os.cpu_count()} CPUs, torch {torch.__version__})."
-    )
+        f"once (machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"{inputs_text(opts.dataset, opts.extra)}"
+    ).rstrip()
 
 
 def reproduce(opts: ReproOptions) -> dict[str, Any]:
