@@ -135,6 +135,17 @@ def model_of(opts: ReproOptions) -> str:
     return model
 
 
+def feature_sigma(opts: ReproOptions) -> float:
+    """The feature-skew σ in pixel units: ``NOISE``, or a ``partition.noise=`` override (given
+    in fedhp's normalized units) converted back."""
+    sigma = NOISE
+    for item in opts.extra:
+        key, _, value = item.partition("=")
+        if key.strip() == "partition.noise":
+            sigma = float(value) * PIXEL_STD[opts.dataset]
+    return sigma
+
+
 def skew_overrides(skew: str, dataset: str) -> list[str]:
     """NIID-Bench's partition for ``skew`` (noise σ converted to fedhp's normalized units)."""
     sigma = NOISE / PIXEL_STD[dataset]
@@ -330,7 +341,8 @@ def describe(opts: ReproOptions) -> str:
         f"{opts.dataset} ({data}), {NUM_CLIENTS} clients all active, {MODEL_TEXT[model]}; "
         f"T = {rounds}, E_train = {scale.epochs}, E_re = {scale.refine_epochs}, SGD lr 0.1, "
         f"batch 64 (refinement 32), p = 0.5, λ = 0.1 (differentiable regularizer), "
-        f"sample-weighted averaging; feature skew σ = {NOISE} (pixel units) resampled at every "
+        f"sample-weighted averaging; feature skew σ = {feature_sigma(opts):.3g} (pixel units) "
+        "resampled at every "
         f"access; label skew Dir(0.5) with ≥ 10 samples; quantity skew Dir(0.5); {public}. "
         f"acc = final-round global accuracy as the mean of per-class accuracies (the paper's), "
         f"mean over seeds 0..{opts.seeds - 1}; time = wall seconds for the whole run "
