@@ -431,6 +431,14 @@ def inputs_text(dataset: str, extra: Sequence[str]) -> str:
     )
 
 
+def overrides_text(extra: Sequence[str]) -> str:
+    """`` Overrides given to every run (they win over the settings above): ...`` or ''."""
+    if not extra:
+        return ""
+    listed = ", ".join(f"`{e}`" for e in extra)
+    return f" Overrides given to every run (they win over the settings above): {listed}."
+
+
 def describe(opts: ReproOptions) -> str:
     """One paragraph naming what was run."""
     import os
@@ -448,6 +456,7 @@ def describe(opts: ReproOptions) -> str:
         f"Every method gets {BUDGET} minibatch gradient steps of |D| = {BATCH} per client per "
         f"round (Per-FedAvg: {BUDGET // 2} meta-steps of 2 gradients each; centralized: {BUDGET} "
         f"steps of {BATCH}×20 samples from the union). {inputs_text(opts.dataset, opts.extra)}"
+        f"{overrides_text(opts.extra)}"
     ).rstrip()
 
 
