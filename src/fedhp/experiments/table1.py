@@ -28,7 +28,7 @@ METHODS = ("fedavg", "hierfavg", "fedprox", "pfedme", "sfedhp", "pfedgp", "centr
 # Run only when ``--methods`` names them (not Table I methods; the default table is unchanged).
 # Per-FedAvg (the paper's Table II PM row; η1 = 0.05): inner and meta steps α = β = 0.05.
 EXTRA_METHODS = ("perfedavg",)
-PERFEDAVG = {"alpha": 0.05, "beta": 0.05}
+PERFEDAVG: dict[str, Any] = {"alpha": 0.05, "beta": 0.05}
 
 
 def choose(opts: ReproOptions) -> dict[str, dict[str, Any]]:
