@@ -266,3 +266,67 @@ def test_libsvm_errors(tmp_path) -> None:
     gz.write_bytes(b"\x1f\x8b not really")
     with pytest.raises(DatasetError, match=f"cannot read {gz}"):
         load_dataset({"name": "libsvm", "path": str(gz)})
+
+
+# ------------------------------------------------------------------------------ dataset.normalize
+
+
+def _raw_pair(d: Path) -> tuple[np.ndarray, np.ndarray]:
+    return tuple(  # type: ignore[return-value]
+        src.read_idx(next(d.glob(f"{p}-images-idx3-ubyte*")))[:, None].astype(np.float64)
+        for p in ("train", "t10k")
+    )
+
+
+@pytest.mark.parametrize("name", ["mnist", "fmnist"])
+def test_normalize_modes_statistics(tmp_path, name) -> None:
+    write_idx_set(tmp_path, n_train=40, n_test=20)
+    train, test = _raw_pair(tmp_path)
+    mean, std = src.MNIST_MEAN_STD if name == "mnist" else src.FMNIST_MEAN_STD
+    cfg = {"name": name, "data_dir": str(tmp_path)}
+    default = load_dataset(cfg)
+    glob = load_dataset({**cfg, "normalize": "global"})
+    # global: the default, unchanged: (p/255 - mean)/std bit for bit
+    want = torch.from_numpy(train.astype(np.float32)).div(255).sub(mean[0]).div(std[0])
+    assert torch.equal(default.train_x, want) and torch.equal(glob.train_x, default.train_x)
+    # unit: the bytes / 255, in [0, 1]
+    unit = load_dataset({**cfg, "normalize": "unit"})
+    assert torch.equal(unit.test_x, torch.from_numpy((test / 255).astype(np.float32)))
+    assert float(unit.train_x.min()) >= 0.0 and float(unit.train_x.max()) <= 1.0
+    # per_pixel: each pixel standardized over train + test together, (p - mu)/(sigma + 0.001)
+    pp = load_dataset({**cfg, "normalize": "per_pixel"})
+    both = np.concatenate([train, test])
+    ref = (both - both.mean(0)) / (both.std(0) + 0.001)
+    got = torch.cat([pp.train_x, pp.test_x]).double().numpy()
+    assert np.abs(got - ref).max() < 1e-5
+    assert np.abs(got.mean(0)).max() < 1e-5  # mean 0 per pixel over all images
+    sd = both.std(0)
+    assert np.allclose(got.std(0), sd / (sd + 0.001), atol=1e-5)  # std just under 1
+    assert np.abs(pp.train_x.double().numpy().mean(0)).max() > 0.01  # not train-only statistics
+    assert pp.train_y.tolist() == default.train_y.tolist()
+
+
+def test_normalize_mnist_pickle_route(tmp_path, monkeypatch) -> None:
+    rng = np.random.default_rng(1)
+    parts = [rng.integers(0, 256, (n, 784)) for n in (30, 10, 20)]
+    obj = [((p / 256).astype(np.float32), np.arange(len(p)) % 10) for p in parts]
+    path = tmp_path / "mnist.pkl.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(obj)))
+    monkeypatch.delenv(src.ENV_DATA_DIR, raising=False)
+    monkeypatch.setattr(src, "_mnist_pickle_path", lambda: path)
+    both = np.concatenate(parts).astype(np.float64)
+    pp = load_dataset({"name": "mnist", "normalize": "per_pixel"})
+    got = torch.cat([pp.train_x, pp.test_x]).reshape(60, 784).double().numpy()
+    assert np.abs(got - (both - both.mean(0)) / (both.std(0) + 0.001)).max() < 1e-5
+    unit = load_dataset({"name": "mnist", "normalize": "unit"})
+    assert torch.equal(unit.test_x.reshape(20, 784), torch.from_numpy(parts[2] / 255).float())
+    glob = load_dataset({"name": "mnist"})
+    assert torch.allclose(glob.test_x, (unit.test_x - 0.1307) / 0.3081, atol=1e-5)
+
+
+def test_normalize_bad_value_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"dataset\.normalize") as err:
+        DATASETS.build({"name": "mnist", "normalize": "zscore"}, "dataset")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"dataset\.normalize"):
+        DATASETS.build({"name": "cifar10", "normalize": "unit"}, "dataset")

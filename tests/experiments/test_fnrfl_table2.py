@@ -118,3 +118,26 @@ def test_leak_mode_marks_the_rows(tmp_path: Path) -> None:
     table = json.loads((tmp_path / "l" / "table.json").read_text())
     assert table["leak"] and all(r["test_leak"] for r in table["rows"])
     assert "⚠ test leak" in (tmp_path / "l" / "table.md").read_text()
+
+
+def test_paper_columns_only_beside_cifar10_rows() -> None:
+    """The paper ran CIFAR-10 only: a Fashion-MNIST table carries no paper accuracy or time."""
+    stat = {"mean": 0.8, "std": 0.0}
+    row = {
+        "skew": "feature",
+        "method": "fedavg",
+        "label": "FedAvg",
+        "test_leak": False,
+        "acc": stat,
+        "best_acc": stat,
+        "paper_acc": {"resnet18": 0.6001, "vgg11": 0.5},
+        "traffic_mb": stat,
+        "paper_convention_traffic_mb": 79.1,
+        "time_s": stat,
+        "kappa": stat,
+        "rho": stat,
+    }
+    fmnist = fnrfl.markdown([row], "vgg", "fmnist")
+    assert "paper CIFAR-10" not in fmnist and "0.6001" not in fmnist and "paper time" not in fmnist
+    cifar = fnrfl.markdown([row], "resnet18", "cifar10")
+    assert "paper CIFAR-10 resnet18" in cifar and "| 0.6001 |" in cifar

@@ -355,3 +355,30 @@ def test_killing_a_parallel_reproduction_leaves_no_orphan_runs(tmp_path: Path) -
     for pid in alive:
         os.kill(pid, 9)
     assert not alive, "workers outlived their killed parent"
+
+
+def test_table_header_states_the_input_normalization(tmp_path: Path) -> None:
+    """Every table header says which ``dataset.normalize`` its runs used (the last override)."""
+    assert common.normalization_of("mnist", []) == "global"
+    extra = ["dataset.normalize=unit", "dataset.normalize=per_pixel"]
+    assert common.normalization_of("fmnist", extra) == "per_pixel"
+    assert common.normalization_of("synthetic", extra) is None
+    run = fake_runner({}, [])
+    for mode in ("global", "per_pixel"):
+        o = opts(tmp_path, methods=["fedavg"])
+        o.extra = [f"dataset.normalize={mode}"]
+        table = table1.build_table(o, common.run_jobs(table1.jobs(o), o, tmp_path / mode, run=run))
+        assert f"`dataset.normalize={mode}`" in table["markdown"].split("| Method |")[0]
+        assert table["normalize"] == mode
+
+
+def test_table1_runs_per_fedavg_only_when_asked(tmp_path: Path) -> None:
+    """Per-FedAvg is not a Table I method: the default table is unchanged; ``--methods
+    perfedavg`` adds it with α = β = 0.05."""
+    assert "perfedavg" not in [j.method for j in table1.jobs(opts(tmp_path))]
+    jobs = table1.jobs(opts(tmp_path, methods=["perfedavg", "pfedme"]))
+    assert [(j.method, j.params.get("beta")) for j in jobs] == [
+        ("pfedme", None),
+        ("perfedavg", 0.05),
+    ]
+    assert {"algorithm.alpha=0.05", "algorithm.beta=0.05"} <= set(jobs[1].overrides)

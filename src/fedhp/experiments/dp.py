@@ -37,6 +37,7 @@ from fedhp.experiments.common import (
     MODEL_TEXT,
     MODELS,
     ReproOptions,
+    inputs_text,
     markdown_table,
     mean_std,
     run_keyed,
@@ -227,7 +228,8 @@ def describe(opts: ReproOptions) -> str:
         f"{CLIP} and noise at each edge, T = {rounds_of(opts, 'hierfavg')} rounds, fixed "
         f"sampling of all clients (no amplification), κ2 releases per round. Seeds "
         f"0..{opts.seeds - 1}; torch threads = {opts.threads}, {opts.jobs} run(s) at once "
-        f"(machine: {os.cpu_count()} CPUs, torch {torch.__version__})."
+        f"(machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"{inputs_text('mnist', opts.extra)}"
     )
 
 

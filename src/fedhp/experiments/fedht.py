@@ -31,6 +31,7 @@ from typing import Any
 from fedhp.errors import ConfigError
 from fedhp.experiments.common import (
     ReproOptions,
+    inputs_text,
     map_runs,
     markdown_table,
     run_config,
@@ -503,7 +504,9 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
         f"### fedht-{name}\n\nTarget: Distributed-IHT's objective at round {prob.target_round} "
         f"of the shared-γ run ({rows[0]['target']:.6g}); {prob.rounds} rounds; "
         f"torch threads = {opts.threads} (machine: {os.cpu_count()} CPUs); "
-        f"wall time {seconds:.0f} s.\n\n" + markdown_table(header, table_rows)
+        f"wall time {seconds:.0f} s. {inputs_text(name, opts.extra)}".rstrip()
+        + "\n\n"
+        + markdown_table(header, table_rows)
     )
     if rec_rows:
         text += "\nSupport recovery of the shared-γ runs (final round):\n\n"

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.experiments import paper
-from fedhp.experiments.common import Job, ReproOptions, method_job, run_jobs
+from fedhp.experiments.common import (
+    Job,
+    ReproOptions,
+    method_job,
+    normalization_of,
+    run_jobs,
+)
 from fedhp.reporting import plot_curves, read_rows, write_json_atomic
 
 NAME = "sfedhp-figures"
@@ -163,7 +169,11 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     wanted = opts.methods  # here: a subset of fig2..fig5
     all_jobs = jobs(opts)
     runs_dir = opts.runs_dir(NAME)
-    report: dict[str, Any] = {"zero_threshold": zero_threshold(opts), "rounds": opts.rounds}
+    report: dict[str, Any] = {
+        "zero_threshold": zero_threshold(opts),
+        "rounds": opts.rounds,
+        "normalize": normalization_of(opts.dataset, opts.extra),
+    }
     report["figures"] = {}
     sub = ReproOptions(**{**opts.__dict__, "methods": None})
     for fig, fig_jobs in all_jobs.items():

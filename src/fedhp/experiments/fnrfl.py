@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_keyed
+from fedhp.experiments.common import (
+    ReproOptions,
+    inputs_text,
+    markdown_table,
+    mean_std,
+    run_keyed,
+)
 from fedhp.experiments.figures import read_metrics
 from fedhp.reporting import plot_curves, write_json_atomic
 
@@ -127,6 +133,17 @@ def model_of(opts: ReproOptions) -> str:
     if model not in MODELS:
         raise ConfigError(f"--model: fnrfl-table2 runs {', '.join(MODELS)}; got {model!r}")
     return model
+
+
+def feature_sigma(opts: ReproOptions) -> float:
+    """The feature-skew σ in pixel units: ``NOISE``, or a ``partition.noise=`` override (given
+    in fedhp's normalized units) converted back."""
+    sigma = NOISE
+    for item in opts.extra:
+        key, _, value = item.partition("=")
+        if key.strip() == "partition.noise":
+            sigma = float(value) * PIXEL_STD[opts.dataset]
+    return sigma
 
 
 def skew_overrides(skew: str, dataset: str) -> list[str]:
@@ -266,41 +283,40 @@ def _cell(stat: dict[str, float], digits: int = 4) -> str:
     return text if stat["std"] == 0 else f"{text} ± {stat['std']:.{digits}f}"
 
 
-def markdown(rows: list[dict[str, Any]], model: str) -> str:
-    """Table 2/3 side by side: measured (global balanced accuracy) and the paper's CIFAR-10."""
+def markdown(rows: list[dict[str, Any]], model: str, dataset: str = "cifar10") -> str:
+    """Table 2/3 side by side: measured (global balanced accuracy) and, for CIFAR-10 only, the
+    paper's CIFAR-10 accuracy and time (its setting: full data, E_train = 10, E_re = 5, lr 0.1).
+    Another dataset's table has no paper columns: the paper ran CIFAR-10 only."""
     paper_model = "vgg11" if model == "vgg11" else "resnet18"
-    header = [
-        "skew",
-        "method",
-        "acc (final)",
-        "acc (best)",
-        f"paper CIFAR-10 {paper_model}",
-        "traffic MB",
-        "paper-convention MB",
-        "time s",
-        "κ",
-        "ρ",
-        "paper time s (ResNet-18)",
-    ]
+    with_paper = dataset == "cifar10"
+    header = ["skew", "method", "acc (final)", "acc (best)"]
+    if with_paper:
+        header.append(f"paper CIFAR-10 {paper_model} (full scale)")
+    header += ["traffic MB", "paper-convention MB", "time s", "κ", "ρ"]
+    if with_paper:
+        header.append("paper time s (ResNet-18, its GPU)")
     body = []
     for r in rows:
         paper = r["paper_acc"][paper_model] if r["paper_acc"] else None
         ptime = PAPER_TIME_S.get(r["method"], {}).get(r["skew"])
-        body.append(
-            [
-                r["skew"],
-                r["label"] + (" ⚠ test leak" if r["test_leak"] else ""),
-                _cell(r["acc"]),
-                _cell(r["best_acc"]),
-                "—" if paper is None else f"{paper:.4f}",
-                _cell(r["traffic_mb"], 1),
-                f"{r['paper_convention_traffic_mb']:.1f}",
-                _cell(r["time_s"], 1),
-                _cell(r["kappa"], 2),
-                _cell(r["rho"], 2),
-                "—" if ptime is None else f"{ptime:.0f}",
-            ]
-        )
+        line = [
+            r["skew"],
+            r["label"] + (" ⚠ test leak" if r["test_leak"] else ""),
+            _cell(r["acc"]),
+            _cell(r["best_acc"]),
+        ]
+        if with_paper:
+            line.append("—" if paper is None else f"{paper:.4f}")
+        line += [
+            _cell(r["traffic_mb"], 1),
+            f"{r['paper_convention_traffic_mb']:.1f}",
+            _cell(r["time_s"], 1),
+            _cell(r["kappa"], 2),
+            _cell(r["rho"], 2),
+        ]
+        if with_paper:
+            line.append("—" if ptime is None else f"{ptime:.0f}")
+        body.append(line)
     return markdown_table(header, body)
 
 
@@ -324,13 +340,15 @@ def describe(opts: ReproOptions) -> str:
         f"{opts.dataset} ({data}), {NUM_CLIENTS} clients all active, {MODEL_TEXT[model]}; "
         f"T = {rounds}, E_train = {scale.epochs}, E_re = {scale.refine_epochs}, SGD lr 0.1, "
         f"batch 64 (refinement 32), p = 0.5, λ = 0.1 (differentiable regularizer), "
-        f"sample-weighted averaging; feature skew σ = {NOISE} (pixel units) resampled at every "
+        f"sample-weighted averaging; feature skew σ = {feature_sigma(opts):.3g} (pixel units) "
+        "resampled at every "
         f"access; label skew Dir(0.5) with ≥ 10 samples; quantity skew Dir(0.5); {public}. "
         f"acc = final-round global accuracy as the mean of per-class accuracies (the paper's), "
         f"mean over seeds 0..{opts.seeds - 1}; time = wall seconds for the whole run "
         f"(evaluation every round included), torch threads = {opts.threads}, {opts.jobs} runs at "
-        f"once (machine: {os.cpu_count()} CPUs, torch {torch.__version__})."
-    )
+        f"once (machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"{inputs_text(opts.dataset, opts.extra)}"
+    ).rstrip()
 
 
 def reproduce(opts: ReproOptions) -> dict[str, Any]:
@@ -388,7 +406,7 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
             "global balanced accuracy (seed 0)",
             f"FNR-FL Table 2, {opts.dataset}, {skew} skew{' (test leak)' if opts.leak else ''}",
         )
-    text = markdown(rows, model_of(opts))
+    text = markdown(rows, model_of(opts), opts.dataset)
     result = {
         "dataset": opts.dataset,
         "model": model_of(opts),

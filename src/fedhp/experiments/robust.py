@@ -37,6 +37,7 @@ from fedhp.errors import ConfigError
 from fedhp.experiments.common import (
     MODELS,
     ReproOptions,
+    inputs_text,
     markdown_table,
     mean_std,
     run_keyed,
@@ -288,8 +289,9 @@ def describe(opts: ReproOptions, wall: float) -> str:
         f"(the union of the clients' test sets), mean over seeds 0..{opts.seeds - 1}; † a run "
         f"stopped on a non-finite loss (its last evaluated accuracy). torch threads = "
         f"{opts.threads}, {opts.jobs} run(s) at once, {wall:.0f} s of runs in all (machine: "
-        f"{os.cpu_count()} CPUs, torch {torch.__version__})."
-    )
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"{inputs_text(opts.dataset, opts.extra)}"
+    ).rstrip()
 
 
 def figures(out: Path, results: dict[tuple[Row, Case], dict[str, Any]], rows: list[Row]) -> None:

@@ -23,7 +23,14 @@ from collections.abc import Callable
 from typing import Any
 
 from fedhp.experiments import paper
-from fedhp.experiments.common import Job, ReproOptions, markdown_table, method_job, run_jobs
+from fedhp.experiments.common import (
+    Job,
+    ReproOptions,
+    inputs_text,
+    markdown_table,
+    method_job,
+    run_jobs,
+)
 from fedhp.reporting import write_json_atomic
 
 NAME = "sfedhp-tune"
@@ -162,7 +169,8 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     text = (
         f"# Validation tuning — {opts.dataset} Setting {opts.setting}, T = {opts.rounds}\n\n"
         f"{val} validation samples per class (unused training samples, each client's label "
-        "mix). Score = final-round validation accuracy.\n\n"
+        "mix). Score = final-round validation accuracy. "
+        f"{inputs_text(opts.dataset, opts.extra)}\n\n"
         + markdown_table(
             ["method", "value", "metric", "score (%)", "val GM (%)", "val PM (%)"], lines
         )
