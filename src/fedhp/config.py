@@ -372,10 +372,10 @@ def with_natural_clients(data: dict[str, Any], user: Mapping[str, Any]) -> dict[
     if "partition" not in user:
         out["partition"] = {"name": "natural"}
     federation = user.get("federation")
-    if not (isinstance(federation, Mapping) and "num_clients" in federation):
-        if out["partition"].get("name") == "natural":
-            source = DATASETS.build(dataset, "dataset")
-            out.setdefault("federation", {})["num_clients"] = source.num_natural_clients()
+    counted = isinstance(federation, Mapping) and "num_clients" in federation
+    if not counted and out["partition"].get("name") == "natural":
+        source = DATASETS.build(dataset, "dataset")
+        out.setdefault("federation", {})["num_clients"] = source.num_natural_clients()
     return out
 
 

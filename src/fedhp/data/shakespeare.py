@@ -526,7 +526,8 @@ class ShakespeareSource(DatasetSource):
 
     Features are uint8 character indices ``[N, seq_len]`` (LEAF's 80 characters, 80 = unknown;
     81 classes); naming it without a partition gives ``partition.name=natural`` and one client
-    per role kept (``federation.num_clients`` may be given only as that number). Plays from ``data_dir`` (a folder of ``*_gut.txt`` files), else
+    per role kept (``federation.num_clients`` may be given only as that number). Plays from
+    ``data_dir`` (a folder of ``*_gut.txt`` files), else
     ``$FEDHP_DATA_DIR``, else where ``make data`` installs them.
     """
 
