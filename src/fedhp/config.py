@@ -374,7 +374,7 @@ def with_natural_clients(data: dict[str, Any], user: Mapping[str, Any]) -> dict[
     federation = user.get("federation")
     counted = isinstance(federation, Mapping) and "num_clients" in federation
     if not counted and out["partition"].get("name") == "natural":
-        source = DATASETS.build(dataset, "dataset")
+        source = DATASETS.build(out["dataset"], "dataset")
         out.setdefault("federation", {})["num_clients"] = source.num_natural_clients()
     return out
 
