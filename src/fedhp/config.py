@@ -165,7 +165,7 @@ class RunConfig(pydantic.BaseModel):
     )
     max_loss: float | None = pydantic.Field(1000.0, gt=0)
     device: str = "cpu"
-    threads: int | None = pydantic.Field(None, gt=0)
+    threads: int | None = pydantic.Field(None, gt=0, le=4096)
     progress: bool = True
     dataset: dict[str, Any]
     partition: dict[str, Any]
