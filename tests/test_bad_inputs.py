@@ -269,6 +269,19 @@ CASES: list[tuple[str, Setup, Callable[[list[str]], list[str]], tuple[str, ...]]
         lambda p: ["run", "--check", *FAST, "subsample.train=5"],
         ("num_clients",),
     ),
+    (
+        "eval-split-val-without-val-data",
+        _none,
+        lambda p: ["run", "--check", *FAST, "eval_split=val"],
+        ("eval_split", "partition.val_per_class"),
+    ),
+    ("threads-huge", _none, lambda p: ["run", "--check", *FAST, "threads=10**14"], ("threads",)),
+    (
+        "threads-beyond-c-int",
+        _none,
+        lambda p: ["run", "--check", *FAST, "threads=100000000000000"],
+        ("threads", "4096"),
+    ),
     # --- resume ---
     (
         "resume-non-run",

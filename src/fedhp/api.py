@@ -119,6 +119,11 @@ def prepare(cfg: RunConfig) -> Experiment:
         hierarchical = ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical
         check_flower_config(cfg, hierarchical)
     exp = build_experiment(cfg)
+    if cfg.eval_split == "val" and int(exp.ctx.fed.val.counts.sum()) == 0:
+        raise ConfigError(
+            "eval_split: val, but the partition gave no client validation data; set "
+            "partition.val_per_class (or val_fraction) above 0, or eval_split=test"
+        )
     note = batch_size_note(exp)
     if note is not None:
         warnings.warn(note, FedhpWarning, stacklevel=2)

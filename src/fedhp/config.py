@@ -181,7 +181,7 @@ class RunConfig(pydantic.BaseModel):
     )
     max_loss: float | None = pydantic.Field(1000.0, gt=0)
     device: str = "cpu"
-    threads: int | None = pydantic.Field(None, gt=0)
+    threads: int | None = pydantic.Field(None, gt=0, le=4096)
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     engine: EngineConfig = EngineConfig()
     progress: bool = True
