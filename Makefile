@@ -13,7 +13,7 @@ FLWR_PIN  := flwr[simulation]==1.41.0
 # The benchmarks' device: `make bench DEVICE=cuda` runs them on the GPU (docs/gpu.md).
 DEVICE    ?= cpu
 
-.PHONY: run test bench bench-scale lint typecheck data clean
+.PHONY: run test test-slow test-all bench bench-scale lint typecheck data clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -50,7 +50,15 @@ data: $(DATA_STAMP)
 run: $(DATA_STAMP)
 	$(BIN)/fedhp run --out runs/default
 
+# make test: everything but the long end-to-end cases (marked `slow`), within ~10 minutes on 2
+# cores; make test-slow: those; make test-all: both (CI runs test, then test-slow).
 test: $(DATA_STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+test-slow: $(DATA_STAMP)
+	$(BIN)/python -m pytest -m slow
+
+test-all: $(DATA_STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(DATA_STAMP)  # the engine against the per-client loop, then the scale runs

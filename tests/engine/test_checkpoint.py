@@ -161,6 +161,7 @@ def test_same_seed_same_results_other_seed_differs(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "timings.csv").read_text().startswith("round,seconds")
 
 
+@pytest.mark.slow
 def test_dropout_runs_are_reproducible(tmp_path: Path) -> None:
     """Dropout draws from torch's global generator, which torch seeds differently in every
     process: each run seeds it from its own seed, so two runs (one process, the global state
@@ -218,9 +219,10 @@ BN = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
-    [[], pytest.param([*BN, "algorithm.buffers=local"], marks=pytest.mark.slow)],
+    [[], [*BN, "algorithm.buffers=local"]],
     ids=["mlr", "batchnorm-local-buffers"],
 )
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path, extra: list[str]) -> None:

@@ -15,8 +15,13 @@ MODELS = {
     "cnn": ["model.name=cnn"],
 }
 
+SLOW_MODELS = ("cnn", "dnn500_200")  # tens of seconds each: `make test-slow`
 
-@pytest.mark.parametrize("name", list(MODELS))
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_MODELS else n for n in MODELS],
+)
 def test_fedavg_round_matches_reference(name: str) -> None:
     steps = 3 if name == "cnn" else 10
     exp = small_experiment(*MODELS[name])

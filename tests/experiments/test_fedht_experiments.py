@@ -102,6 +102,7 @@ def test_libsvm_problem_from_the_file(tmp_path: Path) -> None:
     assert "model.name=linreg" in fedht.problems(opts, str(real))["libsvm"].overrides
 
 
+@pytest.mark.slow
 def test_parallel_runs_give_the_sequential_results(tmp_path: Path, capsys) -> None:
     """``--jobs 2`` runs the experiment's runs in worker processes: same table, same lines."""
     args = ["reproduce", "fedht-noiseless", "dataset.dim=50", "dataset.samples=20", "--rounds", "4"]

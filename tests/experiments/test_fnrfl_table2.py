@@ -94,6 +94,7 @@ def test_row_kappa_rho_and_the_paper_traffic_convention() -> None:
     assert fnrfl.row_of("label", "scaffold+fnrfl", summaries)["paper_acc"] is None
 
 
+@pytest.mark.slow
 def test_end_to_end_on_fabricated_cifar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_cifar(tmp_path / "cifar", per_class=30)
     methods = "fnrfl,fedavg,scaffold+fnrfl"
