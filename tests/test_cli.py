@@ -120,7 +120,7 @@ def test_config_yaml_is_complete_and_reruns_byte_identical(tmp_path: Path) -> No
         fields = registry.get(config[section]["name"]).model_fields
         assert set(config[section]) == {"name", *fields}, section
     assert config["algorithm"]["lr"] == 0.05 and config["algorithm"]["batch_size"] == 20
-    assert config["dataset"] == {"name": "mnist", "data_dir": None}
+    assert config["dataset"] == {"name": "mnist", "data_dir": None, "normalize": "global"}
     assert main(["run", str(first / "config.yaml"), "--out", str(second)]) == 0
     for name in ("metrics.csv", "per_client.csv", "config.yaml"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name

@@ -277,7 +277,7 @@ def check_methods(name: str, opts: Any) -> None:
 
 def _parameter_counts(options: Any) -> str:
     """A model's parameter (and BatchNorm buffer) counts with its default options on MNIST-
-    and CIFAR-shaped inputs with 10 classes."""
+    and CIFAR-shaped inputs with 10 classes (a text model: on Shakespeare's windows)."""
     from fedhp.errors import ConfigError
 
     parts = []
@@ -288,6 +288,12 @@ def _parameter_counts(options: Any) -> str:
             continue
         extra = f" + {model.num_buffers:,} buffers" if model.num_buffers else ""
         parts.append(f"{model.num_params:,} parameters{extra} on {label}")
+    if not parts:  # a sequence model: Shakespeare's 80-character windows, 81 classes
+        try:
+            model = options.build((80,), 81)
+            parts.append(f"{model.num_params:,} parameters on 80-character windows, 81 classes")
+        except ConfigError:
+            pass
     if not parts:
         return "size: depends on the dataset's features (not an image model)"
     return "size: " + "; ".join(parts)
