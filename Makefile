@@ -39,6 +39,7 @@ test: $(DATA_STAMP)
 
 bench: $(DATA_STAMP)  # the engine against the per-client loop, then the scale runs
 	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/bench_lstm.py
 	$(BIN)/python benchmarks/bench_scale.py
 
 bench-scale: $(DATA_STAMP)

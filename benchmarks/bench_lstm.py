@@ -26,7 +26,7 @@ import torch
 
 from fedhp.engine.ops import client_chunk, sgd_steps
 from fedhp.engine.reference import reference_local_sgd
-from fedhp.models import MODELS
+from fedhp.models.lstm import LSTMOptions
 
 VOCAB = 81
 
@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    model = MODELS.get("lstm")(hidden=args.hidden).build((args.seq_len,), VOCAB)
+    model = LSTMOptions(hidden=args.hidden).build((args.seq_len,), VOCAB)
     gen = torch.Generator().manual_seed(0)
     c, b = args.clients, args.batch
     batches = [

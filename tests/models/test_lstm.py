@@ -14,7 +14,7 @@ from fedhp.engine.reference import reference_fedavg_round
 from fedhp.errors import ConfigError
 from fedhp.models import MODELS, BatchedModel
 from fedhp.models.clip import ClippedGradients, clip_gradients
-from fedhp.models.lstm import BatchedLSTM, CharLSTM
+from fedhp.models.lstm import BatchedLSTM, CharLSTM, LSTMOptions
 from fedhp.models.masks import (
     masked_flops,
     num_units,
@@ -23,12 +23,13 @@ from fedhp.models.masks import (
     unit_weight_norms,
     window_unit_mask,
 )
+from fedhp.models.zoo import DNNOptions
 
 V, T = 81, 12
 
 
 def lstm(hidden: int = 16, layers: int = 2, seq_len: int = T) -> BatchedLSTM:
-    model = MODELS.get("lstm")(hidden=hidden, layers=layers).build((seq_len,), V)
+    model = LSTMOptions(hidden=hidden, layers=layers).build((seq_len,), V)
     assert isinstance(model, BatchedLSTM)
     return model
 
@@ -38,7 +39,9 @@ def client_params(model: BatchedModel, clients: int) -> torch.Tensor:
     return torch.stack([model.init_params(seed) for seed in range(clients)])
 
 
-def batch(clients: int, size: int, seq_len: int = T, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def batch(
+    clients: int, size: int, seq_len: int = T, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(0, V, (clients, size, seq_len), dtype=torch.uint8, generator=gen)
     return x, torch.randint(0, V, (clients, size), generator=gen)
@@ -110,9 +113,11 @@ def test_flops_are_what_the_kernels_compute() -> None:
     counter = FlopCounterMode(display=False)
     with counter:
         model.loss_and_grad(flat, x, y)
-    assert counter.get_total_flops() == model.train_flops_per_sample() == 3 * sum(
-        per_layer
-    ) + 3 * (2 * h * V)
+    assert (
+        counter.get_total_flops()
+        == model.train_flops_per_sample()
+        == 3 * sum(per_layer) + 3 * (2 * h * V)
+    )
 
 
 def test_options_need_sequences() -> None:
@@ -126,7 +131,7 @@ def test_options_need_sequences() -> None:
 def reference_clipped_sgd(
     model: BatchedModel,
     flat: torch.Tensor,
-    batches: list[tuple[torch.Tensor, ...]],
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
     lr: float,
     max_norm: float,
 ) -> torch.Tensor:
@@ -152,7 +157,7 @@ def test_clipped_steps_equal_clip_grad_norm_then_sgd(name: str) -> None:
         model: BatchedModel = lstm(hidden=8)
         batches = [batch(4, 5, seed=s) for s in range(3)]
     else:
-        model = MODELS.get("dnn")(hidden=[7]).build((6,), 3)
+        model = DNNOptions(hidden=[7]).build((6,), 3)
         gen = torch.Generator().manual_seed(1)
         batches = [
             (torch.randn(4, 5, 6, generator=gen) * (1 + 3 * s), torch.randint(0, 3, (4, 5)))
@@ -179,9 +184,8 @@ def test_clipped_steps_equal_clip_grad_norm_then_sgd(name: str) -> None:
 def test_clipping_off_leaves_the_model_alone() -> None:
     """Without ``clip_grad_norm`` the algorithm does not touch the model: its class (and so
     every step, the fused ones included) is the same, and the results are byte-identical."""
-    from tests.models.test_lstm_methods import BASE
-
     from fedhp.api import prepare, resolve
+    from tests.models.test_lstm_methods import BASE
 
     cfg = resolve({**BASE, "algorithm": {"name": "fedavg"}})
     exp = prepare(cfg)
@@ -244,7 +248,8 @@ def test_masked_lstm_is_the_smaller_lstm(structural: bool) -> None:
     assert int(dropped.sum()) == model.num_params - small.num_params - (0 if structural else 48)
 
     def draw(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
-        return (*batch(1, 6, seed=step), None)
+        x, y = batch(1, 6, seed=step)
+        return x, y, None
 
     trained, _ = weighted_sgd_steps(model, flat, draw, 3, 0.5, mask=pm)
     assert trained[0, dropped].abs().max() == 0
@@ -279,7 +284,8 @@ def test_unit_scores_and_windows() -> None:
     grad = torch.randn_like(flat)
     sig = unit_mask_grad(model, flat, grad, structural=False)
     prod = model.layout.unflatten(flat * grad)
-    expect = sum(prod[f"lstm.weight_{k}_l0"][:, rows].sum((1, 2)) for k in ("ih", "hh"))
+    expect = prod["lstm.weight_ih_l0"][:, rows].sum((1, 2))
+    expect = expect + prod["lstm.weight_hh_l0"][:, rows].sum((1, 2))
     expect = expect + prod["lstm.weight_hh_l0"][:, :, j].sum(1)
     expect = expect + prod["lstm.weight_ih_l1"][:, :, j].sum(1)
     torch.testing.assert_close(sig[:, j], expect)

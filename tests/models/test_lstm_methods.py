@@ -11,7 +11,7 @@ import torch
 from fedhp.api import run
 from fedhp.data.sources import DATASETS, DatasetSource
 from fedhp.data.types import DatasetArrays
-from fedhp.models import MODELS
+from fedhp.models.lstm import LSTMOptions
 
 CLIENTS, SEQ, VOCAB = 4, 10, 81
 
@@ -88,7 +88,7 @@ def test_one_round_on_the_lstm(
     last = result.metrics[-1]
     finite = [v for k, v in last.items() if isinstance(v, float) and "loss" in k]
     assert finite and all(math.isfinite(v) for v in finite), last
-    model = MODELS.get("lstm")(hidden=8).build((SEQ,), VOCAB)
+    model = LSTMOptions(hidden=8).build((SEQ,), VOCAB)
     init = model.init_params(0)
     moved = [
         float((t.float() - init).abs().max())
