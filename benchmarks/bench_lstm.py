@@ -10,9 +10,14 @@ minibatches. Timings are the median of interleaved repeats. ``gflops`` is the ar
 computed per second (the model's training FLOPs per sample × the samples); ``chunk`` the clients
 the engine trains at once (:func:`fedhp.engine.ops.client_chunk`).
 
-Usage: python benchmarks/bench_lstm.py [--clients 20] [--hidden 256] [--seq-len 80] [--batch 10]
+Two sizes by default (``--sizes CLIENTSxHIDDEN ...``): LEAF's (20 clients × 256 units) and a
+small model for many clients (100 × 16), where the per-client loop's fixed cost per step dominates.
+The reference's ``nn.LSTM`` runs PyTorch's oneDNN LSTM kernel on the CPU (``mkldnn_rnn_layer``:
+gate math fused, weights packed once per sequence), a strong baseline at LEAF's size.
+
+Usage: python benchmarks/bench_lstm.py [--sizes 20x256 100x16] [--seq-len 80] [--batch 10]
   [--steps 3] [--repeats 3] [--threads N]
-Output: one line,
+Output: one line per size,
   bench lstm batched_s_per_step=… reference_s_per_step=… speedup=… gflops=… threads=… ...
 """
 
@@ -33,8 +38,7 @@ VOCAB = 81
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--sizes", nargs="+", default=["20x256", "100x16"], help="CLIENTSxHIDDEN")
     ap.add_argument("--seq-len", type=int, default=80)
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--steps", type=int, default=3)
@@ -43,9 +47,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    model = LSTMOptions(hidden=args.hidden).build((args.seq_len,), VOCAB)
+    for size in args.sizes:
+        clients, hidden = (int(v) for v in size.split("x"))
+        bench(args, clients, hidden)
+
+
+def bench(args: argparse.Namespace, clients: int, hidden: int) -> None:
+    """Time one size and print its line."""
+    model = LSTMOptions(hidden=hidden).build((args.seq_len,), VOCAB)
     gen = torch.Generator().manual_seed(0)
-    c, b = args.clients, args.batch
+    c, b = clients, args.batch
     batches = [
         (
             torch.randint(0, VOCAB, (c, b, args.seq_len), dtype=torch.uint8, generator=gen),
@@ -77,7 +88,7 @@ def main() -> None:
         f"bench lstm batched_s_per_step={bat:.4f} reference_s_per_step={ref:.4f} "
         f"speedup={ref / bat:.2f} gflops={flops / bat / 1e9:.2f} "
         f"reference_gflops={flops / ref / 1e9:.2f} threads={torch.get_num_threads()} "
-        f"clients={c} hidden={args.hidden} seq_len={args.seq_len} batch={b} "
+        f"clients={c} hidden={hidden} seq_len={args.seq_len} batch={b} "
         f"chunk={client_chunk(model.num_params, c)} max_abs_diff={diff:.1e}",
         flush=True,
     )

@@ -68,6 +68,9 @@ METHODS: dict[str, dict[str, object]] = {
     "ditto": {"local_steps": 3},
     "fedper": {"local_steps": 3},
     "fedlps": {"local_steps": 3, "ratio": "fixed", "rounds": 1},
+    # the other unit-mask methods, through the same hidden-unit groups
+    "heterofl": {"local_steps": 3},
+    "lotteryfl": {"local_steps": 3},
 }
 
 
