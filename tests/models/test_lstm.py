@@ -13,6 +13,7 @@ from fedhp.engine.ops import sgd_steps, weighted_mean, weighted_sgd_steps
 from fedhp.engine.reference import reference_fedavg_round
 from fedhp.errors import ConfigError
 from fedhp.models import MODELS, BatchedModel
+from fedhp.models import lstm as lstm_module
 from fedhp.models.clip import ClippedGradients, clip_gradients
 from fedhp.models.lstm import BatchedLSTM, CharLSTM, LSTMOptions
 from fedhp.models.masks import (
@@ -47,10 +48,19 @@ def batch(
     return x, torch.randint(0, V, (clients, size), generator=gen)
 
 
+@pytest.fixture(params=["bmm", "fused"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both CPU forms of the recurrence: batched over clients (``bmm``) and per client through
+    PyTorch's fused LSTM kernel (``fused``), chosen by the hidden-size threshold."""
+    monkeypatch.setattr(lstm_module, "FUSED_MIN_HIDDEN", 1 if request.param == "fused" else 10**9)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("layers", [1, 2, 3])
-def test_forward_and_gradients_equal_the_reference_module(layers: int) -> None:
+def test_forward_and_gradients_equal_the_reference_module(layers: int, path: str) -> None:
     """float32, atol = rtol = 1e-5, for 3 clients with different parameters."""
     model = lstm(layers=layers)
+    assert model.fused(torch.device("cpu")) == (path == "fused")
     flat = client_params(model, 3)
     x, y = batch(3, 5)
     logits = model.forward(flat, x)
@@ -74,7 +84,7 @@ def test_layout_is_the_reference_modules() -> None:
     assert names[0] == "embedding.weight" and names[-2:] == ["fc.weight", "fc.bias"]
 
 
-def test_float_indices_and_features() -> None:
+def test_float_indices_and_features(path: str) -> None:
     """The engine may hold the indices as float32: same logits; features are the head's input."""
     model = lstm()
     flat = client_params(model, 2)
@@ -84,7 +94,7 @@ def test_float_indices_and_features() -> None:
     assert feats.shape == (2, 4, 16)
 
 
-def test_fedavg_round_equals_the_per_client_reference_path() -> None:
+def test_fedavg_round_equals_the_per_client_reference_path(path: str) -> None:
     model = lstm(hidden=8)
     w0 = model.init_params(0)
     batches = [batch(4, 6, seed=s) for s in range(4)]
@@ -118,6 +128,12 @@ def test_flops_are_what_the_kernels_compute() -> None:
         == model.train_flops_per_sample()
         == 3 * sum(per_layer) + 3 * (2 * h * V)
     )
+
+
+def test_the_fused_kernel_is_used_from_the_threshold_on_cpu() -> None:
+    assert lstm(hidden=lstm_module.FUSED_MIN_HIDDEN).fused(torch.device("cpu"))
+    assert not lstm(hidden=lstm_module.FUSED_MIN_HIDDEN - 1).fused(torch.device("cpu"))
+    assert not lstm(hidden=lstm_module.FUSED_MIN_HIDDEN).fused(torch.device("meta"))
 
 
 def test_options_need_sequences() -> None:

@@ -11,6 +11,7 @@ import torch
 from fedhp.api import run
 from fedhp.data.sources import DATASETS, DatasetSource
 from fedhp.data.types import DatasetArrays
+from fedhp.models import lstm
 from fedhp.models.lstm import LSTMOptions
 
 CLIENTS, SEQ, VOCAB = 4, 10, 81
@@ -74,16 +75,23 @@ METHODS: dict[str, dict[str, object]] = {
 }
 
 
-CASES = [(m, None) for m in METHODS] + [(m, 0.05) for m in ("fedavg", "pfedme", "fedlps")]
+CASES = (
+    [(m, None, "bmm") for m in METHODS]
+    + [(m, 0.05, "bmm") for m in ("fedavg", "pfedme", "fedlps")]
+    + [(m, None, "fused") for m in METHODS]
+)
 
 
-@pytest.mark.parametrize(("method", "clip"), CASES)
+@pytest.mark.parametrize(("method", "clip", "path"), CASES)
 def test_one_round_on_the_lstm(
-    method: str, clip: float | None, monkeypatch: pytest.MonkeyPatch
+    method: str, clip: float | None, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finite losses after the round and a trained model that moved (with and without
-    ``clip_grad_norm`` for the three kinds of local step: FedAvg's, pFedMe's, FedLPS's)."""
+    ``clip_grad_norm`` for the three kinds of local step: FedAvg's, pFedMe's, FedLPS's), with
+    the recurrence batched over clients (``bmm``) and per client through PyTorch's fused LSTM
+    kernel (``fused``, the CPU form from ``FUSED_MIN_HIDDEN`` hidden units on)."""
     monkeypatch.setattr("fedhp.engine.runner.plot_run", lambda *args, **kwargs: None)  # speed
+    monkeypatch.setattr(lstm, "FUSED_MIN_HIDDEN", 1 if path == "fused" else 10**9)
     algorithm = {"name": method, "batch_size": 4, "lr": 0.5, **METHODS[method]}
     if clip is not None:
         algorithm["clip_grad_norm"] = clip

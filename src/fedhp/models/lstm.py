@@ -7,6 +7,13 @@ of the flat ``[C, P]`` tensor, laid out as the reference ``nn.Module``'s ``named
 (``embedding.weight``, ``lstm.weight_ih_l0``, ``lstm.weight_hh_l0``, ``lstm.bias_ih_l0``,
 ``lstm.bias_hh_l0``, ... , ``fc.weight``, ``fc.bias``; PyTorch's gate order i, f, g, o).
 
+On the CPU from :data:`FUSED_MIN_HIDDEN` (32) hidden units on, each client's layers run through
+``torch.lstm`` (what ``nn.LSTM`` calls: oneDNN's fused LSTM kernel, whose 10-row recurrent
+products beat MKL's ``bmm`` of the same sizes) on that client's weight views, autograd supplying
+the backward; the embedding lookup, output layer, loss and the SGD update of all ``[C, P]`` rows
+stay batched. Below it, and on other devices, the batched form below (measured with
+``benchmarks/bench_lstm.py``; results in docs/results/bench-lstm.txt).
+
 The batched forward runs every client at once: the embedding is one lookup in the clients'
 stacked tables, each layer's input projection for all time steps is one ``baddbmm`` over the
 client dimension, and the recurrence is one ``baddbmm`` per time step (``[C, B, 4H]`` gates).
@@ -33,6 +40,10 @@ from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel, FeatureNet
 from fedhp.models.masks import UnitGroup
 from fedhp.models.zoo import MODELS, ModelOptions
+
+FUSED_MIN_HIDDEN = 32
+"""From this many hidden units on, the CPU forward runs each client through the fused kernel
+(:meth:`BatchedLSTM.fused`)."""
 
 
 class CharLSTM(FeatureNet):
@@ -176,6 +187,52 @@ class BatchedLSTM(BatchedModel):
 
     def _features(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The last layer's output at the last time step ``[C, B, H]``."""
+        if self.fused(x.device):
+            return self._features_fused(params, x)
+        return self._features_bmm(params, x)
+
+    def fused(self, device: torch.device) -> bool:
+        """Whether the recurrence runs through PyTorch's fused LSTM kernel, one client at a time
+        (:meth:`_features_fused`) rather than batched over clients (:meth:`_features_bmm`): on
+        the CPU from :data:`FUSED_MIN_HIDDEN` hidden units on (measured, ``bench_lstm.py``)."""
+        return device.type == "cpu" and self.hidden >= FUSED_MIN_HIDDEN
+
+    def _features_fused(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """:meth:`_features` with each client's layers through ``torch.lstm`` (what ``nn.LSTM``
+        calls: oneDNN's fused LSTM on the CPU) on that client's weight views; the embedding
+        lookup stays batched and autograd supplies the backward."""
+        table = params["embedding.weight"]  # [C, V, E]
+        c, v, e = table.shape
+        b = x.shape[1]
+        idx = x.long().transpose(1, 2)  # [C, T, B]: the kernel's time-major layout
+        idx = idx + torch.arange(c, device=x.device).mul_(v).view(c, 1, 1)
+        seq = F.embedding(idx, table.reshape(c * v, e))  # [C, T, B, E]
+        names = [
+            f"lstm.{k}_l{layer}"
+            for layer in range(self.layers)
+            for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        ]
+        weights = [params[n].unbind(0) for n in names]  # unbind: its backward is one stack
+        zeros = seq.new_zeros(self.layers, b, self.hidden)
+        train = torch.is_grad_enabled()
+        outs = [
+            torch.lstm(
+                seq_c,
+                (zeros, zeros),
+                [w[ci] for w in weights],
+                True,
+                self.layers,
+                0.0,
+                train,
+                False,
+                False,
+            )[0][-1]
+            for ci, seq_c in enumerate(seq.unbind(0))
+        ]
+        return torch.stack(outs)
+
+    def _features_bmm(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """:meth:`_features` batched over clients (one ``baddbmm`` per step, module docstring)."""
         table = params["embedding.weight"]  # [C, V, E]
         c, v, e = table.shape
         b, t_len = x.shape[1], x.shape[2]
