@@ -14,7 +14,7 @@ Two sizes by default (``--sizes CLIENTSxHIDDEN ...``): LEAF's (20 clients × 256
 small model for many clients (100 × 16), where the per-client loop's fixed cost per step dominates.
 The reference's ``nn.LSTM`` runs PyTorch's oneDNN LSTM kernel on the CPU (``mkldnn_rnn_layer``:
 gate math fused, weights packed once per sequence), a strong baseline at LEAF's size; from
-``FUSED_MIN_HIDDEN`` (32) hidden units on the engine runs each client's layers through the same
+``FUSED_MIN_HIDDEN`` (64) hidden units on the engine runs each client's layers through the same
 kernel (``path=fused``), below it batched over clients (``path=bmm``). The line also times the
 engine's other form (``bmm_s_per_step`` / ``fused_s_per_step``), interleaved with the two others.
 

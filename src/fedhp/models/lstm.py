@@ -7,9 +7,9 @@ of the flat ``[C, P]`` tensor, laid out as the reference ``nn.Module``'s ``named
 (``embedding.weight``, ``lstm.weight_ih_l0``, ``lstm.weight_hh_l0``, ``lstm.bias_ih_l0``,
 ``lstm.bias_hh_l0``, ... , ``fc.weight``, ``fc.bias``; PyTorch's gate order i, f, g, o).
 
-On the CPU from :data:`FUSED_MIN_HIDDEN` (32) hidden units on, each client's layers run through
-``torch.lstm`` (what ``nn.LSTM`` calls: oneDNN's fused LSTM kernel, whose 10-row recurrent
-products beat MKL's ``bmm`` of the same sizes) on that client's weight views, autograd supplying
+On the CPU from :data:`FUSED_MIN_HIDDEN` (64) hidden units on, each client's layers run through
+``torch.lstm`` (what ``nn.LSTM`` calls: oneDNN's fused LSTM kernel, measured faster there
+than the ``bmm`` recurrence below) on that client's weight views, autograd supplying
 the backward; the embedding lookup, output layer, loss and the SGD update of all ``[C, P]`` rows
 stay batched. Below it, and on other devices, the batched form below (measured with
 ``benchmarks/bench_lstm.py``; results in docs/results/bench-lstm.txt).
@@ -41,7 +41,7 @@ from fedhp.models.base import BatchedModel, FeatureNet
 from fedhp.models.masks import UnitGroup
 from fedhp.models.zoo import MODELS, ModelOptions
 
-FUSED_MIN_HIDDEN = 32
+FUSED_MIN_HIDDEN = 64
 """From this many hidden units on, the CPU forward runs each client through the fused kernel
 (:meth:`BatchedLSTM.fused`)."""
 
@@ -204,9 +204,8 @@ class BatchedLSTM(BatchedModel):
         table = params["embedding.weight"]  # [C, V, E]
         c, v, e = table.shape
         b = x.shape[1]
-        idx = x.long().transpose(1, 2)  # [C, T, B]: the kernel's time-major layout
-        idx = idx + torch.arange(c, device=x.device).mul_(v).view(c, 1, 1)
-        seq = F.embedding(idx, table.reshape(c * v, e))  # [C, T, B, E]
+        idx = x.long() + torch.arange(c, device=x.device).mul_(v).view(c, 1, 1)
+        seq = F.embedding(idx, table.reshape(c * v, e))  # [C, B, T, E]
         names = [
             f"lstm.{k}_l{layer}"
             for layer in range(self.layers)
@@ -225,8 +224,8 @@ class BatchedLSTM(BatchedModel):
                 0.0,
                 train,
                 False,
-                False,
-            )[0][-1]
+                True,
+            )[0][:, -1]
             for ci, seq_c in enumerate(seq.unbind(0))
         ]
         return torch.stack(outs)
