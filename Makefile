@@ -63,6 +63,7 @@ test-all: $(DATA_STAMP)
 
 bench: $(DATA_STAMP)  # the engine against the per-client loop, then the scale runs
 	$(BIN)/python benchmarks/bench_engine.py --device $(DEVICE)
+	$(BIN)/python benchmarks/bench_lstm.py
 	$(BIN)/python benchmarks/bench_scale.py --device $(DEVICE)
 
 bench-scale: $(DATA_STAMP)

@@ -11,7 +11,8 @@ import torch
 from fedhp.api import run
 from fedhp.data.sources import DATASETS, DatasetSource
 from fedhp.data.types import DatasetArrays
-from fedhp.models import MODELS
+from fedhp.models import lstm
+from fedhp.models.lstm import LSTMOptions
 
 CLIENTS, SEQ, VOCAB = 4, 10, 81
 
@@ -68,19 +69,29 @@ METHODS: dict[str, dict[str, object]] = {
     "ditto": {"local_steps": 3},
     "fedper": {"local_steps": 3},
     "fedlps": {"local_steps": 3, "ratio": "fixed", "rounds": 1},
+    # the other unit-mask methods, through the same hidden-unit groups
+    "heterofl": {"local_steps": 3},
+    "lotteryfl": {"local_steps": 3},
 }
 
 
-CASES = [(m, None) for m in METHODS] + [(m, 0.05) for m in ("fedavg", "pfedme", "fedlps")]
+CASES = (
+    [(m, None, "bmm") for m in METHODS]
+    + [(m, 0.05, "bmm") for m in ("fedavg", "pfedme", "fedlps")]
+    + [(m, None, "fused") for m in METHODS]
+)
 
 
-@pytest.mark.parametrize(("method", "clip"), CASES)
+@pytest.mark.parametrize(("method", "clip", "path"), CASES)
 def test_one_round_on_the_lstm(
-    method: str, clip: float | None, monkeypatch: pytest.MonkeyPatch
+    method: str, clip: float | None, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Finite losses after the round and a trained model that moved (with and without
-    ``clip_grad_norm`` for the three kinds of local step: FedAvg's, pFedMe's, FedLPS's)."""
+    ``clip_grad_norm`` for the three kinds of local step: FedAvg's, pFedMe's, FedLPS's), with
+    the recurrence batched over clients (``bmm``) and per client through PyTorch's fused LSTM
+    kernel (``fused``, the CPU form from ``FUSED_MIN_HIDDEN`` hidden units on)."""
     monkeypatch.setattr("fedhp.engine.runner.plot_run", lambda *args, **kwargs: None)  # speed
+    monkeypatch.setattr(lstm, "FUSED_MIN_HIDDEN", 1 if path == "fused" else 10**9)
     algorithm = {"name": method, "batch_size": 4, "lr": 0.5, **METHODS[method]}
     if clip is not None:
         algorithm["clip_grad_norm"] = clip
@@ -88,7 +99,7 @@ def test_one_round_on_the_lstm(
     last = result.metrics[-1]
     finite = [v for k, v in last.items() if isinstance(v, float) and "loss" in k]
     assert finite and all(math.isfinite(v) for v in finite), last
-    model = MODELS.get("lstm")(hidden=8).build((SEQ,), VOCAB)
+    model = LSTMOptions(hidden=8).build((SEQ,), VOCAB)
     init = model.init_params(0)
     moved = [
         float((t.float() - init).abs().max())

@@ -7,6 +7,13 @@ of the flat ``[C, P]`` tensor, laid out as the reference ``nn.Module``'s ``named
 (``embedding.weight``, ``lstm.weight_ih_l0``, ``lstm.weight_hh_l0``, ``lstm.bias_ih_l0``,
 ``lstm.bias_hh_l0``, ... , ``fc.weight``, ``fc.bias``; PyTorch's gate order i, f, g, o).
 
+On the CPU from :data:`FUSED_MIN_HIDDEN` (64) hidden units on, each client's layers run through
+``torch.lstm`` (what ``nn.LSTM`` calls: oneDNN's fused LSTM kernel, measured faster there
+than the ``bmm`` recurrence below) on that client's weight views, autograd supplying
+the backward; the embedding lookup, output layer, loss and the SGD update of all ``[C, P]`` rows
+stay batched. Below it, and on other devices, the batched form below (measured with
+``benchmarks/bench_lstm.py``; results in docs/results/bench-lstm.txt).
+
 The batched forward runs every client at once: the embedding is one lookup in the clients'
 stacked tables, each layer's input projection for all time steps is one ``baddbmm`` over the
 client dimension, and the recurrence is one ``baddbmm`` per time step (``[C, B, 4H]`` gates).
@@ -34,6 +41,10 @@ from fedhp.models.base import BatchedModel, FeatureNet
 from fedhp.models.masks import UnitGroup
 from fedhp.models.zoo import MODELS, ModelOptions
 
+FUSED_MIN_HIDDEN = 64
+"""From this many hidden units on, the CPU forward runs each client through the fused kernel
+(:meth:`BatchedLSTM.fused`)."""
+
 
 class CharLSTM(FeatureNet):
     """The reference module: ``nn.Embedding`` → ``nn.LSTM(batch_first=True)`` → ``nn.Linear`` on
@@ -53,40 +64,31 @@ class CharLSTM(FeatureNet):
         return self.fc(h)
 
 
-def _gate_derivative(act: torch.Tensor, hidden: int) -> torch.Tensor:
-    """d(activation)/d(pre-activation) of the gates ``act [.., 4H]`` (σ' = s(1-s) for i, f, o;
-    tanh' = 1 - g² for g)."""
-    out = act * (1 - act)
-    g = act[..., 2 * hidden : 3 * hidden]
-    out[..., 2 * hidden : 3 * hidden] = 1 - g * g
-    return out
-
-
 def _run(
     xproj: torch.Tensor, w_hh: torch.Tensor, keep: bool
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The recurrence from h₀ = c₀ = 0: outputs ``[C, T, B, H]`` for the input projections
-    ``xproj [C, T, B, 4H]`` (biases included) and recurrent weights ``w_hh [C, 4H, H]``; with
-    ``keep``, each step's gate activations, cell state and tanh(cell state) (for the backward)."""
+    ``xproj [C, T, B, 4H]`` (biases included) and the recurrent weights ``w_hh [C, 4H, H]``;
+    with ``keep``, each step's sigmoid of all gates, tanh of the g gate, cell state and
+    tanh(cell state) (for the backward). Each step reads and writes ``[C, B, ..]`` slices of the
+    client-major tensors (contiguous per client)."""
     c_, t_len, b, g4 = xproj.shape
     hidden = g4 // 4
-    w_t = w_hh.transpose(1, 2)
-    hs = xproj.new_empty(c_, t_len, b, hidden)
+    w_t = w_hh.transpose(1, 2).contiguous()  # once: bmm would copy a transposed operand each step
+    outs: list[torch.Tensor] = []
     kept: list[torch.Tensor] = []
-    h: torch.Tensor | None = None
     c: torch.Tensor | None = None
     for t in range(t_len):
-        gates = xproj[:, t] if h is None else torch.baddbmm(xproj[:, t], h, w_t)
-        act = torch.sigmoid(gates)
-        act[..., 2 * hidden : 3 * hidden] = gates[..., 2 * hidden : 3 * hidden].tanh()
-        i, f, g, o = act.chunk(4, dim=-1)
+        gates = xproj[:, t] if t == 0 else torch.baddbmm(xproj[:, t], outs[-1], w_t)
+        sig = torch.sigmoid(gates)  # i, f, o (the g block's sigmoid is not used)
+        g = torch.tanh(gates[..., 2 * hidden : 3 * hidden])
+        i, f, o = sig[..., :hidden], sig[..., hidden : 2 * hidden], sig[..., 3 * hidden :]
         c = i * g if c is None else torch.addcmul(i * g, f, c)
-        tc = c.tanh()
-        h = o * tc
-        hs[:, t] = h
+        tc = torch.tanh(c)
+        outs.append(o * tc)
         if keep:
-            kept += [act, c, tc]
-    return hs, kept
+            kept += [sig, g, c, tc]
+    return torch.stack(outs, dim=1), kept
 
 
 class _Recurrence(torch.autograd.Function):
@@ -102,28 +104,35 @@ class _Recurrence(torch.autograd.Function):
     def backward(ctx: Any, d_hs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         w_hh, hs, *kept = ctx.saved_tensors
         c_, t_len, b, hidden = hs.shape
-        d_pre = hs.new_empty(c_, t_len, b, 4 * hidden)
+        d_pre: list[torch.Tensor] = []  # d loss / d gate pre-activations, from the last step
         dh: torch.Tensor | None = None
         dc: torch.Tensor | None = None
+        blocks = [slice(k * hidden, (k + 1) * hidden) for k in range(4)]
         for t in reversed(range(t_len)):
-            act, _, tc = kept[3 * t : 3 * t + 3]
-            i, f, g, o = act.chunk(4, dim=-1)
+            sig, g, _, tc = kept[4 * t : 4 * t + 4]
             grad_h = d_hs[:, t] if dh is None else d_hs[:, t] + dh
-            grad_c = grad_h * o * (1 - tc * tc)
+            d_tc = grad_h * sig[..., blocks[3]]
+            grad_c = torch.addcmul(d_tc, d_tc, tc * tc, value=-1)  # d_tc · (1 - tanh²)
             if dc is not None:
-                grad_c = grad_c + dc
-            d_f = grad_c * kept[3 * t - 2] if t > 0 else torch.zeros_like(grad_c)
-            d_act = torch.cat((grad_c * g, d_f, grad_c * i, grad_h * tc), dim=-1)
-            d_pre[:, t] = d_act.mul_(_gate_derivative(act, hidden))
+                grad_c += dc
+            slope = torch.addcmul(sig, sig, sig, value=-1)  # σ' = σ(1 - σ)
+            d_i = grad_c * g * slope[..., blocks[0]]
+            d_f = grad_c * kept[4 * t - 2] * slope[..., blocks[1]] if t > 0 else grad_c * 0
+            d_g = grad_c * sig[..., blocks[0]]
+            d_g = torch.addcmul(d_g, d_g, g * g, value=-1)
+            d_o = grad_h * tc * slope[..., blocks[3]]
+            d_t = torch.cat((d_i, d_f, d_g, d_o), dim=-1)
+            d_pre.append(d_t)
             if t > 0:
-                dh = torch.bmm(d_pre[:, t], w_hh)
-                dc = grad_c * f
+                dh = torch.bmm(d_t, w_hh)
+                dc = grad_c * sig[..., blocks[1]]
+        d_all = torch.stack(d_pre[::-1], dim=1)  # [C, T, B, 4H]
         d_w = torch.zeros_like(w_hh)
-        if t_len > 1:
-            rows = d_pre[:, 1:].reshape(c_, (t_len - 1) * b, 4 * hidden)
+        if t_len > 1:  # one product over every step: sum_t d_pre[t]^T h[t-1] per client
+            rows = d_all[:, 1:].reshape(c_, (t_len - 1) * b, 4 * hidden)
             prev = hs[:, :-1].reshape(c_, (t_len - 1) * b, hidden)
             torch.bmm(rows.transpose(1, 2), prev, out=d_w)
-        return d_pre, d_w
+        return d_all, d_w
 
 
 class BatchedLSTM(BatchedModel):
@@ -178,18 +187,62 @@ class BatchedLSTM(BatchedModel):
 
     def _features(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """The last layer's output at the last time step ``[C, B, H]``."""
+        if self.fused(x.device):
+            return self._features_fused(params, x)
+        return self._features_bmm(params, x)
+
+    def fused(self, device: torch.device) -> bool:
+        """Whether the recurrence runs through PyTorch's fused LSTM kernel, one client at a time
+        (:meth:`_features_fused`) rather than batched over clients (:meth:`_features_bmm`): on
+        the CPU from :data:`FUSED_MIN_HIDDEN` hidden units on (measured, ``bench_lstm.py``)."""
+        return device.type == "cpu" and self.hidden >= FUSED_MIN_HIDDEN
+
+    def _features_fused(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """:meth:`_features` with each client's layers through ``torch.lstm`` (what ``nn.LSTM``
+        calls: oneDNN's fused LSTM on the CPU) on that client's weight views; the embedding
+        lookup stays batched and autograd supplies the backward."""
+        table = params["embedding.weight"]  # [C, V, E]
+        c, v, e = table.shape
+        b = x.shape[1]
+        idx = x.long() + torch.arange(c, device=x.device).mul_(v).view(c, 1, 1)
+        seq = F.embedding(idx, table.reshape(c * v, e))  # [C, B, T, E]
+        names = [
+            f"lstm.{k}_l{layer}"
+            for layer in range(self.layers)
+            for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        ]
+        weights = [params[n].unbind(0) for n in names]  # unbind: its backward is one stack
+        zeros = seq.new_zeros(self.layers, b, self.hidden)
+        train = torch.is_grad_enabled()
+        outs = [
+            torch.lstm(
+                seq_c,
+                (zeros, zeros),
+                [w[ci] for w in weights],
+                True,
+                self.layers,
+                0.0,
+                train,
+                False,
+                True,
+            )[0][:, -1]
+            for ci, seq_c in enumerate(seq.unbind(0))
+        ]
+        return torch.stack(outs)
+
+    def _features_bmm(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """:meth:`_features` batched over clients (one ``baddbmm`` per step, module docstring)."""
         table = params["embedding.weight"]  # [C, V, E]
         c, v, e = table.shape
         b, t_len = x.shape[1], x.shape[2]
-        idx = x.long().transpose(1, 2)  # [C, T, B]: time-major within each client
+        idx = x.long().transpose(1, 2)  # [C, T, B]: time steps, then samples, per client
         idx = idx + torch.arange(c, device=idx.device).mul_(v).view(c, 1, 1)
         seq = F.embedding(idx.reshape(c, t_len * b), table.reshape(c * v, e))  # [C, T*B, E]
-        hs = seq
         for layer in range(self.layers):
             w_ih = params[f"lstm.weight_ih_l{layer}"]
             w_hh = params[f"lstm.weight_hh_l{layer}"]
             bias = params[f"lstm.bias_ih_l{layer}"] + params[f"lstm.bias_hh_l{layer}"]
-            xproj = torch.baddbmm(bias.unsqueeze(1), hs, w_ih.transpose(1, 2))
+            xproj = torch.baddbmm(bias.unsqueeze(1), seq, w_ih.transpose(1, 2))
             xproj = xproj.view(c, t_len, b, -1)
             if torch.is_grad_enabled() and (xproj.requires_grad or w_hh.requires_grad):
                 out = _Recurrence.apply(xproj, w_hh)
@@ -197,7 +250,7 @@ class BatchedLSTM(BatchedModel):
                 out = _run(xproj, w_hh, keep=False)[0]
             if layer == self.layers - 1:
                 return out[:, -1]
-            hs = out.reshape(c, t_len * b, -1)
+            seq = out.reshape(c, t_len * b, -1)
         raise AssertionError("unreachable: an LSTM has at least one layer")
 
     # ------------------------------------------------------------------ FLOPs

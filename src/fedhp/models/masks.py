@@ -115,7 +115,7 @@ def param_mask(
             view = model.layout.view(out, specs[name])
             if g.gates != 1:  # [C, gates * J, ..] as [C, gates, J, -1]
                 view = view.reshape(c, g.gates, g.size, -1)
-                view.copy_(m.reshape(c, 1, g.size, 1).expand_as(view))
+                view.mul_(m.reshape(c, 1, g.size, 1))  # (another group's columns stay zero)
                 continue
             view.copy_(m.reshape(c, g.size, *([1] * (view.dim() - 2))).expand_as(view))
         for name in g.inputs:  # the columns reading the units' outputs
