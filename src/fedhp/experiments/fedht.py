@@ -34,6 +34,7 @@ from fedhp.experiments.common import (
     inputs_text,
     map_runs,
     markdown_table,
+    overrides_text,
     run_config,
     write_table,
 )
@@ -505,6 +506,7 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
         f"of the shared-γ run ({rows[0]['target']:.6g}); {prob.rounds} rounds; "
         f"torch threads = {opts.threads} (machine: {os.cpu_count()} CPUs); "
         f"wall time {seconds:.0f} s. {inputs_text(name, opts.extra)}".rstrip()
+        + overrides_text(opts.extra)
         + "\n\n"
         + markdown_table(header, table_rows)
     )
