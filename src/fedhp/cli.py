@@ -240,7 +240,7 @@ def _method_names(name: str, opts: Any) -> tuple[str, ...] | None:
     """The names ``--methods`` may list for reproduction ``name`` (None: it runs a fixed set)."""
     import dataclasses
 
-    from fedhp.experiments import dp, fedlps, figures, fnrfl, robust, table1, tune
+    from fedhp.experiments import dp, fedlps, figures, fnrfl, leaf, robust, table1, tune
 
     if name == "sfedhp-lambda":
         from fedhp.experiments import lambda_sweep
@@ -248,7 +248,8 @@ def _method_names(name: str, opts: Any) -> tuple[str, ...] | None:
         jobs = lambda_sweep.jobs(dataclasses.replace(opts, methods=None))
         return tuple(dict.fromkeys(job.method for job in jobs))
     names: dict[str, tuple[str, ...]] = {
-        "sfedhp-table1": tuple(table1.METHODS),
+        "sfedhp-table1": (*table1.METHODS, *table1.EXTRA_METHODS),
+        "leaf-shakespeare": tuple(leaf.METHODS),
         "sfedhp-tune": tuple(tune.GRIDS),
         "sfedhp-figures": tuple(figures.FIG_PANELS),
         "fnrfl-table2": tuple(fnrfl.METHODS),
@@ -393,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
         "name",
         help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune | fedht-sim1 | "
         "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless | fnrfl-table2 | "
-        "fedlps-table1 | fedlps-ablation | robust | dp",
+        "fedlps-table1 | fedlps-ablation | robust | dp | leaf-shakespeare",
     )
     rep.add_argument(
         "overrides", nargs="*", metavar="key=value", help="applied to every run (right after NAME)"

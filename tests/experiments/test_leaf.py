@@ -42,7 +42,7 @@ def test_reproduction_runs_every_method(
     for line in lines:
         fields = dict(f.split("=") for f in line.split()[3:])
         assert 0.0 <= float(fields["acc"]) <= 1.0 and fields["rounds"] == "1"
-        assert float(fields["time_s"]) > 0
+        assert float(fields["time_s"]) >= 0  # wall time, printed to 0.01 s
     assert result["clients"] == 6  # ALPHA, BETA, BOTH of two plays (GAMMA has no window)
     for row in result["rows"]:
         scored = row["global_acc"] if row["method"] in leaf.GLOBAL_ROWS else row["personal_acc"]

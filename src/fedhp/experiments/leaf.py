@@ -330,7 +330,7 @@ def reproduce(opts: ReproOptions, scale: Scale | None = None) -> dict[str, Any]:
         rows.append(row)
         print(
             f"leaf shakespeare {method} acc={row['acc']['mean']:.4f} rounds={row['rounds']} "
-            f"time_s={row['seconds']['mean']:.1f}",
+            f"time_s={row['seconds']['mean']:.2f}",
             flush=True,
         )
         points = curve(Path(summaries[0]["folder"]), method)
