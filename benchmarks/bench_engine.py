@@ -414,7 +414,9 @@ def table_local(
     flops = train_flops_per_call(model, repeats)
     ref = statistics.median(timed(reference, device) for _ in range(repeats))
     launches = count_launches(engine, device)
-    ref_launches = count_launches(reference, device)
+    # the loop's launches where they are the point (the launch-bound MLP row; a conv row's
+    # profile of ~1,000 module steps would cost more than the row's time box)
+    ref_launches = count_launches(reference, device) if options["name"] == "dnn" else -1
     features = int(torch.Size(shape).numel())
     samples = clients * batch * steps
     nbytes = min_round_bytes(clients * steps, 1, model.num_params, samples, features, clients)

@@ -44,16 +44,16 @@ TABLE_ROWS = [
 BF16_ROWS = ["vgg11-bn-10", "resnet18-10"]
 # piece -> seconds it may take on the GPU host (sum 450 s < 8 min, with start-up to spare)
 BUDGET = {
-    "tests": 150,
+    "tests": 120,
     "table:fedavg-dnn100-10k": 30,
     "table:sfedhp-dnn100-1k": 30,
     "table:dnn100-1k": 30,
-    "table:cnn2-10": 25,
-    "table:vgg11-bn-10": 40,
-    "table:resnet18-10": 50,
-    "bf16:vgg11-bn-10": 25,
-    "bf16:resnet18-10": 30,
-    "run": 40,
+    "table:cnn2-10": 20,
+    "table:vgg11-bn-10": 50,
+    "table:resnet18-10": 60,
+    "bf16:vgg11-bn-10": 30,
+    "bf16:resnet18-10": 35,
+    "run": 45,
 }
 SMOKE_RUN = ["rounds=2", "eval_every=1", "algorithm.R=1", "algorithm.K=1"]
 

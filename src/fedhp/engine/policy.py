@@ -120,30 +120,22 @@ class ExecutionPolicy:
         """The run computes forward/backward under bf16 autocast."""
         return self.precision == "bf16"
 
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         """The run's precision around a forward/backward (the ``[C, P]`` rows, the optimizer
         state and the aggregation stay float32 outside it):
 
         * ``fp32``: nothing (PyTorch's defaults: float32 matmuls; on CUDA, cuDNN convolutions
-          may use TF32, ``torch.backends.cudnn.allow_tf32``'s default);
+          may use TF32, ``torch.backends.cudnn.allow_tf32``'s default). A shared no-op context,
+          so the CPU's steps pay ~0.2 µs for it;
         * ``tf32``: CUDA matmuls and cuDNN convolutions in TF32 (flags restored on exit;
           nothing on the CPU, which has no TF32);
         * ``bf16``: ``torch.autocast(device, bfloat16)``: matmuls and convolutions on bf16
           copies, float32 gradients of the float32 rows."""
         if self.precision == "bf16":
-            with torch.autocast(self.device_type, dtype=torch.bfloat16):
-                yield
-            return
-        if self.precision != "tf32" or self.device_type != "cuda":
-            yield
-            return
-        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+            return torch.autocast(self.device_type, dtype=torch.bfloat16)
+        if self.precision == "tf32" and self.device_type == "cuda":
+            return _tf32()
+        return _NOTHING
 
     def arrange(self, x: torch.Tensor) -> torch.Tensor:
         """Image inputs ``[C, B, ch, H, W]`` in each client's channels-last memory order where
@@ -161,6 +153,20 @@ def widened(t: torch.Tensor) -> torch.Tensor:
     """``t`` in float32 if autocast left it in a half type (bf16/fp16); otherwise ``t`` itself
     (no copy: float32 and float64 results are untouched)."""
     return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _tf32() -> Iterator[None]:
+    """TF32 in CUDA matmuls and cuDNN inside the block, the flags restored after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 CPU_POLICY = ExecutionPolicy()
