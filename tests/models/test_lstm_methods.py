@@ -47,8 +47,12 @@ class TinyText(DatasetSource):
         return tiny_text()
 
 
-if "tinytext" not in DATASETS:
+@pytest.fixture(autouse=True, scope="module")
+def _tinytext_registered():  # type: ignore[no-untyped-def]
+    """``tinytext`` in the dataset registry for this module's tests only (other tests list it)."""
     DATASETS.register("tinytext")(TinyText)
+    yield
+    DATASETS.forget_module(__name__)
 
 BASE = {
     "rounds": 1,
