@@ -201,15 +201,16 @@ def test_clipping_off_leaves_the_model_alone() -> None:
     """Without ``clip_grad_norm`` the algorithm does not touch the model: its class (and so
     every step, the fused ones included) is the same, and the results are byte-identical."""
     from fedhp.api import prepare, resolve
-    from tests.models.test_lstm_methods import BASE
+    from tests.models.test_lstm_methods import BASE, tinytext_registered
 
-    cfg = resolve({**BASE, "algorithm": {"name": "fedavg"}})
-    exp = prepare(cfg)
+    with tinytext_registered():
+        exp = prepare(resolve({**BASE, "algorithm": {"name": "fedavg"}}))
+        clip = {"name": "fedavg", "clip_grad_norm": 1.0}
+        clipped = prepare(resolve({**BASE, "algorithm": clip}))
+        with pytest.raises(ConfigError, match="clip_grad_norm"):
+            prepare(resolve({**BASE, "algorithm": {"name": "fedavg", "clip_grad_norm": 0}}))
     assert type(exp.model) is BatchedLSTM
-    clipped = prepare(resolve({**BASE, "algorithm": {"name": "fedavg", "clip_grad_norm": 1.0}}))
     assert isinstance(clipped.model, ClippedGradients) and clipped.model.clip_grad_norm == 1.0
-    with pytest.raises(ConfigError, match="clip_grad_norm"):
-        prepare(resolve({**BASE, "algorithm": {"name": "fedavg", "clip_grad_norm": 0}}))
 
 
 # ---------------------------------------------------------------------- unit masks

@@ -3,7 +3,9 @@ a tiny fabricated text dataset (uint8 character indices, natural clients)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -47,12 +49,21 @@ class TinyText(DatasetSource):
         return tiny_text()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _tinytext_registered():  # type: ignore[no-untyped-def]
-    """``tinytext`` in the dataset registry for this module's tests only (other tests list it)."""
+@contextlib.contextmanager
+def tinytext_registered() -> Iterator[None]:
+    """``tinytext`` in the dataset registry while inside (other tests list the registry)."""
     DATASETS.register("tinytext")(TinyText)
-    yield
-    DATASETS.forget_module(__name__)
+    try:
+        yield
+    finally:
+        DATASETS.forget_module(__name__)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tinytext() -> Iterator[None]:
+    with tinytext_registered():
+        yield
+
 
 BASE = {
     "rounds": 1,
