@@ -52,14 +52,15 @@ run: $(DATA_STAMP)
 
 # make test: everything but the long end-to-end cases (marked `slow`), within ~10 minutes on 2
 # cores; make test-slow: those; make test-all: both (CI runs test, then test-slow).
+# PYTEST_ARGS passes more options, e.g. make test PYTEST_ARGS=--durations=20
 test: $(DATA_STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 test-slow: $(DATA_STAMP)
-	$(BIN)/python -m pytest -m slow
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 test-all: $(DATA_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(DATA_STAMP)  # the engine against the per-client loop, then the scale runs
 	$(BIN)/python benchmarks/bench_engine.py --device $(DEVICE)
