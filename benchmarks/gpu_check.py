@@ -1,4 +1,4 @@
-"""Every GPU check of issue 35 in one script of under 8 minutes, with one table printed last.
+"""Every GPU check of an issue in one script of under 8 minutes, with one table printed last.
 
 On a GPU host (python3.12 + torch, no package index; docs/gpu.md), from the project root:
 
@@ -13,6 +13,17 @@ the others still run):
   per-client loop, and the sFedHP / FedAvg rounds at scale);
 * ``bf16:<row>``: VGG-11-BN and ResNet-18's rows at ``precision=bf16``;
 * ``run``: ``fedhp run device=cuda`` of the default experiment (summary.json ``seconds``).
+
+``--issue 32`` (text) runs these instead (the plays must be in ``$FEDHP_DATA_DIR/shakespeare``:
+``cp -r .venv/share/fedhp/shakespeare .gpu/data/`` after ``prepare.sh``):
+
+* ``lstm``: ``bench_lstm.py --device cuda`` at LEAF's size (20 clients × 256 units) and 100 × 16,
+  the batched LSTM against the per-client ``nn.LSTM`` loop (cuDNN) on identical minibatches;
+* ``leaf-round``: ``fedhp reproduce leaf-shakespeare --methods fedavg`` at the paper's scale for
+  2 rounds of 1 local epoch (not 20) on the device; ``round_s``, the second round's seconds
+  (one local epoch of 10 clients and one evaluation of every test window), and
+  ``full_run_h``, 40 rounds × 20 epochs × ``round_s`` (an upper bound of the paper's FedAvg run:
+  it counts the evaluation 20 times a round).
 
 The last lines are the table: each must-show with its measured value and target.
 ``--device cpu --smoke`` runs every piece at tiny sizes on the CPU (tests/benchmarks check it).
@@ -42,6 +53,17 @@ TABLE_ROWS = [
     "resnet18-10",
 ]
 BF16_ROWS = ["vgg11-bn-10", "resnet18-10"]
+ISSUE_PIECES = {
+    "35": [
+        "tests",
+        *[f"table:{row}" for row in TABLE_ROWS],
+        *[f"bf16:{row}" for row in BF16_ROWS],
+        "run",
+    ],
+    "32": ["lstm", "leaf-round"],
+}
+LEAF_ROUNDS, LEAF_EPOCHS = 40, 20
+"""The FedProx paper's Shakespeare run: rounds and local epochs (``leaf-round`` extrapolates)."""
 # piece -> seconds it may take on the GPU host (sum 450 s < 8 min, with start-up to spare)
 BUDGET = {
     "tests": 120,
@@ -54,6 +76,8 @@ BUDGET = {
     "bf16:vgg11-bn-10": 30,
     "bf16:resnet18-10": 35,
     "run": 45,
+    "lstm": 90,
+    "leaf-round": 300,
 }
 SMOKE_RUN = ["rounds=2", "eval_every=1", "algorithm.R=1", "algorithm.K=1"]
 
@@ -80,6 +104,16 @@ MUST_SHOW = [
     ("VGG-11-BN bf16 s/round", "bf16:vgg11-bn-10", "s_per_round", 1.5, "<="),
     ("ResNet-18 bf16 s/round", "bf16:resnet18-10", "s_per_round", 2.5, "<="),
     ("fedhp run device=cuda (250 rounds) seconds", "run", "seconds", 10, "<="),
+    ("batched LSTM 20x256 vs per-client loop", "lstm", "speedup_20x256", 1.0, ">"),
+    ("batched LSTM 100x16 vs per-client loop", "lstm", "speedup_100x16", 1.0, ">"),
+    ("LEAF FedAvg round, 1 epoch + eval, seconds", "leaf-round", "round_s", None, ""),
+    (
+        "LEAF FedAvg full run (40 x 20 epochs), hours, upper bound",
+        "leaf-round",
+        "full_run_h",
+        None,
+        "",
+    ),
 ]
 
 
@@ -99,6 +133,27 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
     py = sys.executable
     if name == "tests":
         return [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/test_gpu.py"]
+    if name == "lstm":
+        sizes = ["--sizes", "2x8", "3x4", "--seq-len", "5", "--steps", "1", "--repeats", "1"]
+        return [py, str(HERE / "bench_lstm.py"), "--device", device, *(sizes if smoke else [])]
+    if name == "leaf-round":
+        scale = ["--quick", "algorithm.local_steps=1"] if smoke else ["algorithm.local_epochs=1"]
+        return [
+            py,
+            "-m",
+            "fedhp.cli",
+            "reproduce",
+            "leaf-shakespeare",
+            "--methods",
+            "fedavg",
+            "--rounds",
+            "2",
+            "--out",
+            str(out),
+            f"device={device}",
+            "eval_every=1",
+            *scale,
+        ]
     if name == "run":
         extra = SMOKE_RUN if smoke else []
         return [
@@ -139,6 +194,20 @@ def parse(name: str, output: str, out: Path) -> dict[str, float]:
         for count, what in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", output):
             values["failed" if what.startswith("error") else what] = float(count)
         values.setdefault("failed", 0.0)
+        return values
+    if name == "lstm":
+        for line in output.splitlines():
+            if line.startswith("bench lstm "):
+                kv = dict(re.findall(r"(\w+)=([-+0-9.e]+|nan)(?:\s|$)", line))
+                values[f"speedup_{kv['clients']}x{kv['hidden']}"] = float(kv["speedup"])
+        return values
+    if name == "leaf-round":
+        timings = out / "runs" / "fedavg" / "seed0" / "timings.csv"
+        if timings.exists():
+            seconds = [float(r.split(",")[1]) for r in timings.read_text().splitlines()[1:]]
+            if len(seconds) >= 2:
+                values["round_s"] = seconds[-1] - seconds[-2]
+                values["full_run_h"] = LEAF_ROUNDS * LEAF_EPOCHS * values["round_s"] / 3600
         return values
     if name == "run":
         summary = out / "summary.json"
@@ -184,23 +253,30 @@ def run_piece(name: str, device: str, smoke: bool, budget: float) -> Piece:
     return Piece(name, "failed" if failed else "ok", wall, values, tail)
 
 
-def verdict(value: float | None, target: float, op: str) -> str:
+def verdict(value: float | None, target: float | None, op: str) -> str:
+    """``yes`` / ``NO`` against the target; ``n/a`` unmeasured; ``measured`` without a target."""
     if value is None:
         return "n/a"
-    ok = value <= target if op == "<=" else value >= target
+    if target is None:
+        return "measured"
+    ok = {"<=": value <= target, ">=": value >= target, ">": value > target}[op]
     return "yes" if ok else "NO"
 
 
 def table(pieces: dict[str, Piece]) -> list[str]:
-    """The final table: every piece's status and time, then every must-show."""
+    """The final table: every piece's status and time, then the must-shows of the issues whose
+    pieces ran (those of their pieces that did not run: ``n/a``)."""
+    shown = {n for names in ISSUE_PIECES.values() if set(names) & set(pieces) for n in names}
     rows = ["| piece | status | seconds | note |", "|---|---|---|---|"]
     rows += [f"| {p.name} | {p.status} | {p.seconds:.1f} | {p.note} |" for p in pieces.values()]
     rows += ["", "| must-show | measured | target | met |", "|---|---|---|---|"]
     for what, piece, key, target, op in MUST_SHOW:
-        got = pieces.get(piece)
-        value = None if got is None else got.values.get(key)
-        shown = "—" if value is None else f"{value:g}"
-        rows.append(f"| {what} | {shown} | {op} {target:g} | {verdict(value, target, op)} |")
+        if piece not in shown:
+            continue
+        value = pieces[piece].values.get(key) if piece in pieces else None
+        measured = "—" if value is None else f"{value:g}"
+        wanted = "—" if target is None else f"{op} {target:g}"
+        rows.append(f"| {what} | {measured} | {wanted} | {verdict(value, target, op)} |")
     return rows
 
 
@@ -208,10 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU check)")
-    parser.add_argument("--only", nargs="*", default=None, help="pieces to run (default all)")
+    parser.add_argument("--issue", choices=sorted(ISSUE_PIECES), default="35", help="whose checks")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="pieces to run (default: the issue's)"
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every time box")
     args = parser.parse_args(argv)
-    names = args.only or list(BUDGET)
+    names = args.only or ISSUE_PIECES[args.issue]
     unknown = [n for n in names if n not in BUDGET]
     if unknown:
         parser.error(f"unknown piece(s) {unknown}; choose from {list(BUDGET)}")

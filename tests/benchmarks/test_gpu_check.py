@@ -70,3 +70,33 @@ def test_outputs_are_parsed_into_the_must_shows(tmp_path: Path) -> None:
     assert "| FedAvg DNN-100 10k s/round | 0.015 | <= 0.02 | yes |" in text
     assert "| sFedHP DNN-100 1k/50 edges s/round | — | <= 0.08 | n/a |" in text
     assert sys.executable  # the pieces run under this interpreter
+
+
+def test_issue_32_pieces_run_at_smoke_sizes_and_fill_their_rows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--issue 32``: the LSTM bench and the LEAF round run (on the CPU at tiny sizes) and the
+    round's seconds reach the table; a failing piece would make ``main`` return 1."""
+    import gpu_check
+
+    code = gpu_check.main(["--device", "cpu", "--smoke", "--issue", "32", "--scale", "4"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("bench lstm batched_s_per_step=") == 2
+    row = next(ln for ln in out.splitlines() if ln.startswith("| LEAF FedAvg round"))
+    assert float(row.split("|")[2]) > 0 and row.rstrip().endswith("measured |")
+
+
+def test_lstm_bench_lines_are_parsed_per_size(tmp_path: Path) -> None:
+    import gpu_check
+
+    line = (
+        "bench lstm batched_s_per_step=0.5 reference_s_per_step=1.0 speedup=2.00 clients=20 "
+        "hidden=256 path=bmm fused_s_per_step=nan device=cuda"
+    )
+    values = gpu_check.parse("lstm", f"noise\n{line}\n", tmp_path)
+    assert values == {"speedup_20x256": 2.0}
+    rows = gpu_check.table({"lstm": gpu_check.Piece("lstm", "ok", 1.0, values)})
+    assert "| batched LSTM 20x256 vs per-client loop | 2 | > 1 | yes |" in rows
+    assert "| LEAF FedAvg round, 1 epoch + eval, seconds | — | — | n/a |" in rows
+    assert not any("VGG" in r for r in rows)  # only the rows of the issue whose pieces ran
