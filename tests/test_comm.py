@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fedhp.comm as comm
+import fedhp.comm.codec as comm
 from fedhp.comm import CommLedger, count_nonzero, decode_sparse, encode_sparse, message_cost
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, width=32)

@@ -112,7 +112,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def cmd_app(args: argparse.Namespace) -> int:
     require_flower()
-    from fedhp.flower.deploy import write_app
+    from fedhp.flower.packaging import write_app
 
     _, run_config, nodes = resolve_run_config(args.items, args.out, args.plugin)
     app = write_app(Path(args.dir), run_config)
@@ -124,7 +124,8 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     require_flower()
-    from fedhp.flower.deploy import LoopbackFederation, write_app
+    from fedhp.flower.deploy import LoopbackFederation
+    from fedhp.flower.packaging import write_app
 
     items = list(args.items)
     if args.nodes is not None:

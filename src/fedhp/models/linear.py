@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhp.errors import ConfigError
-from fedhp.models.base import BatchedModel, sample_weight_totals, weighted_client_mean
+from fedhp.models.base import BatchedModel
+from fedhp.models.client_mean import sample_weight_totals, weighted_client_mean
 from fedhp.models.zoo import MODELS, ModelOptions
 
 

@@ -37,7 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhp.errors import ConfigError
-from fedhp.models.base import BatchedModel, FeatureNet
+from fedhp.models.base import BatchedModel
+from fedhp.models.feature_net import FeatureNet
 from fedhp.models.masks import UnitGroup
 from fedhp.models.zoo import MODELS, ModelOptions
 

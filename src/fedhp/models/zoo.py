@@ -15,14 +15,10 @@ from torch import nn
 
 from fedhp.engine.policy import SMALL_LAYER
 from fedhp.errors import ConfigError
-from fedhp.models.base import (
-    BatchedModel,
-    ColumnHook,
-    FeatureNet,
-    VmapModel,
-    sample_weight_totals,
-    weighted_client_mean,
-)
+from fedhp.models.base import BatchedModel, ColumnHook
+from fedhp.models.client_mean import sample_weight_totals, weighted_client_mean
+from fedhp.models.feature_net import FeatureNet
+from fedhp.models.vmap import VmapModel
 from fedhp.registry import Registry
 
 
