@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +36,45 @@ from fedhp.models.client_mean import weighted_client_mean
 from fedhp.models.flops import forward_flops, training_flops
 from fedhp.models.layout import BufferLayout, ParamLayout
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 ColumnHook = Callable[[int, int], None]
 """``(lo, hi)``: act in place on columns ``lo .. hi - 1`` of a step's flat rows
 (:meth:`BatchedModel.sgd_step`)."""
+
+Params = dict[str, torch.Tensor]
+"""Per-parameter tensors ``name -> [C, *shape]`` (:meth:`BatchedModel.forward_params`)."""
+
+
+class ForwardOptions(TypedDict, total=False):
+    """The keyword options of :meth:`BatchedModel.forward` (all optional)."""
+
+    buffers: torch.Tensor | None
+    """``[C, B]``: each client's BatchNorm running statistics (absent or None: the initial ones)."""
+    train: bool
+    """Normalize with the batch's statistics and update ``buffers`` in place (default False)."""
+
+
+class FeatureOptions(ForwardOptions, total=False):
+    """The keyword options of :meth:`BatchedModel.forward_with_features` and
+    :meth:`BatchedModel.forward_params`."""
+
+    weight: torch.Tensor | None
+    """``[C, B]`` (training mode): per-sample weights of the BatchNorm batch statistics (padding
+    has weight 0); models without BatchNorm ignore it."""
+
+
+class LossOptions(TypedDict, total=False):
+    """The keyword options of :meth:`BatchedModel.loss_and_grad` and
+    :meth:`BatchedModel.loss_grad_correct` (all optional)."""
+
+    buffers: torch.Tensor | None
+    """``[C, B]``: updated in place with the batches' statistics (training mode)."""
+    weight: torch.Tensor | None
+    """``[C, B]``: per-sample weights; each client's loss is then the weighted mean over its
+    samples (0 for padding, e.g. a partial last batch; a row of zeros gives loss 0 and gradient
+    0)."""
 
 
 class BatchedModel(ABC):
@@ -107,56 +144,31 @@ class BatchedModel(ABC):
 
     @abstractmethod
     def forward(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[ForwardOptions]
     ) -> torch.Tensor:
-        """Logits ``[C, B, K]`` for parameters ``[C, P]`` and inputs ``[C, B, *feature_shape]``.
-
-        ``buffers [C, B]``: each client's BatchNorm running statistics (None: the initial ones);
-        ``train``: normalize with the batch's statistics and update ``buffers`` in place."""
+        """Logits ``[C, B, K]`` for parameters ``[C, P]`` and inputs ``[C, B, *feature_shape]``
+        (options: :class:`ForwardOptions`)."""
 
     @abstractmethod
     def forward_with_features(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[FeatureOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[C, B, K]`` and the penultimate features ``[C, B, H]`` (the head's input) in
-        one differentiable forward, e.g. for feature-norm penalties or representations.
-
-        ``weight [C, B]`` (optional, training mode): per-sample weights of the BatchNorm batch
-        statistics (padding has weight 0); models without BatchNorm ignore it."""
+        one differentiable forward, e.g. for feature-norm penalties or representations (options:
+        :class:`FeatureOptions`)."""
 
     def loss_and_grad(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]`` (training mode:
-        ``buffers [C, B]``, if given, are updated in place with the batches' statistics).
-
-        ``weight [C, B]`` (optional): per-sample weights; each client's loss is then the weighted
-        mean over its samples (0 for padding, e.g. a partial last batch; a row of zeros gives
-        loss 0 and gradient 0).
+        """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]`` in training mode
+        (options: :class:`LossOptions`).
 
         Autograd over per-layer leaf copies (not over slices of the flat tensor, whose backward
         would materialize a zero-filled ``[C, P]`` buffer per parameter). The clients' losses are
         summed before differentiation; as clients share no parameters, row c of the gradient is
         exactly the gradient of client c's own loss.
         """
-        loss, grad, _ = self._autograd_loss(flat, x, y, buffers, weight)
+        loss, grad, _ = self._autograd_loss(flat, x, y, opts.get("buffers"), opts.get("weight"))
         return loss, grad
 
     def sgd_step(
@@ -209,21 +221,16 @@ class BatchedModel(ABC):
         return per_client.detach(), grad, logits.detach()
 
     def loss_grad_correct(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`loss_and_grad` plus each sample's correctness ``[C, B]`` (bool) under the same
         training-mode forward (no second forward on the generic autograd path; models with their
         own ``loss_and_grad`` add an evaluation forward)."""
+        buffers = opts.get("buffers")
         if type(self).loss_and_grad is BatchedModel.loss_and_grad:
-            loss, grad, logits = self._autograd_loss(flat, x, y, buffers, weight)
+            loss, grad, logits = self._autograd_loss(flat, x, y, buffers, opts.get("weight"))
             return loss, grad, self.correct(logits, y)
-        loss, grad = self.loss_and_grad(flat, x, y, buffers=buffers, weight=weight)
+        loss, grad = self.loss_and_grad(flat, x, y, **opts)
         with torch.no_grad():
             return loss, grad, self.correct(self.forward(flat, x, buffers=buffers), y)
 
@@ -241,20 +248,14 @@ class BatchedModel(ABC):
         return torch.zeros(flat.shape[:-1], dtype=flat.dtype, device=flat.device)
 
     def forward_params(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
+        self, params: Params, x: torch.Tensor, **opts: Unpack[FeatureOptions]
     ) -> torch.Tensor:
         """Like :meth:`forward`, from per-parameter tensors ``name -> [C, *shape]``.
 
-        ``weight [C, B]``: per-sample weights of BatchNorm's batch statistics (see
-        :meth:`forward_with_features`); this generic form has no BatchNorm and ignores them."""
+        ``weight``: see :class:`FeatureOptions`; this generic form has no BatchNorm and ignores
+        it."""
         flat = torch.cat([params[s.name].reshape(x.shape[0], -1) for s in self.layout.specs], 1)
-        return self.forward(flat, x, buffers=buffers, train=train)
+        return self.forward(flat, x, buffers=opts.get("buffers"), train=opts.get("train", False))
 
     def make_module(self, flat: torch.Tensor, buffers: torch.Tensor | None = None) -> nn.Module:
         """A fresh plain ``nn.Module`` holding the flat ``[P]`` parameters and ``[B]`` buffers

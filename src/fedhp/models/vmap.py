@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
-from fedhp.models.base import BatchedModel
+import torch
+from torch import Tensor, nn
+
+from fedhp.models.base import BatchedModel, FeatureOptions, ForwardOptions, Params
 from fedhp.models.batchnorm import sample_weights, vmappable
 from fedhp.models.feature_net import FeatureNet
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+Flags = dict[str, bool]
+"""Extra keyword arguments of the reference module's forward (``features=True``)."""
 
 
 class VmapModel(BatchedModel):
@@ -24,57 +32,35 @@ class VmapModel(BatchedModel):
         super().__init__(reference, feature_shape, num_classes)
         self.functional = vmappable(reference)
 
-    def forward(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-    ) -> torch.Tensor:
-        return self.forward_params(self.layout.unflatten(flat), x, buffers=buffers, train=train)
+    def forward(self, flat: Tensor, x: Tensor, **opts: Unpack[ForwardOptions]) -> Tensor:
+        return self.forward_params(self.layout.unflatten(flat), x, **opts)
 
-    def forward_params(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        out = self._call(params, x, buffers, train, False, weight)
-        assert isinstance(out, torch.Tensor)
+    def forward_params(self, params: Params, x: Tensor, **opts: Unpack[FeatureOptions]) -> Tensor:
+        out = self._call(params, x, opts, False, opts.get("weight"))
+        assert isinstance(out, Tensor)
         return out
 
     def forward_with_features(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, flat: Tensor, x: Tensor, **opts: Unpack[FeatureOptions]
+    ) -> tuple[Tensor, Tensor]:
         if not isinstance(self.reference, FeatureNet):
             raise TypeError(f"{type(self.reference).__name__} has no features/head split")
-        out = self._call(
-            self.layout.unflatten(flat), x, buffers, train, True, self.statistic_weight(weight)
-        )
+        weight = self.statistic_weight(opts.get("weight"))
+        out = self._call(self.layout.unflatten(flat), x, opts, True, weight)
         assert isinstance(out, tuple)
         return out
 
     def _call(
         self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        buffers: torch.Tensor | None,
-        train: bool,
+        params: Params,
+        x: Tensor,
+        opts: ForwardOptions,
         features: bool,
-        weight: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        weight: Tensor | None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         kwargs = {"features": True} if features else {}
         x = self.policy.arrange(x)
+        buffers, train = opts.get("buffers"), opts.get("train", False)
         if weight is not None and self.num_buffers and train:
             return self._call_weighted(params, x, buffers, weight, kwargs)
         if self.policy.direct(x.shape[0], self.num_params):
@@ -83,63 +69,39 @@ class VmapModel(BatchedModel):
         module.train(train)
         if self.num_buffers == 0:
 
-            def one(p: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+            def one(p: Params, xb: Tensor) -> Tensor:
                 return torch.func.functional_call(module, p, (xb,), kwargs)
 
             return torch.func.vmap(one, randomness="different")(params, x)
         bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
 
-        def one_bn(
-            p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xb: torch.Tensor
-        ) -> torch.Tensor:
+        def one_bn(p: Params, b: Params, xb: Tensor) -> Tensor:
             return torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
 
         return torch.func.vmap(one_bn, randomness="different")(params, bufs, x)
 
     def _call_weighted(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        buffers: torch.Tensor | None,
-        weight: torch.Tensor,
-        kwargs: dict[str, bool],
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, params: Params, x: Tensor, buffers: Tensor | None, weight: Tensor, kwargs: Flags
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Training-mode forward whose BatchNorm statistics weight each client's samples by
         ``weight [C, B]`` (one client without vmap, as in :meth:`_call_one`)."""
         module = self.functional
         module.train(True)
         bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
 
-        def one(
-            p: dict[str, torch.Tensor],
-            b: dict[str, torch.Tensor],
-            xb: torch.Tensor,
-            wb: torch.Tensor,
-        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        def one(p: Params, b: Params, xb: Tensor, wb: Tensor) -> Tensor | tuple[Tensor, Tensor]:
             with sample_weights(module, wb):
                 out = torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
             return out
 
         if self.policy.direct(x.shape[0], self.num_params):
-            out = one(
-                {k: v[0] for k, v in params.items()},
-                {k: v[0] for k, v in bufs.items()},
-                x[0],
-                weight[0],
-            )
-            if isinstance(out, tuple):
-                return out[0].unsqueeze(0), out[1].unsqueeze(0)
-            return out.unsqueeze(0)
+            first = {k: v[0] for k, v in params.items()}
+            return _one_client(one(first, {k: v[0] for k, v in bufs.items()}, x[0], weight[0]))
         return torch.func.vmap(one, randomness="different")(params, bufs, x, weight)
 
     def _call_one(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        buffers: torch.Tensor | None,
-        train: bool,
-        kwargs: dict[str, bool],
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, params: Params, x: Tensor, buffers: Tensor | None, train: bool, kwargs: Flags
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """One client (``x [1, B, ...]``) without vmap; BatchNorm updates ``buffers`` in place."""
         tensors = {k: v[0] for k, v in params.items()}
         if self.num_buffers:
@@ -147,7 +109,11 @@ class VmapModel(BatchedModel):
             tensors.update({k: v[0] for k, v in bufs.items()})
         module = self.reference
         module.train(train)
-        out = torch.func.functional_call(module, tensors, (x[0],), kwargs)
-        if isinstance(out, tuple):
-            return out[0].unsqueeze(0), out[1].unsqueeze(0)
-        return out.unsqueeze(0)
+        return _one_client(torch.func.functional_call(module, tensors, (x[0],), kwargs))
+
+
+def _one_client(out: Tensor | tuple[Tensor, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
+    """A single client's output with its client dimension ``[1, ...]`` put back."""
+    if isinstance(out, tuple):
+        return out[0].unsqueeze(0), out[1].unsqueeze(0)
+    return out.unsqueeze(0)
