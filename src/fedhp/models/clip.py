@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedhp.models.base import BatchedModel, ColumnHook, LossOptions
+from fedhp.models.base import BatchedModel, LossOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -68,17 +68,9 @@ class ClippedGradients(BatchedModel):
             self._nested = False
         return loss, self._clip(grad), correct
 
-    def sgd_step(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        lr: float,
-        before: ColumnHook | None = None,
-    ) -> torch.Tensor:
-        """The plain step (no fused update inside the backward): clipped gradient, ``before``
-        on every parameter's columns, then ``flat -= lr * grad``."""
-        return BatchedModel.sgd_step(self, flat, x, y, lr, before)
+    sgd_step = BatchedModel.sgd_step
+    """The plain step (no fused update inside the backward): clipped gradient, ``before`` on every
+    parameter's columns, then ``flat -= lr * grad``."""
 
 
 _CLASSES: dict[type, type] = {}
