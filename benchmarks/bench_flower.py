@@ -53,8 +53,9 @@ def seconds_per_round(folder: Path) -> tuple[float, float]:
 
 def bench_deploy(args: list[str], folder: Path) -> dict[str, float]:
     """The loopback deployment's seconds per round (first, steady) for the same configuration."""
-    from fedhp.flower.deploy import LoopbackFederation, write_app
+    from fedhp.flower.deploy import LoopbackFederation
     from fedhp.flower.deploy_cli import resolve_run_config
+    from fedhp.flower.packaging import write_app
 
     out = folder / "flower-deploy"
     _, run_config, nodes = resolve_run_config(args, str(out))

@@ -36,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fedhp: error: {message} (see `fedhp --help`)\n")
 
 
-def _split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
+def split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
     """``[CONFIG] [key=value ...]``: the config file (if the first item has no ``=``) and the
     overrides (a key given twice: a warning line, the later value is used)."""
 
@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedhp.config import resolve_config
     from fedhp.errors import ConfigError
 
-    config_path, overrides = _split_positionals(args.items)
+    config_path, overrides = split_positionals(args.items)
     if args.resume is not None:
         if args.out or config_path is not None or args.plugin:
             raise ConfigError(

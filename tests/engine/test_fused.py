@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import fedhp.comm as comm
+import fedhp.comm.codec as comm
 from fedhp.comm import count_nonzero, truncate
 from fedhp.engine.fused import EdgeRows, count_sent, send_rows, truncate_
 from tests.algorithms.tiny import tiny_context

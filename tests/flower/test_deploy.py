@@ -20,20 +20,15 @@ from flwr.common.config import fuse_dicts, parse_config_args
 from fedhp.cli import main
 from fedhp.errors import ConfigError
 from fedhp.flower.certs import write_certificates, write_node_keys
-from fedhp.flower.deploy import (
+from fedhp.flower.commands import superlink_command, supernode_command
+from fedhp.flower.packaging import (
     CLIENTAPP,
     SERVERAPP,
-    DeployError,
     app_pyproject,
-    descendants,
-    running,
-    start_process,
-    superlink_command,
-    supernode_command,
-    wait_for,
     write_app,
     write_connection,
 )
+from fedhp.flower.processes import DeployError, descendants, running, start_process, wait_for
 
 
 def test_server_certificate_is_signed_by_the_ca_for_loopback(tmp_path: Path) -> None:

@@ -22,14 +22,10 @@ import torch
 
 from fedhp.cli import main
 from fedhp.flower.certs import write_node_key
-from fedhp.flower.deploy import (
-    LoopbackFederation,
-    Process,
-    descendants,
-    running,
-    write_app,
-)
+from fedhp.flower.deploy import LoopbackFederation
 from fedhp.flower.deploy_cli import resolve_run_config
+from fedhp.flower.packaging import write_app
+from fedhp.flower.processes import Process, descendants, running
 from tests.flower.helpers import assert_same_metrics
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,8 @@ from torch import nn
 from fedhp.engine.ops import sgd_steps
 from fedhp.engine.reference import reference_local_sgd
 from fedhp.models import MODELS, BatchedModel
-from fedhp.models.base import BufferLayout, FeatureNet
+from fedhp.models.feature_net import FeatureNet
+from fedhp.models.layout import BufferLayout
 from tests.policies import use_policy
 
 TINY_VGG_BN = {"name": "vgg", "cfg": [4, "M", 8, "M"], "batch_norm": True}

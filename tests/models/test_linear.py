@@ -98,7 +98,7 @@ def test_evaluation_of_image_shaped_inputs() -> None:
 def test_training_flops_of_image_shaped_inputs() -> None:
     """The training count on [1, 2, 2] features: PyTorch's count of a forward and the weight
     gradient of the flattened product (no input gradient), 4·d·out."""
-    from fedhp.models.base import training_flops
+    from fedhp.models.flops import training_flops
 
     soft = MODELS.build({"name": "softmax"}, "model").build((1, 2, 2), 3)
     assert soft.train_flops_per_sample() == training_flops(soft.reference, (4,)) == 4 * 4 * 3

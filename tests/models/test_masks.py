@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedhp.models.base import BatchedModel, VmapModel
+from fedhp.models.base import BatchedModel
 from fedhp.models.masks import UnitGroup, masked_flops, num_units, param_mask, unit_groups
+from fedhp.models.vmap import VmapModel
 from fedhp.models.zoo import VGG, CNNOptions, DNNOptions, VGGOptions
 from tests.engine.test_local_epochs import SHAPE, unequal_context
 

@@ -1,4 +1,4 @@
-"""Training FLOPs per sample (``fedhp.models.base.training_flops``): what the engine's kernels
+"""Training FLOPs per sample (``fedhp.models.flops.training_flops``): what the engine's kernels
 compute — forward, and backward with respect to the parameters only (no input gradient for the
 first layer) — as FlopCounterMode counts it, checked against hand counts."""
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from fedhp.models import MODELS
-from fedhp.models.base import BatchedModel, _training_flops
+from fedhp.models.base import BatchedModel
+from fedhp.models.flops import _training_flops
 
 MNIST = (1, 28, 28)
 CIFAR = (3, 32, 32)

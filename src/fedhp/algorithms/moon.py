@@ -28,7 +28,8 @@ from fedhp.algorithms.base import ALGORITHMS, Algorithm, RowKind, State, Task, U
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LossGrad
-from fedhp.models.base import BatchedModel, weighted_client_mean
+from fedhp.models.base import BatchedModel
+from fedhp.models.client_mean import weighted_client_mean
 from fedhp.models.clip import clip_like
 
 

@@ -11,6 +11,7 @@ with ``test_per_client`` every client gets exactly that many test samples in its
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -201,6 +202,22 @@ def _proportional_split(idx: np.ndarray, proportions: np.ndarray) -> list[np.nda
     """NIID-Bench style cut of ``idx`` at ``cumsum(proportions) * len``."""
     cuts = (np.cumsum(proportions) * len(idx)).astype(np.int64)[:-1]
     return np.split(idx, cuts)
+
+
+def _draw_until_filled(
+    draw: Callable[[], list[list[np.ndarray]]], min_samples: int, max_retries: int, what: str
+) -> list[np.ndarray]:
+    """Each client's sorted train indices from the first of at most ``max_retries`` calls of
+    ``draw`` (each client's index parts) that gives every client ≥ ``min_samples`` samples;
+    ``what`` names the draw in the error otherwise."""
+    for _ in range(max_retries):
+        parts = draw()
+        if min(sum(len(q) for q in p) for p in parts) >= min_samples:
+            return [np.sort(np.concatenate(p)) for p in parts]
+    raise DatasetError(
+        f"partition.min_samples: no {what} draw gave every one of {len(parts)} clients "
+        f"≥ {min_samples} samples in {max_retries} tries"
+    )
 
 
 class _WithValFraction(Partitioner):
@@ -408,7 +425,8 @@ class DirichletPartitioner(_WithLabelMixTest):
         _check_num_clients(num_clients, len(y))
         rng = np.random.default_rng(seed)
         cap = len(y) / num_clients
-        for _ in range(self.max_retries):
+
+        def draw() -> list[list[np.ndarray]]:
             parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
             sizes = np.zeros(num_clients, dtype=np.int64)
             for k in range(data.num_classes):
@@ -418,14 +436,10 @@ class DirichletPartitioner(_WithLabelMixTest):
                 for i, part in enumerate(_proportional_split(idx, p)):
                     parts[i].append(part)
                     sizes[i] += len(part)
-            if sizes.min() >= self.min_samples:
-                break
-        else:
-            raise DatasetError(
-                f"partition.min_samples: no Dirichlet(alpha={self.alpha}) draw gave every one of "
-                f"{num_clients} clients ≥ {self.min_samples} samples in {self.max_retries} tries"
-            )
-        train = [np.sort(np.concatenate(p)) for p in parts]
+            return parts
+
+        what = f"Dirichlet(alpha={self.alpha})"
+        train = _draw_until_filled(draw, self.min_samples, self.max_retries, what)
         return self._finish_by_label_mix(data, y, train, data.num_classes, rng)
 
 
@@ -577,7 +591,8 @@ class MixedPartitioner(_WithLabelMixTest):
         second = _second_labels(first, rng, self.max_retries)
         owners = [np.flatnonzero((first == k) | (second == k)) for k in range(k_classes)]
         pools = [np.flatnonzero(y == k) for k in range(k_classes)]
-        for _ in range(self.max_retries):
+
+        def draw() -> list[list[np.ndarray]]:
             parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
             for k in range(k_classes):
                 if owners[k].size == 0:
@@ -587,14 +602,10 @@ class MixedPartitioner(_WithLabelMixTest):
                     owners[k], _proportional_split(rng.permutation(pools[k]), p), strict=True
                 ):
                     parts[u].append(part)
-            if min(sum(len(q) for q in p) for p in parts) >= self.min_samples:
-                break
-        else:
-            raise DatasetError(
-                f"partition.min_samples: no Dir(alpha={self.alpha}) draw gave every one of "
-                f"{num_clients} clients ≥ {self.min_samples} samples in {self.max_retries} tries"
-            )
-        train = [np.sort(np.concatenate(p)) for p in parts]
+            return parts
+
+        what = f"Dir(alpha={self.alpha})"
+        train = _draw_until_filled(draw, self.min_samples, self.max_retries, what)
         return self._finish_by_label_mix(data, y, train, k_classes, rng)
 
 

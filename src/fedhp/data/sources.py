@@ -222,6 +222,23 @@ def _env_dir() -> str | None:
     return value or None
 
 
+def _idx_dir(
+    data_dir: str | None, subdirs: tuple[str, ...], name: str, install: str
+) -> Path | None:
+    """The folder of ``name``'s IDX files: in ``data_dir`` when given (an error if it holds
+    none), else in ``$FEDHP_DATA_DIR`` (None where unset or holding none)."""
+    if data_dir is not None:
+        found = find_idx_dir(data_dir, subdirs)
+        if found is None:
+            raise DatasetError(
+                f"dataset.data_dir: no {name} IDX files (train-images-idx3-ubyte[.gz], ...) in "
+                f"{data_dir}; fix the path or drop data_dir and run: {install}"
+            )
+        return found
+    env = _env_dir()
+    return find_idx_dir(env, subdirs) if env is not None else None
+
+
 def _unpickle(path: Path) -> Any:
     raw = _read_bytes(path)
     try:
@@ -301,17 +318,8 @@ class MnistSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Load MNIST; train = the pickle's train + valid (60,000 samples)."""
-        subdirs = ("mnist", "MNIST/raw")
-        if self.data_dir is not None:
-            found = find_idx_dir(self.data_dir, subdirs)
-            if found is None:
-                raise DatasetError(
-                    f"dataset.data_dir: no MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in "
-                    f"{self.data_dir}; fix the path or drop data_dir and run: {MNIST_INSTALL}"
-                )
-            return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD, self.normalize)
-        env = _env_dir()
-        if env is not None and (found := find_idx_dir(env, subdirs)) is not None:
+        found = _idx_dir(self.data_dir, ("mnist", "MNIST/raw"), "MNIST", MNIST_INSTALL)
+        if found is not None:
             return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD, self.normalize)
         path = _mnist_pickle_path()
         if path is None:
@@ -340,25 +348,15 @@ class FashionMnistSource(DatasetSource):
     def load(self) -> DatasetArrays:
         """Load Fashion-MNIST from the first directory that holds the four IDX files."""
         subdirs = ("fashion-mnist", "fmnist", "FashionMNIST/raw")
-        if self.data_dir is not None:
-            found = find_idx_dir(self.data_dir, subdirs)
-            if found is None:
-                raise DatasetError(
-                    f"dataset.data_dir: no Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], "
-                    f"...) in {self.data_dir}; fix the path or drop data_dir and run: "
-                    f"{FMNIST_INSTALL}"
-                )
-        else:
-            env = _env_dir()
-            found = find_idx_dir(env, subdirs) if env is not None else None
-            if found is None:
-                found = find_idx_dir(FMNIST_DEFAULT_DIR, ())
-            if found is None:
-                raise DatasetError(
-                    f"Fashion-MNIST not found in {FMNIST_DEFAULT_DIR}; install it with: "
-                    f"{FMNIST_INSTALL} (or set dataset.data_dir / ${ENV_DATA_DIR} to a directory "
-                    "of IDX files)"
-                )
+        found = _idx_dir(self.data_dir, subdirs, "Fashion-MNIST", FMNIST_INSTALL)
+        if found is None:  # (no data_dir given: the default place)
+            found = find_idx_dir(FMNIST_DEFAULT_DIR, ())
+        if found is None:
+            raise DatasetError(
+                f"Fashion-MNIST not found in {FMNIST_DEFAULT_DIR}; install it with: "
+                f"{FMNIST_INSTALL} (or set dataset.data_dir / ${ENV_DATA_DIR} to a directory "
+                "of IDX files)"
+            )
         return _load_idx_dir(str(found.resolve()), "fmnist", FMNIST_MEAN_STD, self.normalize)
 
 

@@ -38,7 +38,7 @@ L3 (was ``engine.ops.CACHE_FLOATS``)."""
 
 DIRECT_MIN_PARAMS = 2_500_000
 """From this many parameters on, a single client is run without vmap (was
-``models.base.DIRECT_MIN_PARAMS``; see :class:`~fedhp.models.base.VmapModel`)."""
+``models.base.DIRECT_MIN_PARAMS``; see :class:`~fedhp.models.vmap.VmapModel`)."""
 
 SMALL_LAYER = 4096
 """Per-client weight matrices up to this many entries take their SGD step as one batched ``bmm``

@@ -3,94 +3,39 @@ robust-aggregation study and the client-level DP curve of issue 20 (``fedhp repr
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 from fedhp.experiments.common import ReproOptions
 
 
-def _table1(opts: ReproOptions) -> Any:
-    from fedhp.experiments import table1
+def _reproduce(module: str, *args: str) -> Callable[[ReproOptions], Any]:
+    """``fedhp.experiments.MODULE.reproduce(opts, *args)``, the module imported at the call (a
+    command imports only the experiment it runs)."""
 
-    return table1.reproduce(opts)
-
-
-def _lambda(opts: ReproOptions) -> Any:
-    from fedhp.experiments import lambda_sweep
-
-    return lambda_sweep.reproduce(opts)
-
-
-def _figures(opts: ReproOptions) -> Any:
-    from fedhp.experiments import figures
-
-    return figures.reproduce(opts)
-
-
-def _tune(opts: ReproOptions) -> Any:
-    from fedhp.experiments import tune
-
-    return tune.reproduce(opts)
-
-
-def _fedht(name: str) -> Callable[[ReproOptions], Any]:
     def run(opts: ReproOptions) -> Any:
-        from fedhp.experiments import fedht
-
-        return fedht.reproduce(opts, name)
+        return importlib.import_module(f"fedhp.experiments.{module}").reproduce(opts, *args)
 
     return run
-
-
-def _fnrfl(opts: ReproOptions) -> Any:
-    from fedhp.experiments import fnrfl
-
-    return fnrfl.reproduce(opts)
-
-
-def _fedlps(experiment: str) -> Callable[[ReproOptions], Any]:
-    def run(opts: ReproOptions) -> Any:
-        from fedhp.experiments import fedlps
-
-        return fedlps.reproduce(opts, experiment)
-
-    return run
-
-
-def _robust(opts: ReproOptions) -> Any:
-    from fedhp.experiments import robust
-
-    return robust.reproduce(opts)
-
-
-def _leaf(opts: ReproOptions) -> Any:
-    from fedhp.experiments import leaf
-
-    return leaf.reproduce(opts)
-
-
-def _dp(opts: ReproOptions) -> Any:
-    from fedhp.experiments import dp
-
-    return dp.reproduce(opts)
 
 
 REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
-    "sfedhp-table1": _table1,
-    "sfedhp-lambda": _lambda,
-    "sfedhp-figures": _figures,
-    "sfedhp-tune": _tune,
-    "fedht-sim1": _fedht("sim1"),
-    "fedht-sim2": _fedht("sim2"),
-    "fedht-mnist": _fedht("mnist"),
-    "fedht-libsvm": _fedht("libsvm"),
-    "fedht-noiseless": _fedht("noiseless"),
-    "fnrfl-table2": _fnrfl,
-    "fedlps-table1": _fedlps("table1"),
-    "fedlps-ablation": _fedlps("ablation"),
-    "robust": _robust,
-    "dp": _dp,
-    "leaf-shakespeare": _leaf,
+    "sfedhp-table1": _reproduce("table1"),
+    "sfedhp-lambda": _reproduce("lambda_sweep"),
+    "sfedhp-figures": _reproduce("figures"),
+    "sfedhp-tune": _reproduce("tune"),
+    "fedht-sim1": _reproduce("fedht", "sim1"),
+    "fedht-sim2": _reproduce("fedht", "sim2"),
+    "fedht-mnist": _reproduce("fedht", "mnist"),
+    "fedht-libsvm": _reproduce("fedht", "libsvm"),
+    "fedht-noiseless": _reproduce("fedht", "noiseless"),
+    "fnrfl-table2": _reproduce("fnrfl"),
+    "fedlps-table1": _reproduce("fedlps", "table1"),
+    "fedlps-ablation": _reproduce("fedlps", "ablation"),
+    "robust": _reproduce("robust"),
+    "dp": _reproduce("dp"),
+    "leaf-shakespeare": _reproduce("leaf"),
 }
 
 __all__ = ["REPRODUCTIONS", "ReproOptions"]

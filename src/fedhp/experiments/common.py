@@ -134,6 +134,24 @@ class ReproOptions:
     def runs_dir(self, name: str) -> Path:
         return self.runs if self.runs is not None else self.out_dir(name) / "runs"
 
+    def folders(self, name: str) -> tuple[Path, Path]:
+        """The output folder (``--out``, else ``runs/reproduce/NAME``) and the runs folder
+        (``--runs``, else ``OUT/runs``)."""
+        out = self.out or Path("runs") / "reproduce" / name
+        return out, self.runs or out / "runs"
+
+    def chosen_methods(
+        self, default: Sequence[str], allowed: Sequence[str] | None = None
+    ) -> list[str]:
+        """``--methods``, else ``default``; each must be one of ``allowed`` (default:
+        ``default``)."""
+        allowed = default if allowed is None else allowed
+        methods = self.methods or list(default)
+        for m in methods:
+            if m not in allowed:
+                raise ConfigError(f"--methods: unknown {m!r}; choose from {', '.join(allowed)}")
+        return methods
+
     def base_overrides(self, model: str | None = None) -> list[str]:
         """Dataset, setting, model, rounds and evaluation overrides common to every job."""
         if self.key not in SETTINGS:
@@ -482,3 +500,18 @@ def write_table(out: Path, table: dict[str, Any]) -> None:
     (out / "table.md").write_text(table["markdown"])
     write_json_atomic(out / "table.json", {k: v for k, v in table.items() if k != "markdown"})
     print(table["markdown"])
+
+
+def reproduce_table(
+    opts: ReproOptions,
+    name: str,
+    jobs: Callable[[ReproOptions], list[Job]],
+    build: Callable[[ReproOptions, dict[str, dict[str, Any]]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Run ``jobs(opts)`` into ``opts.runs_dir(name)``, build the table from their results and
+    write it into ``opts.out_dir(name)`` (:func:`write_table`); the table."""
+    out = opts.out_dir(name)
+    results = run_jobs(jobs(opts), opts, opts.runs_dir(name))
+    table = build(opts, results)
+    write_table(out, table)
+    return table

@@ -265,13 +265,9 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     """Run every (method, ε, seed); print the result lines; write the table and the figure."""
     if opts.dataset != "mnist":
         raise ConfigError(f"--dataset: dp runs on mnist, got {opts.dataset!r}")
-    methods = opts.methods or ["fedavg"]
-    for m in methods:
-        if m not in METHODS:
-            raise ConfigError(f"--methods: unknown {m!r}; choose from {', '.join(METHODS)}")
+    methods = opts.chosen_methods(["fedavg"], METHODS)
     tag = ("quick-" if opts.quick else "") + model_of(opts)
-    out = opts.out or Path("runs") / "reproduce" / f"dp-{opts.dataset}-{tag}"
-    runs = opts.runs or out / "runs"
+    out, runs = opts.folders(f"dp-{opts.dataset}-{tag}")
     tasks = [
         (
             (method, eps, seed),

@@ -436,13 +436,9 @@ def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
     lines; write the table and the figure."""
     default = TABLE1 if experiment == "table1" else ABLATION
     allowed = (*TABLE1, *TABLE1_EXTRA) if experiment == "table1" else ABLATION
-    methods = opts.methods or list(default)
-    for m in methods:
-        if m not in allowed:
-            raise ConfigError(f"--methods: unknown {m!r}; choose from {', '.join(allowed)}")
+    methods = opts.chosen_methods(default, allowed)
     tag = "quick" if opts.quick else "paper"
-    out = opts.out or Path("runs") / "reproduce" / f"fedlps-{experiment}-{opts.dataset}-{tag}"
-    runs = opts.runs or out / "runs"
+    out, runs = opts.folders(f"fedlps-{experiment}-{opts.dataset}-{tag}")
     tasks = [
         ((method, seed), run_overrides(opts, method, seed), runs / method / f"seed{seed}")
         for method in methods

@@ -356,15 +356,11 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     import sys
 
     skews = opts.skews or list(DEFAULT_SKEWS)
-    methods = opts.methods or list(METHODS)
-    for m in methods:
-        if m not in METHODS:
-            raise ConfigError(f"--methods: unknown {m!r}; choose from {', '.join(METHODS)}")
+    methods = opts.chosen_methods(METHODS)
     for s in skews:
         skew_overrides(s, opts.dataset)  # validates the name
     tag = ("quick-" if opts.quick else "") + model_of(opts) + ("-leak" if opts.leak else "")
-    out = opts.out or Path("runs") / "reproduce" / f"fnrfl-table2-{opts.dataset}-{tag}"
-    runs = opts.runs or out / "runs"
+    out, runs = opts.folders(f"fnrfl-table2-{opts.dataset}-{tag}")
     tasks = [
         (
             (skew, method, seed),

@@ -331,13 +331,9 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     the tables and the figures."""
     if opts.dataset not in ("mnist", "fmnist"):
         raise ConfigError(f"--dataset: robust runs mnist or fmnist; got {opts.dataset!r}")
-    algorithms = opts.methods or list(ALGORITHMS)
-    for a in algorithms:
-        if a not in ALGORITHMS:
-            raise ConfigError(f"--methods: unknown {a!r}; choose from {', '.join(ALGORITHMS)}")
+    algorithms = opts.chosen_methods(ALGORITHMS)
     tag = "quick" if opts.quick else "full"
-    out = opts.out or Path("runs") / "reproduce" / f"robust-{opts.dataset}-{tag}"
-    runs = opts.runs or out / "runs"
+    out, runs = opts.folders(f"robust-{opts.dataset}-{tag}")
     rows = [row for a in algorithms for row in rows_of(a)]
     tasks = [
         (

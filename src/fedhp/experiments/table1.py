@@ -18,9 +18,8 @@ from fedhp.experiments.common import (
     method_job,
     paper_cell,
     pct,
-    run_jobs,
+    reproduce_table,
     table_result,
-    write_table,
 )
 
 NAME = "sfedhp-table1"
@@ -138,8 +137,4 @@ def build_table(opts: ReproOptions, results: dict[str, dict[str, Any]]) -> dict[
 
 
 def reproduce(opts: ReproOptions) -> dict[str, Any]:
-    out = opts.out_dir(NAME)
-    results = run_jobs(jobs(opts), opts, opts.runs_dir(NAME))
-    table = build_table(opts, results)
-    write_table(out, table)
-    return table
+    return reproduce_table(opts, NAME, jobs, build_table)

@@ -37,20 +37,13 @@ def resolve_run_config(
     import yaml
 
     from fedhp.algorithms import ALGORITHMS
-    from fedhp.cli import warn_repeated
+    from fedhp.cli import split_positionals
     from fedhp.config import config_to_dict, resolve_config
     from fedhp.engine.build import check_components
     from fedhp.errors import ConfigError
     from fedhp.flower.shards import node_count
 
-    config_path: Path | None = None
-    overrides: list[str] = []
-    for i, item in enumerate(items):
-        if i == 0 and "=" not in item:
-            config_path = Path(item)
-        else:
-            overrides.append(item)
-    warn_repeated(overrides)
+    config_path, overrides = split_positionals(items)
     cfg = resolve_config(config_path, overrides, plugins=plugins)
     check_components(cfg)
     if cfg.algorithm.get("name") == "centralized":
@@ -112,7 +105,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def cmd_app(args: argparse.Namespace) -> int:
     require_flower()
-    from fedhp.flower.deploy import write_app
+    from fedhp.flower.packaging import write_app
 
     _, run_config, nodes = resolve_run_config(args.items, args.out, args.plugin)
     app = write_app(Path(args.dir), run_config)
@@ -124,7 +117,8 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     require_flower()
-    from fedhp.flower.deploy import LoopbackFederation, write_app
+    from fedhp.flower.deploy import LoopbackFederation
+    from fedhp.flower.packaging import write_app
 
     items = list(args.items)
     if args.nodes is not None:

@@ -1,271 +1,80 @@
-"""Batched multi-client models over a flat parameter tensor.
+"""The interface of a batched multi-client model over a flat parameter tensor.
 
 Every model's parameters live in ONE flat tensor ``[C, P]`` (a leading client dimension ``C``);
 layers are views into it. Aggregation, sparsification, hard thresholding and byte accounting then
 act on plain ``[C, P]`` tensors, and autograd returns gradients in the same ``[C, P]`` shape.
 
 Models with BatchNorm also have per-client *buffers* (the running means and variances), the rows
-of a ``[C, B]`` tensor beside the parameters (:class:`BufferLayout`); models without have
-``B = 0``. In training mode every client normalizes with its own batch's statistics and updates
-its own row of the buffers in place; in eval mode each client normalizes with the row it is given.
+of a ``[C, B]`` tensor beside the parameters (:class:`~fedhp.models.layout.BufferLayout`); models
+without have ``B = 0``. In training mode every client normalizes with its own batch's statistics
+and updates its own row of the buffers in place; in eval mode each client normalizes with the row
+it is given.
 
 Each model also exposes a plain ``torch.nn.Module`` (its *reference* form) with the same parameter
 and buffer names and order; the reference path and the tests use it to check the batched
 forward/backward.
+
+The parts it is built from have their own modules: the flat layouts (:mod:`fedhp.models.layout`),
+vmap BatchNorm (:mod:`fedhp.models.batchnorm`), FLOP counting (:mod:`fedhp.models.flops`); the
+generic ``vmap`` implementation is :class:`fedhp.models.vmap.VmapModel`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from math import prod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from fedhp.engine.policy import CPU_POLICY, ExecutionPolicy, widened
+from fedhp.models.batchnorm import batch_norm_weight
+from fedhp.models.client_mean import weighted_client_mean
+from fedhp.models.flops import forward_flops, training_flops
+from fedhp.models.layout import BufferLayout, ParamLayout
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 ColumnHook = Callable[[int, int], None]
 """``(lo, hi)``: act in place on columns ``lo .. hi - 1`` of a step's flat rows
 (:meth:`BatchedModel.sgd_step`)."""
 
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One named tensor: its shape and where it sits in the flat vector."""
-
-    name: str
-    shape: tuple[int, ...]
-    offset: int
-
-    @property
-    def numel(self) -> int:
-        return prod(self.shape)
+Params = dict[str, torch.Tensor]
+"""Per-parameter tensors ``name -> [C, *shape]`` (:meth:`BatchedModel.forward_params`)."""
 
 
-class FlatLayout:
-    """The order and shapes of named tensors inside a flat ``[.., N]`` vector."""
+class ForwardOptions(TypedDict, total=False):
+    """The keyword options of :meth:`BatchedModel.forward` (all optional)."""
 
-    def __init__(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        specs: list[ParamSpec] = []
-        offset = 0
-        for name, p in named:
-            specs.append(ParamSpec(name, tuple(p.shape), offset))
-            offset += p.numel()
-        self.specs = tuple(specs)
-        self.size = offset
-
-    def view(self, flat: torch.Tensor, spec: ParamSpec) -> torch.Tensor:
-        """View of one tensor for every client: ``[C, *shape]`` (or ``shape`` for 1-D flat)."""
-        lead = flat.shape[:-1]
-        return flat[..., spec.offset : spec.offset + spec.numel].reshape(*lead, *spec.shape)
-
-    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Name → view, for ``torch.func.functional_call``."""
-        return {s.name: self.view(flat, s) for s in self.specs}
-
-    def _tensors(self, module: nn.Module) -> list[torch.Tensor]:
-        raise NotImplementedError
-
-    def flatten_module(self, module: nn.Module) -> torch.Tensor:
-        """A module's tensors as one flat ``[N]`` tensor (copied)."""
-        tensors = self._tensors(module)
-        if not tensors:
-            return torch.zeros(0)
-        return torch.cat([t.detach().reshape(-1) for t in tensors])
-
-    def load_into(self, module: nn.Module, flat: torch.Tensor) -> None:
-        """Copy a flat ``[N]`` vector into a module's tensors (in place)."""
-        with torch.no_grad():
-            for spec, t in zip(self.specs, self._tensors(module), strict=True):
-                t.copy_(self.view(flat, spec))
+    buffers: torch.Tensor | None
+    """``[C, B]``: each client's BatchNorm running statistics (absent or None: the initial ones)."""
+    train: bool
+    """Normalize with the batch's statistics and update ``buffers`` in place (default False)."""
 
 
-class ParamLayout(FlatLayout):
-    """The order and shapes of a module's parameters inside the flat ``[.., P]`` vector."""
+class FeatureOptions(ForwardOptions, total=False):
+    """The keyword options of :meth:`BatchedModel.forward_with_features` and
+    :meth:`BatchedModel.forward_params`."""
 
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__(list(module.named_parameters()))
-
-    def _tensors(self, module: nn.Module) -> list[torch.Tensor]:
-        return list(module.parameters())
-
-
-class BufferLayout(FlatLayout):
-    """A module's floating-point buffers (BatchNorm running means and variances) inside the flat
-    ``[.., B]`` buffer vector.
-
-    BatchNorm's integer ``num_batches_tracked`` counters are left out: they only matter with
-    ``momentum=None`` (a cumulative average), which is refused here; with a fixed momentum they
-    are never read."""
-
-    def __init__(self, module: nn.Module) -> None:
-        for name, m in module.named_modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None:
-                raise ValueError(f"{name}: BatchNorm with momentum=None is not supported")
-        super().__init__([(n, b) for n, b in module.named_buffers() if b.is_floating_point()])
-
-    def _tensors(self, module: nn.Module) -> list[torch.Tensor]:
-        return [b for b in module.buffers() if b.is_floating_point()]
+    weight: torch.Tensor | None
+    """``[C, B]`` (training mode): per-sample weights of the BatchNorm batch statistics (padding
+    has weight 0); models without BatchNorm ignore it."""
 
 
-class _VmapBatchNorm(nn.modules.batchnorm._BatchNorm):
-    """BatchNorm whose running-statistics update works under ``torch.func.vmap`` (the built-in
-    one's batching rule does not write the update back into batched buffers). Normalization is
-    ``F.batch_norm``'s; the update is PyTorch's: ``r <- (1 - m) r + m stat`` with the unbiased
-    batch variance. Swapped in for ``BatchNorm1d/2d`` on the vectorized path only.
+class LossOptions(TypedDict, total=False):
+    """The keyword options of :meth:`BatchedModel.loss_and_grad` and
+    :meth:`BatchedModel.loss_grad_correct` (all optional)."""
 
-    ``sample_weight [N]`` (set by :func:`sample_weights` for one call): training-mode statistics
-    over the samples weighted by it, so that padding (weight 0, e.g. a partial last batch) is
-    left out exactly as a smaller batch would leave it out."""
-
-    sample_weight: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training and self.track_running_stats:
-            return F.batch_norm(
-                x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
-            )
-        if self.sample_weight is not None:
-            return self._weighted(x, self.sample_weight)
-        if self.track_running_stats and self.running_mean is not None:
-            assert self.running_var is not None and self.momentum is not None
-            dims = [0, *range(2, x.dim())]
-            n = x.numel() // x.shape[1]
-            with torch.no_grad():
-                var, mean = torch.var_mean(x, dims, correction=1 if n > 1 else 0)
-                self._update_running(mean, var)
-        return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
-
-    def _update_running(self, mean: torch.Tensor, unbiased_var: torch.Tensor) -> None:
-        assert self.running_mean is not None and self.running_var is not None
-        assert self.momentum is not None
-        self.running_mean.mul_(1 - self.momentum).add_(mean, alpha=self.momentum)
-        self.running_var.mul_(1 - self.momentum).add_(unbiased_var, alpha=self.momentum)
-
-    def _weighted(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """Batch normalization with statistics weighted by ``w [N]`` (per sample; spatial
-        positions share their sample's weight)."""
-        dims = [0, *range(2, x.dim())]
-        shape = (1, -1, *[1] * (x.dim() - 2))
-        wx = w.reshape(-1, *[1] * (x.dim() - 1)).to(x.dtype)
-        total = (w.sum() * (x[0, 0].numel())).clamp(min=torch.finfo(x.dtype).tiny)
-        mean = (x * wx).sum(dims) / total
-        centred = x - mean.reshape(shape)
-        var = (centred.square() * wx).sum(dims) / total
-        if self.track_running_stats and self.running_mean is not None:
-            with torch.no_grad():
-                unbiased = torch.where(total > 1, var * total / (total - 1).clamp(min=1e-12), var)
-                self._update_running(mean, unbiased)
-        out = centred * torch.rsqrt(var + self.eps).reshape(shape)
-        if self.weight is not None and self.bias is not None:
-            out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
-        return out
-
-
-@contextlib.contextmanager
-def sample_weights(module: nn.Module, weight: torch.Tensor | None) -> Iterator[None]:
-    """Within the block, the :class:`_VmapBatchNorm` layers of ``module`` take their training
-    statistics over the samples weighted by ``weight [N]`` (None: every sample counts)."""
-    layers = [m for m in module.modules() if isinstance(m, _VmapBatchNorm)]
-    for m in layers:
-        m.sample_weight = weight
-    try:
-        yield
-    finally:
-        for m in layers:
-            m.sample_weight = None
-
-
-def vmappable(module: nn.Module) -> nn.Module:
-    """``module`` itself if it has no BatchNorm, else a copy whose BatchNorm layers update their
-    running statistics under ``vmap`` (same parameter and buffer names)."""
-    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
-        return module
-    out = copy.deepcopy(module)
-    for m in out.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.__class__ = type(f"Vmap{type(m).__name__}", (_VmapBatchNorm, type(m)), {})
-    return out
-
-
-class FeatureNet(nn.Module):
-    """A network split into a feature extractor and a linear head: ``forward(x)`` is
-    ``head(embed(x))``; ``forward(x, features=True)`` also returns the penultimate features."""
-
-    def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Penultimate features ``[B, H]``."""
-        raise NotImplementedError
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, K]`` from features."""
-        raise NotImplementedError
-
-    def forward(
-        self, x: torch.Tensor, features: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        h = self.embed(x)
-        out = self.head(h)
-        return (out, h) if features else out
-
-
-def batch_norm_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
-    """``weight [C, B]`` as BatchNorm's per-sample statistic weights, or None when every sample
-    counts fully (all ones: PyTorch's own fused batch norm is then used, bit for bit)."""
-    if weight is None or bool((weight == 1).all()):
-        return None
-    return weight
-
-
-def weighted_client_mean(losses: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """Per-client mean ``[C]`` of per-sample values ``[C, B]``, weighted by ``weight [C, B]``
-    (plain mean without weights; rows of zero total weight give 0)."""
-    if weight is None:
-        return losses.mean(1)
-    return (losses * weight).sum(1) / sample_weight_totals(weight)
-
-
-def sample_weight_totals(weight: torch.Tensor) -> torch.Tensor:
-    """Per-client total weight ``[C]`` of ``weight [C, B]``, kept away from zero."""
-    return weight.sum(1).clamp(min=torch.finfo(weight.dtype).tiny)
-
-
-def training_flops(module: nn.Module, feature_shape: tuple[int, ...], batch: int = 2) -> int:
-    """Training FLOPs of one sample for ``module``: a forward pass and the backward pass of the
-    cross-entropy loss with respect to the parameters only, as PyTorch's FlopCounterMode counts
-    them (2 per multiply-add of matrix products and convolutions; bias additions, activations,
-    normalization and the loss are not counted).
-
-    The input does not need a gradient, so the first layer's input gradient, which no training
-    step needs and the engine never computes, is not counted: the first layer's backward pass
-    costs its forward FLOPs once (the weight gradient), every later layer's twice (weight and
-    input gradients). The count runs on the meta device (no arithmetic, no memory; on the
-    CPU if an operation has no meta kernel) in training mode, over ``batch`` samples (the
-    counts are linear in the batch; 2 keeps BatchNorm's training statistics defined)."""
-    try:
-        return _training_flops(module, feature_shape, batch, torch.device("meta"))
-    except (NotImplementedError, RuntimeError):  # an operation without a meta kernel
-        return _training_flops(module, feature_shape, batch, torch.device("cpu"))
-
-
-def _training_flops(
-    module: nn.Module, feature_shape: tuple[int, ...], batch: int, device: torch.device
-) -> int:
-    clone = copy.deepcopy(module).to(device).train()
-    x = torch.zeros(batch, *feature_shape, device=device)
-    y = torch.zeros(batch, dtype=torch.long, device=device)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        F.cross_entropy(clone(x), y).backward()
-    total = int(counter.get_total_flops())
-    if total % batch:
-        raise AssertionError(f"training FLOPs {total} not a multiple of the batch {batch}")
-    return total // batch
+    buffers: torch.Tensor | None
+    """``[C, B]``: updated in place with the batches' statistics (training mode)."""
+    weight: torch.Tensor | None
+    """``[C, B]``: per-sample weights; each client's loss is then the weighted mean over its
+    samples (0 for padding, e.g. a partial last batch; a row of zeros gives loss 0 and gradient
+    0)."""
 
 
 class BatchedModel(ABC):
@@ -335,56 +144,31 @@ class BatchedModel(ABC):
 
     @abstractmethod
     def forward(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[ForwardOptions]
     ) -> torch.Tensor:
-        """Logits ``[C, B, K]`` for parameters ``[C, P]`` and inputs ``[C, B, *feature_shape]``.
-
-        ``buffers [C, B]``: each client's BatchNorm running statistics (None: the initial ones);
-        ``train``: normalize with the batch's statistics and update ``buffers`` in place."""
+        """Logits ``[C, B, K]`` for parameters ``[C, P]`` and inputs ``[C, B, *feature_shape]``
+        (options: :class:`ForwardOptions`)."""
 
     @abstractmethod
     def forward_with_features(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[FeatureOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[C, B, K]`` and the penultimate features ``[C, B, H]`` (the head's input) in
-        one differentiable forward, e.g. for feature-norm penalties or representations.
-
-        ``weight [C, B]`` (optional, training mode): per-sample weights of the BatchNorm batch
-        statistics (padding has weight 0); models without BatchNorm ignore it."""
+        one differentiable forward, e.g. for feature-norm penalties or representations (options:
+        :class:`FeatureOptions`)."""
 
     def loss_and_grad(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]`` (training mode:
-        ``buffers [C, B]``, if given, are updated in place with the batches' statistics).
-
-        ``weight [C, B]`` (optional): per-sample weights; each client's loss is then the weighted
-        mean over its samples (0 for padding, e.g. a partial last batch; a row of zeros gives
-        loss 0 and gradient 0).
+        """Per-client mean cross-entropy ``[C]`` and its gradient ``[C, P]`` in training mode
+        (options: :class:`LossOptions`).
 
         Autograd over per-layer leaf copies (not over slices of the flat tensor, whose backward
         would materialize a zero-filled ``[C, P]`` buffer per parameter). The clients' losses are
         summed before differentiation; as clients share no parameters, row c of the gradient is
         exactly the gradient of client c's own loss.
         """
-        loss, grad, _ = self._autograd_loss(flat, x, y, buffers, weight)
+        loss, grad, _ = self._autograd_loss(flat, x, y, opts.get("buffers"), opts.get("weight"))
         return loss, grad
 
     def sgd_step(
@@ -437,21 +221,16 @@ class BatchedModel(ABC):
         return per_client.detach(), grad, logits.detach()
 
     def loss_grad_correct(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`loss_and_grad` plus each sample's correctness ``[C, B]`` (bool) under the same
         training-mode forward (no second forward on the generic autograd path; models with their
         own ``loss_and_grad`` add an evaluation forward)."""
+        buffers = opts.get("buffers")
         if type(self).loss_and_grad is BatchedModel.loss_and_grad:
-            loss, grad, logits = self._autograd_loss(flat, x, y, buffers, weight)
+            loss, grad, logits = self._autograd_loss(flat, x, y, buffers, opts.get("weight"))
             return loss, grad, self.correct(logits, y)
-        loss, grad = self.loss_and_grad(flat, x, y, buffers=buffers, weight=weight)
+        loss, grad = self.loss_and_grad(flat, x, y, **opts)
         with torch.no_grad():
             return loss, grad, self.correct(self.forward(flat, x, buffers=buffers), y)
 
@@ -469,20 +248,14 @@ class BatchedModel(ABC):
         return torch.zeros(flat.shape[:-1], dtype=flat.dtype, device=flat.device)
 
     def forward_params(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
+        self, params: Params, x: torch.Tensor, **opts: Unpack[FeatureOptions]
     ) -> torch.Tensor:
         """Like :meth:`forward`, from per-parameter tensors ``name -> [C, *shape]``.
 
-        ``weight [C, B]``: per-sample weights of BatchNorm's batch statistics (see
-        :meth:`forward_with_features`); this generic form has no BatchNorm and ignores them."""
+        ``weight``: see :class:`FeatureOptions`; this generic form has no BatchNorm and ignores
+        it."""
         flat = torch.cat([params[s.name].reshape(x.shape[0], -1) for s in self.layout.specs], 1)
-        return self.forward(flat, x, buffers=buffers, train=train)
+        return self.forward(flat, x, buffers=opts.get("buffers"), train=opts.get("train", False))
 
     def make_module(self, flat: torch.Tensor, buffers: torch.Tensor | None = None) -> nn.Module:
         """A fresh plain ``nn.Module`` holding the flat ``[P]`` parameters and ``[B]`` buffers
@@ -501,13 +274,9 @@ class BatchedModel(ABC):
         return self._flops
 
     def flops_per_sample(self) -> int:
-        """Forward FLOPs for one sample (counted by PyTorch's FlopCounterMode)."""
-        x = torch.zeros(1, *self.feature_shape)
-        counter = FlopCounterMode(display=False)
-        module = copy.deepcopy(self.reference).eval()
-        with counter, torch.no_grad():
-            module(x)
-        return int(counter.get_total_flops())
+        """Forward FLOPs for one sample (:func:`~fedhp.models.flops.forward_flops` of the reference
+        module)."""
+        return forward_flops(self.reference, self.feature_shape)
 
     def train_flops_per_sample(self) -> int:
         """Training FLOPs of one sample, as the engine computes them (:func:`training_flops` of
@@ -527,145 +296,3 @@ class BatchedModel(ABC):
         """Training FLOPs of the gradient evaluations counted so far: :attr:`trained_samples`
         times :meth:`train_flops_per_sample`."""
         return self.trained_samples * self.train_flops_per_sample()
-
-
-class VmapModel(BatchedModel):
-    """Generic batched form of any module, via ``torch.func.vmap`` over ``functional_call``.
-
-    One client of a large model (:meth:`~fedhp.engine.policy.ExecutionPolicy.direct`: at least
-    2.5 M parameters; the CPU trains such models client by client) is run by a plain
-    ``functional_call`` of the reference module instead: vmap's batched-weight convolutions cost
-    about twice a plain loop's for VGG-11 (docs/benchmarks.md). Feature taps need a
-    :class:`FeatureNet` reference."""
-
-    def __init__(self, reference: nn.Module, feature_shape: tuple[int, ...], num_classes: int):
-        super().__init__(reference, feature_shape, num_classes)
-        self.functional = vmappable(reference)
-
-    def forward(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-    ) -> torch.Tensor:
-        return self.forward_params(self.layout.unflatten(flat), x, buffers=buffers, train=train)
-
-    def forward_params(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        out = self._call(params, x, buffers, train, False, weight)
-        assert isinstance(out, torch.Tensor)
-        return out
-
-    def forward_with_features(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(self.reference, FeatureNet):
-            raise TypeError(f"{type(self.reference).__name__} has no features/head split")
-        out = self._call(
-            self.layout.unflatten(flat), x, buffers, train, True, self.statistic_weight(weight)
-        )
-        assert isinstance(out, tuple)
-        return out
-
-    def _call(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        buffers: torch.Tensor | None,
-        train: bool,
-        features: bool,
-        weight: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        kwargs = {"features": True} if features else {}
-        x = self.policy.arrange(x)
-        if weight is not None and self.num_buffers and train:
-            return self._call_weighted(params, x, buffers, weight, kwargs)
-        if self.policy.direct(x.shape[0], self.num_params):
-            return self._call_one(params, x, buffers, train, kwargs)
-        module = self.functional
-        module.train(train)
-        if self.num_buffers == 0:
-
-            def one(p: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
-                return torch.func.functional_call(module, p, (xb,), kwargs)
-
-            return torch.func.vmap(one, randomness="different")(params, x)
-        bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
-
-        def one_bn(
-            p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xb: torch.Tensor
-        ) -> torch.Tensor:
-            return torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
-
-        return torch.func.vmap(one_bn, randomness="different")(params, bufs, x)
-
-    def _call_weighted(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        buffers: torch.Tensor | None,
-        weight: torch.Tensor,
-        kwargs: dict[str, bool],
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Training-mode forward whose BatchNorm statistics weight each client's samples by
-        ``weight [C, B]`` (one client without vmap, as in :meth:`_call_one`)."""
-        module = self.functional
-        module.train(True)
-        bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
-
-        def one(
-            p: dict[str, torch.Tensor],
-            b: dict[str, torch.Tensor],
-            xb: torch.Tensor,
-            wb: torch.Tensor,
-        ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-            with sample_weights(module, wb):
-                out = torch.func.functional_call(module, {**p, **b}, (xb,), kwargs)
-            return out
-
-        if self.policy.direct(x.shape[0], self.num_params):
-            out = one(
-                {k: v[0] for k, v in params.items()},
-                {k: v[0] for k, v in bufs.items()},
-                x[0],
-                weight[0],
-            )
-            if isinstance(out, tuple):
-                return out[0].unsqueeze(0), out[1].unsqueeze(0)
-            return out.unsqueeze(0)
-        return torch.func.vmap(one, randomness="different")(params, bufs, x, weight)
-
-    def _call_one(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        buffers: torch.Tensor | None,
-        train: bool,
-        kwargs: dict[str, bool],
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """One client (``x [1, B, ...]``) without vmap; BatchNorm updates ``buffers`` in place."""
-        tensors = {k: v[0] for k, v in params.items()}
-        if self.num_buffers:
-            bufs = self.buffer_layout.unflatten(self._buffers_for(x, buffers))
-            tensors.update({k: v[0] for k, v in bufs.items()})
-        module = self.reference
-        module.train(train)
-        out = torch.func.functional_call(module, tensors, (x[0],), kwargs)
-        if isinstance(out, tuple):
-            return out[0].unsqueeze(0), out[1].unsqueeze(0)
-        return out.unsqueeze(0)

@@ -18,11 +18,14 @@ nothing changes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedhp.models.base import BatchedModel, ColumnHook
+from fedhp.models.base import BatchedModel, LossOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 EPS = 1e-6
 """What ``torch.nn.utils.clip_grad_norm_`` adds to the norm."""
@@ -46,49 +49,28 @@ class ClippedGradients(BatchedModel):
         return grad if self._nested else clip_rows_(grad, self.clip_grad_norm)
 
     def loss_and_grad(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        loss, grad = super().loss_and_grad(flat, x, y, buffers=buffers, weight=weight)
+        loss, grad = super().loss_and_grad(flat, x, y, **opts)
         return loss, self._clip(grad)
 
     def loss_grad_correct(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._unclipped.loss_and_grad is BatchedModel.loss_and_grad:  # one forward
+            buffers, weight = opts.get("buffers"), opts.get("weight")
             loss, grad, logits = self._autograd_loss(flat, x, y, buffers, weight)
             return loss, self._clip(grad), self.correct(logits, y)
         self._nested = True  # the model's own loss_and_grad inside: clip once, here
         try:
-            loss, grad, correct = super().loss_grad_correct(
-                flat, x, y, buffers=buffers, weight=weight
-            )
+            loss, grad, correct = super().loss_grad_correct(flat, x, y, **opts)
         finally:
             self._nested = False
         return loss, self._clip(grad), correct
 
-    def sgd_step(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        lr: float,
-        before: ColumnHook | None = None,
-    ) -> torch.Tensor:
-        """The plain step (no fused update inside the backward): clipped gradient, ``before``
-        on every parameter's columns, then ``flat -= lr * grad``."""
-        return BatchedModel.sgd_step(self, flat, x, y, lr, before)
+    sgd_step = BatchedModel.sgd_step
+    """The plain step (no fused update inside the backward): clipped gradient, ``before`` on every
+    parameter's columns, then ``flat -= lr * grad``."""
 
 
 _CLASSES: dict[type, type] = {}

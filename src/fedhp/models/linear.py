@@ -13,6 +13,7 @@ per column with ``sparsity_groups = c``. Inputs are dense ``[C, B, *features]`` 
 from __future__ import annotations
 
 from math import prod
+from typing import TYPE_CHECKING
 
 import pydantic
 import torch
@@ -20,8 +21,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhp.errors import ConfigError
-from fedhp.models.base import BatchedModel, sample_weight_totals, weighted_client_mean
+from fedhp.models.base import BatchedModel, FeatureOptions, ForwardOptions, LossOptions
+from fedhp.models.client_mean import sample_weight_totals, weighted_client_mean
 from fedhp.models.zoo import MODELS, ModelOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def linear_logits(weights: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -65,23 +70,12 @@ class LinearModel(BatchedModel):
         self.sparsity_groups = out
 
     def forward(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[ForwardOptions]
     ) -> torch.Tensor:
         return linear_logits(flat.reshape(flat.shape[0], self.out, self.d), x)
 
     def forward_with_features(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[FeatureOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and the features the single linear layer reads: the (dense) inputs."""
         features = x.to_dense() if x.is_sparse else x
@@ -107,19 +101,14 @@ class LinearModel(BatchedModel):
         return 0.5 * self.lam * flat.pow(2).sum(-1)
 
     def loss_and_grad(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-client objective (weighted mean loss over ``weight [C, B]`` if given, plus the
         regularizer) and its closed-form gradient; no buffers (no BatchNorm)."""
         with torch.no_grad():
             logits = self.forward(flat, x)
             samples = self.sample_losses(logits, y)
+            weight = opts.get("weight")
             loss = weighted_client_mean(samples, weight) + self.regularizer(flat)
             if weight is None:
                 delta = self.dlogits(logits, y) / y.shape[1]

@@ -29,7 +29,7 @@ computed too: the embedding is trained).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 import torch
@@ -37,9 +37,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedhp.errors import ConfigError
-from fedhp.models.base import BatchedModel, FeatureNet
+from fedhp.models.base import BatchedModel, FeatureOptions, ForwardOptions, Params
+from fedhp.models.feature_net import FeatureNet
 from fedhp.models.masks import UnitGroup
 from fedhp.models.zoo import MODELS, ModelOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 FUSED_MIN_HIDDEN = 64
 """From this many hidden units on, the CPU forward runs each client through the fused kernel
@@ -148,34 +152,17 @@ class BatchedLSTM(BatchedModel):
 
     # ------------------------------------------------------------------ forward
     def forward(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[ForwardOptions]
     ) -> torch.Tensor:
         return self.forward_params(self.layout.unflatten(flat), x)
 
     def forward_params(
-        self,
-        params: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
+        self, params: Params, x: torch.Tensor, **opts: Unpack[FeatureOptions]
     ) -> torch.Tensor:
         return self._head(params, self._features(params, x))
 
     def forward_with_features(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[FeatureOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         params = self.layout.unflatten(flat)
         h = self._features(params, x)

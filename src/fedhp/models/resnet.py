@@ -1,12 +1,12 @@
 """ResNet-18 in its CIFAR form (He et al. 2016; the 3x3-stem variant without max-pooling that
-FL papers train on 32x32 images), as a :class:`~fedhp.models.base.FeatureNet`."""
+FL papers train on 32x32 images), as a :class:`~fedhp.models.feature_net.FeatureNet`."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from fedhp.models.base import FeatureNet
+from fedhp.models.feature_net import FeatureNet
 
 
 class BasicBlock(nn.Module):

@@ -7,7 +7,7 @@ Each entry is a pydantic options model registered in :data:`MODELS` whose ``buil
 from __future__ import annotations
 
 from math import prod
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pydantic
 import torch
@@ -15,15 +15,14 @@ from torch import nn
 
 from fedhp.engine.policy import SMALL_LAYER
 from fedhp.errors import ConfigError
-from fedhp.models.base import (
-    BatchedModel,
-    ColumnHook,
-    FeatureNet,
-    VmapModel,
-    sample_weight_totals,
-    weighted_client_mean,
-)
+from fedhp.models.base import BatchedModel, ColumnHook, FeatureOptions, ForwardOptions, LossOptions
+from fedhp.models.client_mean import sample_weight_totals, weighted_client_mean
+from fedhp.models.feature_net import FeatureNet
+from fedhp.models.vmap import VmapModel
 from fedhp.registry import Registry
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class ModelOptions(pydantic.BaseModel):
@@ -117,23 +116,12 @@ class BatchedMLP(BatchedModel):
         return acts
 
     def forward(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[ForwardOptions]
     ) -> torch.Tensor:
         return self._activations(flat, x)[-1]
 
     def forward_with_features(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        train: bool = False,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, **opts: Unpack[FeatureOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[C, B, K]`` and the penultimate features ``[C, B, H]`` (the last layer's
         input), differentiable, for feature-level penalties such as feature-norm regularization."""
@@ -189,32 +177,20 @@ class BatchedMLP(BatchedModel):
             return loss
 
     def loss_and_grad(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.policy.bf16:  # the generic autograd path under autocast
-            return super().loss_and_grad(flat, x, y, buffers=buffers, weight=weight)
-        loss, grad, _ = self._loss_grad_logits(flat, x, y, weight)
+            return super().loss_and_grad(flat, x, y, **opts)
+        loss, grad, _ = self._loss_grad_logits(flat, x, y, opts.get("weight"))
         return loss, grad
 
     def loss_grad_correct(
-        self,
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        *,
-        buffers: torch.Tensor | None = None,
-        weight: torch.Tensor | None = None,
+        self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Unpack[LossOptions]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`loss_and_grad` and each sample's correctness from the same forward pass."""
         if self.policy.bf16:
-            return super().loss_grad_correct(flat, x, y, buffers=buffers, weight=weight)
-        loss, grad, logits = self._loss_grad_logits(flat, x, y, weight)
+            return super().loss_grad_correct(flat, x, y, **opts)
+        loss, grad, logits = self._loss_grad_logits(flat, x, y, opts.get("weight"))
         return loss, grad, self.correct(logits, y)
 
     def _loss_grad_logits(
