@@ -350,6 +350,23 @@ def run_keyed(
     return done
 
 
+def run_method_seeds(
+    opts: ReproOptions,
+    methods: Sequence[str],
+    overrides: Callable[[str, int], list[str]],
+    runs: Path,
+    accuracy: Callable[[Path, dict[str, Any]], float] | None = None,
+) -> dict[tuple[str, int], dict[str, Any]]:
+    """:func:`run_keyed` over every (method, seed 0..opts.seeds-1), run in
+    ``runs/<method>/seed<seed>`` with ``overrides(method, seed)``; summaries by (method, seed)."""
+    tasks = [
+        ((method, seed), overrides(method, seed), runs / method / f"seed{seed}")
+        for method in methods
+        for seed in range(opts.seeds)
+    ]
+    return run_keyed(opts, tasks, lambda k: f"{k[0]} seed {k[1]}", accuracy)
+
+
 def run_jobs(
     jobs: Sequence[Job], opts: ReproOptions, runs_dir: Path, run: Callable[..., Any] = run_config
 ) -> dict[str, dict[str, Any]]:

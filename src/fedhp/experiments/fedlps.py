@@ -38,7 +38,7 @@ from fedhp.experiments.common import (
     inputs_text,
     markdown_table,
     mean_std,
-    run_keyed,
+    run_method_seeds,
 )
 from fedhp.experiments.figures import read_metrics
 from fedhp.reporting import plot_curves, write_json_atomic
@@ -439,15 +439,11 @@ def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
     methods = opts.chosen_methods(default, allowed)
     tag = "quick" if opts.quick else "paper"
     out, runs = opts.folders(f"fedlps-{experiment}-{opts.dataset}-{tag}")
-    tasks = [
-        ((method, seed), run_overrides(opts, method, seed), runs / method / f"seed{seed}")
-        for method in methods
-        for seed in range(opts.seeds)
-    ]
-    done = run_keyed(
+    done = run_method_seeds(
         opts,
-        tasks,
-        lambda k: f"{k[0]} seed {k[1]}",
+        methods,
+        lambda method, seed: run_overrides(opts, method, seed),
+        runs,
         lambda folder, _: personal_curve(folder)[-1][1],
     )
     rows: list[dict[str, Any]] = []

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_keyed
+from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_method_seeds
 from fedhp.experiments.figures import read_metrics
 from fedhp.reporting import plot_curves, write_json_atomic
 
@@ -298,28 +298,15 @@ def describe(opts: ReproOptions, scale: Scale, fed: Federation) -> str:
 def reproduce(opts: ReproOptions, scale: Scale | None = None) -> dict[str, Any]:
     """Run every (method, seed); print the result lines; write the table and the figure
     (``scale``: another size than the paper's / ``--quick``, for tests)."""
-    methods = opts.methods or list(METHODS)
-    for m in methods:
-        if m not in METHODS:
-            raise ConfigError(f"--methods: unknown {m!r}; choose from {', '.join(METHODS)}")
+    methods = opts.chosen_methods(METHODS)
     scale = scale or scale_of(opts)
     fed = federation_of(scale, opts.data_dir)
-    tag = "quick" if opts.quick else "paper"
-    out = opts.out or Path("runs") / "reproduce" / f"leaf-shakespeare-{tag}"
-    runs = opts.runs or out / "runs"
-    tasks = [
-        (
-            (method, seed),
-            run_overrides(opts, method, seed, scale, fed),
-            runs / method / f"seed{seed}",
-        )
-        for method in methods
-        for seed in range(opts.seeds)
-    ]
-    done = run_keyed(
+    out, runs = opts.folders(f"leaf-shakespeare-{'quick' if opts.quick else 'paper'}")
+    done = run_method_seeds(
         opts,
-        tasks,
-        lambda k: f"{k[0]} seed {k[1]}",
+        methods,
+        lambda method, seed: run_overrides(opts, method, seed, scale, fed),
+        runs,
         lambda folder, _: _last(folder),
     )
     rows: list[dict[str, Any]] = []
