@@ -11,12 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fedhp.robust as robust
+import fedhp.engine.robust as robust
 from fedhp.engine.ops import weighted_mean
 from fedhp.errors import ConfigError
 from fedhp.registry import validate
-from fedhp.robust import (
-    RobustOptions,
+from fedhp.robust import RobustOptions
+from fedhp.engine.robust import (
     aggregate,
     bucketed,
     clip_updates,

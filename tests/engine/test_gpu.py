@@ -43,18 +43,14 @@ from typing import Any
 import pytest
 import torch
 
+from fedhp import build
 from fedhp.algorithms import ALGORITHMS
+from fedhp.build import build_experiment
 from fedhp.config import RunConfig, resolve_config
 from fedhp.data.public import PublicData
 from fedhp.data.types import ClientData, DatasetArrays
-from fedhp.engine import build
-from fedhp.engine.build import (
-    ENGINE_SEED_OFFSET,
-    MODEL_SEED_OFFSET,
-    Experiment,
-    build_experiment,
-)
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from fedhp.engine.experiment import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.ops import sgd_steps
 from fedhp.engine.policy import ROW_COPIES, ExecutionPolicy, build_policy
 from fedhp.engine.runner import run_experiment

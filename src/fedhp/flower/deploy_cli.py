@@ -37,9 +37,9 @@ def resolve_run_config(
     import yaml
 
     from fedhp.algorithms import ALGORITHMS
+    from fedhp.build import check_components
     from fedhp.cli import warn_repeated
     from fedhp.config import config_to_dict, resolve_config
-    from fedhp.engine.build import check_components
     from fedhp.errors import ConfigError
     from fedhp.flower.shards import node_count
 
