@@ -40,6 +40,7 @@ import torch
 
 from fedhp.config import config_to_dict, normalized_config, with_added_defaults
 from fedhp.engine.disk_state import DiskState
+from fedhp.engine.experiment import EngineExperiment
 from fedhp.errors import FedhpError
 from fedhp.reporting import _atomic_write, write_json_atomic
 
@@ -243,7 +244,10 @@ def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | N
 
 
 def restore_checkpoint(
-    exp: Any, state: dict[str, torch.Tensor], out_dir: Path, disk: DiskState | None = None
+    exp: EngineExperiment,
+    state: dict[str, torch.Tensor],
+    out_dir: Path,
+    disk: DiskState | None = None,
 ) -> Snapshot | None:
     """Load ``out_dir``'s checkpoint into ``state`` (the run ``exp``'s, just initialized), the
     RNGs and the ledger, or raise a one-line :class:`CheckpointError` if it belongs to another

@@ -127,6 +127,13 @@ def _charge_evaluation(exp: EngineExperiment, state: State, rnd: int) -> None:
     )
 
 
+def _roll_back(state: State, snap: Snapshot, exp: EngineExperiment) -> None:
+    """Put ``state`` and the ledger back to the last good round's ``snap``."""
+    state.clear()
+    state.update(snap.state_copy())
+    exp.ctx.ledger.load_state_dict(snap.ledger)
+
+
 def disk_state(exp: EngineExperiment, out_dir: Path | None) -> DiskState | None:
     """The run's disk-backed per-client state (``state_storage: disk``; None: in RAM), in
     ``state_dir`` or ``<out>/state`` (a temporary folder without an out folder)."""
@@ -277,9 +284,7 @@ def run_experiment(
                 else:
                     stats = driver.run_round(state, rnd)
             except RoundSkipped as why:
-                state.clear()
-                state.update(snap.state_copy())
-                ledger.load_state_dict(snap.ledger)  # drop anything recorded before the skip
+                _roll_back(state, snap, exp)  # (and drop anything billed before the skip)
                 stats = {}
                 released = False
                 _round_skipped(exp, rnd, str(why))
@@ -298,11 +303,9 @@ def run_experiment(
                 problem = problem or divergence_problem({}, evals, cfg.max_loss)
             if problem is not None:
                 error = divergence_error(exp, rnd, problem, out_dir)
-                state.clear()
-                state.update(snap.state_copy())  # keep the last good state, not the diverged one
+                _roll_back(state, snap, exp)  # keep the last good state, not the diverged one
                 if disk is not None:
                     disk.rebind(state)
-                ledger.load_state_dict(snap.ledger)
                 break
             rounds_done = rnd + 1
             if privacy is not None and released:
