@@ -2,7 +2,7 @@
 agrees with the same run on the CPU to 1e-4 (global models, personalized models, the whole
 algorithm state, the round's statistics and the evaluated losses).
 
-The same seed does not give the same random draws on both devices (``engine/build.py``): a CUDA
+The same seed does not give the same random draws on both devices (``fedhp/build.py``): a CUDA
 run draws its minibatches from a CUDA generator of its own (another stream), while a CPU run
 draws them from the engine generator ``ctx.generator`` itself, which therefore also sits at
 other positions for everything else drawn from it (client sampling, capabilities, P-UCBV, FNR-FL's
@@ -168,7 +168,7 @@ def _full_float32() -> Iterator[None]:
 
 
 def fabricated(cfg: RunConfig) -> tuple[DatasetArrays, list[ClientData], PublicData | None]:
-    """Stands in for :func:`fedhp.engine.build.partition_data`: every client holds ``TRAIN`` /
+    """Stands in for :func:`fedhp.build.partition_data`: every client holds ``TRAIN`` /
     ``TEST`` / ``VAL`` samples of every class (noisy class patterns, learnable), D_pub
     ``PUBLIC`` per class where ``public.per_class`` asks for one. For the linear sparse-learning
     models (:data:`SPARSE_MODELS`) the features are flat, 70% zeros and kept sparse (COO, as
@@ -233,7 +233,7 @@ def host_draws(exp: Experiment) -> None:
 
 def own_sampler_stream(exp: Experiment) -> None:
     """Make a CPU experiment draw its minibatches from a generator of their own, as a CUDA run
-    does (seeded as ``engine/build.py`` seeds the CUDA one; its draws differ all the same)."""
+    does (seeded as ``fedhp/build.py`` seeds the CUDA one; its draws differ all the same)."""
     ctx = exp.ctx
     ctx.sampler = ctx.sampler.with_generator(
         torch.Generator().manual_seed(exp.cfg.seed + ENGINE_SEED_OFFSET + 1)

@@ -95,7 +95,7 @@ RESULT_FILES = (
 )
 
 
-def _round_skipped(exp: EngineExperiment, rnd: int, why: str) -> None:
+def _round_skipped(rnd: int, why: str) -> None:
     tqdm.write(f"fedhp: round {rnd + 1}: {why}; round skipped (model unchanged)", file=sys.stderr)
 
 
@@ -287,7 +287,7 @@ def run_experiment(
                 _roll_back(state, snap, exp)  # (and drop anything billed before the skip)
                 stats = {}
                 released = False
-                _round_skipped(exp, rnd, str(why))
+                _round_skipped(rnd, str(why))
             else:
                 _charge_stragglers(exp, snap.state)
             if disk is not None:  # (a replaced or rolled-back entry back into its file)
