@@ -65,8 +65,9 @@ from collections.abc import Callable
 
 import torch
 
+from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment, build_experiment
+from fedhp.engine.experiment import MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.ops import _sgd_loop, sgd_steps, weighted_mean
 from fedhp.engine.policy import build_policy
 from fedhp.engine.reference import reference_fedavg_round, reference_local_sgd

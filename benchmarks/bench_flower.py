@@ -24,8 +24,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.runner import run_experiment
 
 

@@ -87,8 +87,8 @@ def run_one(
     """Build, warm up and time one configuration (in this process)."""
     import torch
 
+    from fedhp.build import build_experiment
     from fedhp.config import resolve_config
-    from fedhp.engine.build import build_experiment
 
     torch.set_num_threads(threads)
     alg, model_name, clients, fraction, overrides = CONFIGS[name]

@@ -11,8 +11,9 @@ from types import ModuleType
 import pytest
 import torch
 
+from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.build import Experiment, build_experiment
+from fedhp.engine.experiment import Experiment
 
 
 @pytest.fixture(autouse=True)

@@ -12,19 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedhp.errors import ConfigError
-from fedhp.privacy import (
-    AccountantKind,
-    PrivacyAccountant,
-    PrivacyOptions,
-    Sampling,
-    calibrate_noise,
+from fedhp.privacy.accountant import PrivacyAccountant, calibrate_noise
+from fedhp.privacy.mechanism import (
     clip_factors,
     clip_updates,
     expected_clients,
     noised_mean,
     noised_sum,
-    privacy_options,
 )
+from fedhp.privacy.options import AccountantKind, PrivacyOptions, Sampling, privacy_options
 from tests.conftest import require_module
 
 DELTA = 1e-5

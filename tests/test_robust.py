@@ -11,12 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fedhp.robust as robust
+import fedhp.engine.robust as robust
 from fedhp.engine.ops import weighted_mean
-from fedhp.errors import ConfigError
-from fedhp.registry import validate
-from fedhp.robust import (
-    RobustOptions,
+from fedhp.engine.robust import (
     aggregate,
     bucketed,
     clip_updates,
@@ -28,6 +25,9 @@ from fedhp.robust import (
     trim_count,
     trimmed_mean,
 )
+from fedhp.errors import ConfigError
+from fedhp.registry import validate
+from fedhp.robust import RobustOptions
 
 
 def t(values: Any) -> torch.Tensor:

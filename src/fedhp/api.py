@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import torch
 
     from fedhp.config import RunConfig
-    from fedhp.engine.build import Experiment
+    from fedhp.engine.experiment import Experiment
 
 Row = dict[str, Any]
 
@@ -106,7 +106,7 @@ def load_run(out_dir: str | Path) -> Result:
 
 def prepare(cfg: RunConfig) -> Experiment:
     """Check the backend's constraints, then load the data and build the run."""
-    from fedhp.engine.build import build_experiment
+    from fedhp.build import build_experiment
 
     if cfg.tensorboard:
         from fedhp.tensorboard import require
@@ -116,8 +116,7 @@ def prepare(cfg: RunConfig) -> Experiment:
         from fedhp.algorithms import ALGORITHMS
         from fedhp.flower.shards import check_flower_config
 
-        hierarchical = ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical
-        check_flower_config(cfg, hierarchical)
+        check_flower_config(cfg, ALGORITHMS.build(cfg.algorithm, "algorithm"))
     exp = build_experiment(cfg)
     if cfg.eval_split == "val" and int(exp.ctx.fed.val.counts.sum()) == 0:
         raise ConfigError(

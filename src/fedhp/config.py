@@ -12,8 +12,8 @@ from typing import Any, Literal
 import pydantic
 import yaml
 
-from fedhp.errors import ConfigError
-from fedhp.privacy import PrivacyOptions
+from fedhp.errors import ConfigError, FedhpError
+from fedhp.privacy.options import PrivacyOptions
 from fedhp.registry import check_int_range, format_validation_error
 from fedhp.robust import RobustOptions
 
@@ -161,7 +161,7 @@ class EngineConfig(pydantic.BaseModel):
 
 class RunConfig(pydantic.BaseModel):
     """A whole run. Component sections (dataset, partition, model, algorithm) are validated by the
-    component registered under their ``name`` (see :func:`fedhp.engine.build.build_components`)."""
+    component registered under their ``name`` (see :func:`fedhp.build.check_components`)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -451,13 +451,36 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
     return data
 
 
+def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` (a resolved configuration written earlier) with the keys added since
+    (``backend``, ``flower``, ``plugins``, ``tensorboard``, ``public``, ``subsample``,
+    ``eval_train``, ``robust``, ``privacy``, ``faults.attack``, ``state_storage``,
+    ``state_dir``) at their defaults, so it
+    compares equal to the same run's configuration resolved today."""
+    added = {
+        "backend": "inprocess",
+        "flower": FlowerConfig().model_dump(mode="json"),
+        "plugins": [],
+        "tensorboard": False,
+        "public": PublicConfig().model_dump(mode="json"),
+        "subsample": SubsampleConfig().model_dump(mode="json"),
+        "eval_train": True,
+        "robust": RobustConfig().model_dump(mode="json"),
+        "privacy": PrivacyOptions().model_dump(mode="json"),
+        "state_storage": "memory",
+        "state_dir": None,
+    }
+    out = {**{k: v for k, v in added.items() if k not in saved}, **saved}
+    faults = out.get("faults")
+    if isinstance(faults, dict) and "attack" not in faults:
+        out["faults"] = {**faults, "attack": AttackConfig().model_dump(mode="json")}
+    return out
+
+
 def normalized_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A configuration written earlier (config.yaml, a checkpoint's), in today's resolved form
     (:func:`config_to_dict`, keys added since at their defaults), to compare with another run's;
     as written (with the added keys) where it no longer validates."""
-    from fedhp.engine.checkpoint import with_added_defaults
-    from fedhp.errors import FedhpError
-
     data = with_added_defaults(dict(saved))
     try:
         return config_to_dict(validate_config(data))

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from fedhp.algorithms.fnrfl import class_avg_norms, reference_norms, refine_loss, refine_set
+from fedhp.build import partition_data
 from fedhp.config import resolve_config
-from fedhp.engine.build import partition_data
 from fedhp.engine.runner import run_experiment
 from fedhp.errors import ConfigError
 from tests.conftest import small_experiment

@@ -11,8 +11,8 @@ import torch
 from fedhp.algorithms.heurfedamp import HeurFedAMPOptions, attention_weights
 from fedhp.algorithms.perfedavg import PerFedAvgOptions, batched_hvp
 from fedhp.algorithms.pfedme import PFedMeOptions
+from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.runner import run_experiment
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, mlr_loss, tiny_context
 

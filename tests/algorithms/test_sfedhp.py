@@ -13,9 +13,9 @@ import torch
 from fedhp.algorithms.base import Task, Update
 from fedhp.algorithms.penalties import smooth_l1, smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp import SFedHP, SFedHPOptions
+from fedhp.build import build_experiment
 from fedhp.comm import count_nonzero
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.faults import RoundFaults
 from fedhp.engine.ops import batched_loss_grad, segment_mean
 from fedhp.engine.runner import run_experiment

@@ -62,7 +62,7 @@ MEMORY_SCRIPT = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     from fedhp.config import resolve_config
-    from fedhp.engine.build import build_experiment
+    from fedhp.build import build_experiment
     from fedhp.engine.runner import run_experiment
     cfg = resolve_config(None, [
         "dataset.name=libsvm", f"dataset.path={sys.argv[1]}", "dataset.sparse=true",

@@ -60,8 +60,8 @@ def test_regression_targets_and_too_large() -> None:
 
 
 def test_run_config_applies_it_before_public_and_partition() -> None:
+    from fedhp.build import partition_data
     from fedhp.config import resolve_config
-    from fedhp.engine.build import partition_data
 
     cfg = resolve_config(
         None,

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import fedhp.engine.runner as runner
+from fedhp.build import build_experiment
 from fedhp.cli import main
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, CHECKPOINT_TIME_FILE, load_checkpoint
 from fedhp.engine.runner import run_experiment
 

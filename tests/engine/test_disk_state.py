@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.disk_state import DiskState
 from fedhp.engine.runner import run_experiment
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fedhp.algorithms import ALGORITHMS
+from fedhp.build import build_experiment
 from fedhp.cli import main
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedhp.engine.runner import run_experiment
 from fedhp.errors import DivergenceError
@@ -92,7 +92,7 @@ def test_loss_above_max_loss_counts_as_divergence() -> None:
 def test_the_hint_blames_a_penalty_only_when_it_is_stiff() -> None:
     from types import SimpleNamespace
 
-    from fedhp.engine.runner import likely_cause
+    from fedhp.engine.divergence import likely_cause
 
     assert likely_cause(SimpleNamespace(lr=0.1, mu=0.01)).startswith("learning rate too large")
     assert likely_cause(SimpleNamespace(lr=0.05, lam=15.0)).startswith("λ·η = 0.75 too large")

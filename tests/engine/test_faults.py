@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fedhp.algorithms import ALGORITHMS
+from fedhp.build import build_experiment
 from fedhp.config import FaultsConfig, resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.faults import FaultModel, RoundSkipped
 from fedhp.engine.runner import run_experiment
 

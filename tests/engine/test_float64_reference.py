@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhp.engine.build import MODEL_SEED_OFFSET
+from fedhp.engine.experiment import MODEL_SEED_OFFSET
 from tests.engine.float64_reference import (
     FACTOR,
     assert_as_accurate,

@@ -2,7 +2,7 @@
 agrees with the same run on the CPU to 1e-4 (global models, personalized models, the whole
 algorithm state, the round's statistics and the evaluated losses).
 
-The same seed does not give the same random draws on both devices (``engine/build.py``): a CUDA
+The same seed does not give the same random draws on both devices (``fedhp/build.py``): a CUDA
 run draws its minibatches from a CUDA generator of its own (another stream), while a CPU run
 draws them from the engine generator ``ctx.generator`` itself, which therefore also sits at
 other positions for everything else drawn from it (client sampling, capabilities, P-UCBV, FNR-FL's
@@ -43,18 +43,14 @@ from typing import Any
 import pytest
 import torch
 
+from fedhp import build
 from fedhp.algorithms import ALGORITHMS
+from fedhp.build import build_experiment
 from fedhp.config import RunConfig, resolve_config
 from fedhp.data.public import PublicData
 from fedhp.data.types import ClientData, DatasetArrays
-from fedhp.engine import build
-from fedhp.engine.build import (
-    ENGINE_SEED_OFFSET,
-    MODEL_SEED_OFFSET,
-    Experiment,
-    build_experiment,
-)
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from fedhp.engine.experiment import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.ops import sgd_steps
 from fedhp.engine.policy import ROW_COPIES, ExecutionPolicy, build_policy
 from fedhp.engine.runner import run_experiment
@@ -172,7 +168,7 @@ def _full_float32() -> Iterator[None]:
 
 
 def fabricated(cfg: RunConfig) -> tuple[DatasetArrays, list[ClientData], PublicData | None]:
-    """Stands in for :func:`fedhp.engine.build.partition_data`: every client holds ``TRAIN`` /
+    """Stands in for :func:`fedhp.build.partition_data`: every client holds ``TRAIN`` /
     ``TEST`` / ``VAL`` samples of every class (noisy class patterns, learnable), D_pub
     ``PUBLIC`` per class where ``public.per_class`` asks for one. For the linear sparse-learning
     models (:data:`SPARSE_MODELS`) the features are flat, 70% zeros and kept sparse (COO, as
@@ -237,7 +233,7 @@ def host_draws(exp: Experiment) -> None:
 
 def own_sampler_stream(exp: Experiment) -> None:
     """Make a CPU experiment draw its minibatches from a generator of their own, as a CUDA run
-    does (seeded as ``engine/build.py`` seeds the CUDA one; its draws differ all the same)."""
+    does (seeded as ``fedhp/build.py`` seeds the CUDA one; its draws differ all the same)."""
     ctx = exp.ctx
     ctx.sampler = ctx.sampler.with_generator(
         torch.Generator().manual_seed(exp.cfg.seed + ENGINE_SEED_OFFSET + 1)

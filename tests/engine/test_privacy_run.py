@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedhp.build import build_experiment
 from fedhp.cli import main
 from fedhp.config import resolve_config
 from fedhp.engine.aggregation import LevelRule
-from fedhp.engine.build import build_experiment
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedhp.engine.privacy_budget import round_sampling
 from fedhp.engine.runner import run_experiment
-from fedhp.privacy import PrivacyAccountant, PrivacyOptions, clip_updates
+from fedhp.privacy.accountant import PrivacyAccountant
+from fedhp.privacy.mechanism import clip_updates
+from fedhp.privacy.options import PrivacyOptions
 from fedhp.robust import RobustOptions
 from tests.conftest import require_module
 from tests.engine.test_checkpoint import FAST, kill_before_round, same_results

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedhp.build import build_experiment
 from fedhp.cli import main
 from fedhp.config import resolve_config
 from fedhp.engine.aggregation import LevelRule
-from fedhp.engine.build import build_experiment
 from fedhp.engine.runner import run_experiment
 from tests.engine.test_checkpoint import FAST, kill_before_round, same_results
 from tests.engine.test_checkpoint import run as checkpoint_run

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fedhp.engine.ops as ops
+from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedhp.engine.policy import CPU_CHUNK_FLOATS
 from fedhp.engine.runner import run_experiment

@@ -15,7 +15,7 @@ from fedhp.config import resolve_config
 from fedhp.errors import ConfigError
 from fedhp.experiments import REPRODUCTIONS, common, dp
 from fedhp.experiments.common import ReproOptions
-from fedhp.privacy import PrivacyAccountant
+from fedhp.privacy.accountant import PrivacyAccountant
 from tests.conftest import require_module
 
 require_module("dp_accounting")

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedhp.build import build_experiment
 from fedhp.cli import main
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.evaluate import evaluate_shared
 from fedhp.engine.runner import evaluate_state
 from fedhp.experiments import common, figures, lambda_sweep, paper, table1, tune

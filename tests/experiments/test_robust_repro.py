@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import fedhp.experiments.robust as robust
+from fedhp.build import check_components
 from fedhp.cli import main
 from fedhp.config import resolve_config
-from fedhp.engine.build import check_components
 from fedhp.experiments import REPRODUCTIONS, common
 from fedhp.experiments.common import ReproOptions
 

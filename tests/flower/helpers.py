@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.runner import Row, run_experiment
 from fedhp.flower.cloud import FlowerDriver
 from fedhp.flower.local import Fault, LocalTransport

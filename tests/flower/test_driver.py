@@ -11,8 +11,8 @@ import pytest
 import torch
 from flwr.app import Array, RecordDict
 
+from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.build import build_experiment
 from fedhp.engine.checkpoint import FINAL_STATE_FILE
 from fedhp.engine.runner import run_experiment
 from fedhp.flower.cloud import FlowerDriver

@@ -34,12 +34,12 @@ from fedhp.engine.device_cost import (
 from fedhp.engine.evaluate import ClientEval, density
 from fedhp.engine.federation import ClientTensors
 from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad, normalized
+from fedhp.engine.protocol import State
 from fedhp.engine.sampler import EpochBatches
 from fedhp.errors import ConfigError
 from fedhp.models.clip import clip_gradients
 from fedhp.registry import Registry
 
-State = dict[str, torch.Tensor]
 RowKind = Literal["client", "edge"]
 BufferMode = Literal["average", "local"]
 NNZ_PREFIX = "nnz."
@@ -69,6 +69,9 @@ class AlgorithmOptions(pydantic.BaseModel):
     )
 
     hierarchical: ClassVar[bool] = False
+    federated: ClassVar[bool] = True  # False: a non-federated reference row (centralized)
+    flower_ready: ClassVar[bool] = True  # runs on the Flower backends
+    penalty_weights: ClassVar[dict[str, str]] = {"lam": "λ", "lam1": "λ1", "mu": "μ"}
     supports_buffers: ClassVar[bool] = False
     # Issue 20: the levels ("edge", "cloud") whose weighted mean the config's robust rule may
     # replace, whether uploads pass RunContext.upload (update attacks act on them), and the

@@ -86,6 +86,7 @@ class CentralizedOptions(AlgorithmOptions):
     One model: BatchNorm statistics are the pooled batches' (``buffers`` has no effect)."""
 
     supports_buffers = True
+    federated = False
 
     def build(self, ctx: RunContext) -> Algorithm:
         return Centralized(self, ctx)

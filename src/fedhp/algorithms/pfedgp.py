@@ -256,6 +256,8 @@ class PFedGP(Algorithm):
 class PFedGPOptions(AlgorithmOptions):
     """pFedGP: averaged feature extractor + per-client GP trees (docs/algorithms.md)."""
 
+    flower_ready = False
+
     lr: float = pydantic.Field(0.05, gt=0, description="client SGD step size")
     momentum: float = pydantic.Field(0.9, ge=0, lt=1)
     wd: float = pydantic.Field(1e-3, ge=0, description="client SGD weight decay")

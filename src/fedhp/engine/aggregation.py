@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from fedhp.engine.ops import weighted_mean
-from fedhp.privacy import PrivacyOptions, clip_updates, noised_mean
-from fedhp.robust import RobustOptions, aggregate, bucketed
+from fedhp.engine.robust import aggregate, bucketed
+from fedhp.privacy.mechanism import clip_updates, noised_mean
+from fedhp.privacy.options import PrivacyOptions
+from fedhp.robust import RobustOptions
 
 NOISE_SEED_OFFSET = 4_000_037
 

@@ -38,6 +38,9 @@ from typing import Any
 
 import torch
 
+from fedhp.config import config_to_dict, normalized_config, with_added_defaults
+from fedhp.engine.disk_state import DiskState
+from fedhp.engine.experiment import EngineExperiment
 from fedhp.errors import FedhpError
 from fedhp.reporting import _atomic_write, write_json_atomic
 
@@ -222,41 +225,6 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return data
 
 
-def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
-    """``saved`` (a resolved configuration written earlier) with the keys added since
-    (``backend``, ``flower``, ``plugins``, ``tensorboard``, ``public``, ``subsample``,
-    ``eval_train``, ``robust``, ``privacy``, ``faults.attack``, ``state_storage``,
-    ``state_dir``) at their defaults, so it
-    compares equal to the same run's configuration resolved today."""
-    from fedhp.config import (
-        AttackConfig,
-        FlowerConfig,
-        PublicConfig,
-        RobustConfig,
-        SubsampleConfig,
-    )
-    from fedhp.privacy import PrivacyOptions
-
-    added = {
-        "backend": "inprocess",
-        "flower": FlowerConfig().model_dump(mode="json"),
-        "plugins": [],
-        "tensorboard": False,
-        "public": PublicConfig().model_dump(mode="json"),
-        "subsample": SubsampleConfig().model_dump(mode="json"),
-        "eval_train": True,
-        "robust": RobustConfig().model_dump(mode="json"),
-        "privacy": PrivacyOptions().model_dump(mode="json"),
-        "state_storage": "memory",
-        "state_dir": None,
-    }
-    out = {**{k: v for k, v in added.items() if k not in saved}, **saved}
-    faults = out.get("faults")
-    if isinstance(faults, dict) and "attack" not in faults:
-        out["faults"] = {**faults, "attack": AttackConfig().model_dump(mode="json")}
-    return out
-
-
 def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
     """The first dotted key (other than :data:`RESUMABLE_KEYS`) whose value differs, or None."""
     saved = with_added_defaults(saved)
@@ -273,3 +241,62 @@ def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | N
         return None if a == b else prefix.rstrip(".")
 
     return walk(saved, current, "")
+
+
+def restore_checkpoint(
+    exp: EngineExperiment,
+    state: dict[str, torch.Tensor],
+    out_dir: Path,
+    disk: DiskState | None = None,
+) -> Snapshot | None:
+    """Load ``out_dir``'s checkpoint into ``state`` (the run ``exp``'s, just initialized), the
+    RNGs and the ledger, or raise a one-line :class:`CheckpointError` if it belongs to another
+    run (None: no checkpoint yet). ``disk``: the run's per-client rows on disk."""
+    path = out_dir / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    data = load_checkpoint(path)
+    # (a checkpoint written before config.yaml held every option compares in today's form)
+    diff = config_difference(normalized_config(data["config"]), config_to_dict(exp.cfg))
+    if diff is not None:
+        raise CheckpointError(
+            f"{path}: written by a different configuration ({diff} differs); "
+            "only rounds and progress may change on resume"
+        )
+    if int(data["round"]) > exp.cfg.rounds:
+        raise CheckpointError(
+            f"{path}: already at round {data['round']}, beyond rounds={exp.cfg.rounds}"
+        )
+    saved: dict[str, torch.Tensor] = data["state"]
+    expected = set(state) - exp.algorithm.round_local_keys()  # the others keep their start value
+    kept = sorted(set(saved) - expected)
+    if kept and set(saved) <= set(state) and expected <= set(saved):
+        raise CheckpointError(
+            f"{path}: keeps {', '.join(kept)} across rounds, which this run restarts every round "
+            "(e.g. written before theta_init's default became round); start the run afresh"
+        )
+    if set(saved) != expected:
+        raise CheckpointError(
+            f"{path}: state keys {sorted(saved)} do not match the algorithm's {sorted(expected)}"
+        )
+    for key, value in saved.items():
+        if value.shape != state[key].shape or value.dtype != state[key].dtype:
+            raise CheckpointError(f"{path}: state {key!r} has the wrong shape or dtype")
+        state[key] = value.to(state[key].device)
+    if disk is not None:
+        disk.rebind(state)
+    if exp.cfg.privacy.enabled and not isinstance(data.get("privacy"), dict):
+        raise CheckpointError(f"{path}: holds no DP accountant state; start the run afresh")
+    restore_rng(exp, data["rng"])
+    exp.ctx.ledger.load_state_dict(data["ledger"])
+    return Snapshot(
+        round=int(data["round"]),
+        state=copy_state(state, None if disk is None else disk.snapshot),
+        rng=data["rng"],
+        ledger=data["ledger"],
+        rows=list(data["rows"]),
+        seconds=checkpoint_seconds(path),
+        trained_samples=data.get("trained_samples"),
+        privacy=data.get("privacy"),
+        shared=frozenset(() if disk is None else disk.snapshot),
+    )

@@ -92,12 +92,12 @@ def evaluate_personal(
     model: BatchedModel,
     params: torch.Tensor,
     data: ClientTensors,
-    width: int = 512,
     *,
     buffers: torch.Tensor | None = None,
+    width: int = 512,
 ) -> ClientEval:
     """Client c's model ``params[c]`` (with its BatchNorm statistics ``buffers[c]``) on client
-    c's own samples, in eval mode, for all clients at once."""
+    c's own samples, in eval mode, for all clients at once, ``width`` samples of each at a time."""
     num_clients = params.shape[0]
     correct = torch.zeros(num_clients, dtype=torch.float64, device=params.device)
     loss_sum = torch.zeros_like(correct)

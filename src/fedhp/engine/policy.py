@@ -1,7 +1,7 @@
 """The execution policy: how much of a run's work goes into one batch of kernels on its device.
 
 One frozen :class:`ExecutionPolicy` is built per run from the device and the model
-(:func:`fedhp.engine.build.build_experiment`), held by the model (``BatchedModel.policy``) and
+(:func:`fedhp.build.build_experiment`), held by the model (``BatchedModel.policy``) and
 exposed by the run context (``RunContext.policy``). It answers the questions every client chunk and
 evaluation forward used to answer with CPU constants of their own:
 

@@ -23,14 +23,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fedhp.algorithms.base import AlgorithmOptions
 from fedhp.config import RunConfig
-from fedhp.privacy import PrivacyAccountant, PrivacyOptions
+from fedhp.engine.protocol import AlgorithmOptionsLike
+from fedhp.privacy.accountant import PrivacyAccountant
+from fedhp.privacy.options import PrivacyOptions
 
 
-def round_sampling(cfg: RunConfig, options: AlgorithmOptions) -> dict[str, Any]:
+def round_sampling(cfg: RunConfig, options: AlgorithmOptionsLike) -> dict[str, Any]:
     """The keyword arguments of :meth:`PrivacyAccountant.record_round` (and of
-    :func:`fedhp.privacy.calibrate_noise`) for one round of this run: ``sample_rate`` or
+    :func:`fedhp.privacy.accountant.calibrate_noise`) for one round of this run: ``sample_rate`` or
     ``sample_size``, and ``releases``."""
     fed = cfg.federation
     n = fed.num_clients
@@ -47,13 +48,13 @@ def round_sampling(cfg: RunConfig, options: AlgorithmOptions) -> dict[str, Any]:
 class RunPrivacy:
     """The accountant of one run and how each of its rounds is recorded."""
 
-    def __init__(self, cfg: RunConfig, options: AlgorithmOptions) -> None:
+    def __init__(self, cfg: RunConfig, options: AlgorithmOptionsLike) -> None:
         self.options: PrivacyOptions = cfg.privacy
         self.accountant = PrivacyAccountant.from_options(cfg.privacy, cfg.federation.num_clients)
         self.sampling = round_sampling(cfg, options)
 
     @classmethod
-    def of(cls, cfg: RunConfig, options: AlgorithmOptions) -> RunPrivacy | None:
+    def of(cls, cfg: RunConfig, options: AlgorithmOptionsLike) -> RunPrivacy | None:
         """The run's budget (None without ``privacy.enabled``)."""
         return cls(cfg, options) if cfg.privacy.enabled else None
 

@@ -1,21 +1,22 @@
-"""The round loop: run an algorithm, evaluate, account communication, write results."""
+"""The round loop: run an algorithm, evaluate, account communication, write results.
+
+Its parts live beside it: the evaluation rows (:mod:`fedhp.engine.metrics`), divergence
+(:mod:`fedhp.engine.divergence`), checkpoint I/O (:mod:`fedhp.engine.checkpoint`) and
+summary.json (:mod:`fedhp.engine.summary`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 from tqdm import tqdm
 
-from fedhp.algorithms.base import LocalWorkOptions, State
-from fedhp.config import RunConfig, config_to_dict, normalized_config, resolved_section
-from fedhp.engine.build import MODEL_SEED_OFFSET, Experiment
+from fedhp.config import RunConfig, config_to_dict
 from fedhp.engine.checkpoint import (
     CHECKPOINT_FILE,
     CHECKPOINT_TIME_FILE,
@@ -23,19 +24,18 @@ from fedhp.engine.checkpoint import (
     CheckpointError,
     Snapshot,
     capture,
-    checkpoint_seconds,
-    config_difference,
-    copy_state,
-    load_checkpoint,
-    restore_rng,
+    restore_checkpoint,
     save_checkpoint,
     save_final_state,
 )
 from fedhp.engine.disk_state import DiskState
-from fedhp.engine.evaluate import ClientEval, density, evaluate_personal, evaluate_shared
+from fedhp.engine.divergence import divergence_error, divergence_problem
+from fedhp.engine.experiment import MODEL_SEED_OFFSET, EngineExperiment
 from fedhp.engine.faults import RoundSkipped
-from fedhp.engine.objective import sparse_learning_metrics
+from fedhp.engine.metrics import evaluate_state
 from fedhp.engine.privacy_budget import RunPrivacy
+from fedhp.engine.protocol import Row, State
+from fedhp.engine.summary import summarize
 from fedhp.errors import DivergenceError
 from fedhp.reporting import (
     MetricsWriter,
@@ -44,15 +44,14 @@ from fedhp.reporting import (
     write_yaml_atomic,
 )
 
-Row = dict[str, Any]
-
-
-class PersonalEval(Protocol):
-    """Personalized models' evaluation done elsewhere (on Flower nodes), for all clients."""
-
-    test: ClientEval
-    train: ClientEval
-    density: float
+__all__ = [  # (CheckpointError: what a resumed run raises for a checkpoint of another run)
+    "CheckpointError",
+    "RoundDriver",
+    "Row",
+    "evaluate_state",
+    "is_eval_round",
+    "run_experiment",
+]
 
 
 class RoundDriver(Protocol):
@@ -84,211 +83,6 @@ def is_eval_round(cfg: RunConfig, rnd: int) -> bool:
     return (rnd + 1) % cfg.eval_every == 0 or rnd + 1 == cfg.rounds
 
 
-def evaluate_state(
-    exp: Experiment, state: State, personal_eval: PersonalEval | None = None
-) -> tuple[Row, list[Row]]:
-    """Metrics of the current state: the round row and per-client rows.
-
-    ``personal_eval``: the personalized models' results computed elsewhere (Flower nodes)."""
-    model, fed, topo = exp.model, exp.ctx.fed, exp.ctx.topology
-    algo, eps = exp.algorithm, exp.ctx.zero_threshold
-    split = fed.val if exp.cfg.eval_split == "val" else fed.test  # val: tuning only
-    edge_of = topo.edge_of_client.cpu()
-    row: Row = {}
-    clients: list[Row] = [{"client": c, "edge": int(edge_of[c])} for c in range(fed.num_clients)]
-    w = algo.global_model(state)
-    if w is not None:
-        bufs = algo.global_buffers(state)
-        test = evaluate_shared(model, w, split, buffers=bufs)
-        row.update(global_acc=test.accuracy, global_loss=test.loss)
-        if exp.cfg.eval_train or model.reports_objective:
-            train = evaluate_shared(model, w, fed.train, buffers=bufs)
-            row["train_loss"] = train.loss
-        if test.balanced_accuracy is not None:  # mean of per-class accuracies (FNR-FL, NIID-Bench)
-            row["global_balanced_acc"] = test.balanced_accuracy
-        row["density_global"] = density(w, eps)
-        if model.reports_objective:
-            weights = exp.ctx.client_weights(exp.ctx.all_clients)
-            row.update(sparse_learning_metrics(model, w, train, weights, fed, eps))
-        for e, acc in enumerate(test.per_group_accuracy(edge_of, topo.num_edges).tolist()):
-            row[f"edge{e}_global_acc"] = acc
-        for c, acc in enumerate(test.per_client_accuracy().tolist()):
-            clients[c]["global_acc"] = acc
-    custom = algo.personal_evaluation(state, split) if personal_eval is None else None
-    if custom is not None:  # personalization that is not a parameter vector (pFedGP)
-        row.update(personal_acc=custom.accuracy, personal_loss=custom.loss)
-        if exp.cfg.eval_train:
-            train_eval = algo.personal_evaluation(state, fed.train)
-            assert train_eval is not None
-            row["personal_train_loss"] = train_eval.loss
-        for e, acc in enumerate(custom.per_group_accuracy(edge_of, topo.num_edges).tolist()):
-            row[f"edge{e}_personal_acc"] = acc
-        for c, acc in enumerate(custom.per_client_accuracy().tolist()):
-            clients[c]["personal_acc"] = acc
-    personal = algo.personal_models(state) if personal_eval is None and custom is None else None
-    if personal is not None or personal_eval is not None:
-        if personal_eval is not None:
-            test, train_loss = personal_eval.test, personal_eval.train.loss
-            personal_density = personal_eval.density
-        else:
-            assert personal is not None
-            bufs = algo.personal_buffers(state)
-            test = evaluate_personal(model, personal, split, buffers=bufs)
-            train_loss = None
-            if exp.cfg.eval_train:
-                train_loss = evaluate_personal(model, personal, fed.train, buffers=bufs).loss
-            personal_density = density(personal, eps)
-        row.update(personal_acc=test.accuracy, personal_loss=test.loss)
-        if exp.cfg.eval_train:
-            row["personal_train_loss"] = train_loss
-        row["density_personal"] = personal_density
-        for e, acc in enumerate(test.per_group_accuracy(edge_of, topo.num_edges).tolist()):
-            row[f"edge{e}_personal_acc"] = acc
-        for c, acc in enumerate(test.per_client_accuracy().tolist()):
-            clients[c]["personal_acc"] = acc
-    row.update(algo.extra_metrics(state))
-    return row, clients
-
-
-LOSS_KEYS = ("local_loss", "global_loss", "train_loss", "personal_loss", "personal_train_loss")
-
-
-STIFF = 0.5
-
-
-def likely_cause(options: Any) -> str:
-    """A short guess at why ``options`` diverged, naming the values to lower: a quadratic
-    penalty weight when weight·η ≥ :data:`STIFF` (a gradient step on weight/2‖·‖² is unstable
-    from weight·η = 2 on), else the learning rate."""
-    lr = getattr(options, "lr", None)
-    for field, symbol in (("lam", "λ"), ("lam1", "λ1"), ("mu", "μ")):
-        weight = getattr(options, field, None)
-        if field == "lam1" and weight is None:
-            continue
-        if not (isinstance(weight, int | float) and isinstance(lr, int | float)):
-            continue
-        if weight > 0 and weight * lr >= STIFF:
-            return (
-                f"{symbol}·η = {weight * lr:g} too large (algorithm.{field}={weight:g}, "
-                f"algorithm.lr={lr:g}); lower them"
-            )
-    if isinstance(lr, int | float):
-        return f"learning rate too large (algorithm.lr={lr:g}); lower it"
-    return "step sizes too large; lower the algorithm's learning rates"
-
-
-def divergence_problem(state: State, stats: Row, max_loss: float | None) -> str | None:
-    """What is wrong with ``state`` / the loss values in ``stats`` (None when all is well).
-
-    Non-finite parameters, a non-finite loss, or a loss above ``max_loss`` count as divergence."""
-    bad = [
-        k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())
-    ]
-    if bad:
-        return f"non-finite values in {', '.join(sorted(bad))}"
-    for key in LOSS_KEYS:
-        loss = stats.get(key)
-        if not isinstance(loss, int | float):
-            continue
-        if not math.isfinite(loss):
-            return f"{key} is {loss}"
-        if max_loss is not None and loss > max_loss:
-            return f"{key} {loss:.4g} > max_loss={max_loss:g}"
-    return None
-
-
-def check_finite(exp: Experiment, state: State, rnd: int, stats: Row) -> None:
-    """Raise a one-line :class:`DivergenceError` if round ``rnd`` (0-based) diverged."""
-    problem = divergence_problem(state, stats, exp.cfg.max_loss)
-    if problem is not None:
-        raise _divergence(exp, rnd, problem, None)
-
-
-def _divergence(exp: Experiment, rnd: int, problem: str, out_dir: Path | None) -> DivergenceError:
-    name = exp.cfg.algorithm.get("name")
-    where = ""
-    if out_dir is not None:
-        where = f"; results up to round {rnd} (the last good one) are kept in {out_dir}"
-    return DivergenceError(
-        f"round {rnd + 1}: {name} diverged ({problem}); "
-        f"likely cause: {likely_cause(exp.options)}{where}"
-    )
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def local_work_summary(exp: Experiment) -> Row:
-    """Which local budget was used; under ``local_epochs`` the gradient evaluations per round are
-    the clients' real step counts ``E * ceil(n_c / batch)`` (mean over clients, min and max)."""
-    opts = exp.options
-    if not isinstance(opts, LocalWorkOptions):
-        return {}
-    out: Row = {"local_work": opts.local_work()}
-    if opts.local_epochs is not None:
-        steps = opts.step_counts(exp.ctx.fed.train.counts.cpu())
-        out["gradient_evaluations_per_round"] = float(steps.double().mean())
-        out["gradient_evaluations_per_round_min"] = int(steps.min())
-        out["gradient_evaluations_per_round_max"] = int(steps.max())
-    return out
-
-
-def train_flops_summary(exp: Experiment, trained_samples: int | None) -> Row:
-    """The run's training arithmetic: ``samples_processed`` (samples of every gradient
-    evaluation the engine ran, :attr:`~fedhp.models.base.BatchedModel.trained_samples`; also as
-    ``train_samples``, its older, misleading name: it is not the training set's size, which is
-    ``train_set_size``), ``train_flops_per_sample``
-    (:meth:`~fedhp.models.base.BatchedModel.train_flops_per_sample`) and the product
-    ``train_flops``; ``samples_processed`` and ``train_flops`` are None where the count is not
-    known (rounds run on Flower nodes, a resumed checkpoint written before the count existed)."""
-    per_sample = exp.model.train_flops_per_sample()
-    return {
-        "train_set_size": int(exp.ctx.fed.train.counts.sum()),
-        "samples_processed": trained_samples,
-        "train_samples": trained_samples,
-        "train_flops_per_sample": per_sample,
-        "train_flops": None if trained_samples is None else trained_samples * per_sample,
-    }
-
-
-def summarize(
-    exp: Experiment,
-    rows: list[Row],
-    seconds: float,
-    rounds_done: int,
-    trained_samples: int | None = None,
-) -> Row:
-    """summary.json: final and best accuracies, time, training FLOPs (``trained_samples``:
-    see :func:`train_flops_summary`), communication totals."""
-    summary: Row = {
-        "algorithm": exp.cfg.algorithm.get("name"),
-        "dataset": exp.cfg.dataset.get("name"),
-        "model": resolved_section("model", exp.cfg.model),
-        "num_params": exp.model.num_params,
-        "rounds": rounds_done,
-        "seed": exp.cfg.seed,
-        "seconds": seconds,
-        "seconds_per_round": seconds / max(rounds_done, 1),
-        "torch_threads": torch.get_num_threads(),
-        "gradient_evaluations_per_round": exp.options.gradient_evaluations(),
-    }
-    summary.update(local_work_summary(exp))
-    summary.update(train_flops_summary(exp, trained_samples))
-    summary.update(exp.algorithm.summary_notes())
-    for key in ("global_acc", "personal_acc", "global_balanced_acc"):
-        values = [(r["round"], r[key]) for r in rows if key in r]
-        if values:
-            best_round, best = max(values, key=lambda rv: rv[1])
-            summary[f"final_{key}"] = values[-1][1]
-            summary[f"best_{key}"] = best
-            summary[f"best_{key}_round"] = best_round
-    summary["communication"] = exp.ctx.ledger.totals()
-    return {k: _clean(v) for k, v in summary.items()}
-
-
 RESULT_FILES = (
     "metrics.csv",
     "per_client.csv",
@@ -301,11 +95,11 @@ RESULT_FILES = (
 )
 
 
-def _round_skipped(exp: Experiment, rnd: int, why: str) -> None:
+def _round_skipped(rnd: int, why: str) -> None:
     tqdm.write(f"fedhp: round {rnd + 1}: {why}; round skipped (model unchanged)", file=sys.stderr)
 
 
-def _charge_stragglers(exp: Experiment, start_state: State) -> None:
+def _charge_stragglers(exp: EngineExperiment, start_state: State) -> None:
     """Stragglers received the round's model before missing the deadline: count that downlink."""
     ctx = exp.ctx
     stragglers = ctx.round_stragglers
@@ -320,7 +114,7 @@ def _charge_stragglers(exp: Experiment, start_state: State) -> None:
     ctx.ledger.record(link, "down", messages, ctx.zero_threshold, nodes=stragglers)
 
 
-def _charge_evaluation(exp: Experiment, state: State, rnd: int) -> None:
+def _charge_evaluation(exp: EngineExperiment, state: State, rnd: int) -> None:
     """An evaluated round of a method whose personalized models adapt the global model
     (Per-FedAvg) sends that model to every client: bill it on the ``client_cloud_eval`` link."""
     ctx, algo = exp.ctx, exp.algorithm
@@ -333,7 +127,14 @@ def _charge_evaluation(exp: Experiment, state: State, rnd: int) -> None:
     )
 
 
-def disk_state(exp: Experiment, out_dir: Path | None) -> DiskState | None:
+def _roll_back(state: State, snap: Snapshot, exp: EngineExperiment) -> None:
+    """Put ``state`` and the ledger back to the last good round's ``snap``."""
+    state.clear()
+    state.update(snap.state_copy())
+    exp.ctx.ledger.load_state_dict(snap.ledger)
+
+
+def disk_state(exp: EngineExperiment, out_dir: Path | None) -> DiskState | None:
     """The run's disk-backed per-client state (``state_storage: disk``; None: in RAM), in
     ``state_dir`` or ``<out>/state`` (a temporary folder without an out folder)."""
     cfg = exp.cfg
@@ -349,62 +150,8 @@ def disk_state(exp: Experiment, out_dir: Path | None) -> DiskState | None:
     return DiskState(folder, keys)
 
 
-def _restore(
-    exp: Experiment, state: State, out_dir: Path, disk: DiskState | None = None
-) -> Snapshot | None:
-    """Load ``out_dir``'s checkpoint into ``state``, the RNGs and the ledger (None: none yet)."""
-    path = out_dir / CHECKPOINT_FILE
-    if not path.exists():
-        return None
-    data = load_checkpoint(path)
-    # (a checkpoint written before config.yaml held every option compares in today's form)
-    diff = config_difference(normalized_config(data["config"]), config_to_dict(exp.cfg))
-    if diff is not None:
-        raise CheckpointError(
-            f"{path}: written by a different configuration ({diff} differs); "
-            "only rounds and progress may change on resume"
-        )
-    if int(data["round"]) > exp.cfg.rounds:
-        raise CheckpointError(
-            f"{path}: already at round {data['round']}, beyond rounds={exp.cfg.rounds}"
-        )
-    saved: dict[str, torch.Tensor] = data["state"]
-    expected = set(state) - exp.algorithm.round_local_keys()  # the others keep their start value
-    kept = sorted(set(saved) - expected)
-    if kept and set(saved) <= set(state) and expected <= set(saved):
-        raise CheckpointError(
-            f"{path}: keeps {', '.join(kept)} across rounds, which this run restarts every round "
-            "(e.g. written before theta_init's default became round); start the run afresh"
-        )
-    if set(saved) != expected:
-        raise CheckpointError(
-            f"{path}: state keys {sorted(saved)} do not match the algorithm's {sorted(expected)}"
-        )
-    for key, value in saved.items():
-        if value.shape != state[key].shape or value.dtype != state[key].dtype:
-            raise CheckpointError(f"{path}: state {key!r} has the wrong shape or dtype")
-        state[key] = value.to(state[key].device)
-    if disk is not None:
-        disk.rebind(state)
-    if exp.cfg.privacy.enabled and not isinstance(data.get("privacy"), dict):
-        raise CheckpointError(f"{path}: holds no DP accountant state; start the run afresh")
-    restore_rng(exp, data["rng"])
-    exp.ctx.ledger.load_state_dict(data["ledger"])
-    return Snapshot(
-        round=int(data["round"]),
-        state=copy_state(state, None if disk is None else disk.snapshot),
-        rng=data["rng"],
-        ledger=data["ledger"],
-        rows=list(data["rows"]),
-        seconds=checkpoint_seconds(path),
-        trained_samples=data.get("trained_samples"),
-        privacy=data.get("privacy"),
-        shared=frozenset(() if disk is None else disk.snapshot),
-    )
-
-
 def _write_checkpoint(
-    exp: Experiment, out_dir: Path, snap: Snapshot, config: dict[str, Any]
+    exp: EngineExperiment, out_dir: Path, snap: Snapshot, config: dict[str, Any]
 ) -> None:
     """Write ``snap`` without the state entries no later round reads."""
     skip = exp.algorithm.round_local_keys()
@@ -413,7 +160,7 @@ def _write_checkpoint(
 
 
 def _save_checkpoint(
-    exp: Experiment,
+    exp: EngineExperiment,
     out_dir: Path,
     snap: Snapshot,
     config: dict[str, Any],
@@ -452,7 +199,7 @@ def _flush(writers: dict[str, MetricsWriter]) -> None:
 
 
 def run_experiment(
-    exp: Experiment,
+    exp: EngineExperiment,
     out_dir: Path | None,
     progress: bool | None = None,
     resume: bool = False,
@@ -479,7 +226,7 @@ def run_experiment(
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         if resume:
-            restored = _restore(exp, state, out_dir, disk)
+            restored = restore_checkpoint(exp, state, out_dir, disk)
         else:
             for name in RESULT_FILES:
                 (out_dir / name).unlink(missing_ok=True)
@@ -537,12 +284,10 @@ def run_experiment(
                 else:
                     stats = driver.run_round(state, rnd)
             except RoundSkipped as why:
-                state.clear()
-                state.update(snap.state_copy())
-                ledger.load_state_dict(snap.ledger)  # drop anything recorded before the skip
+                _roll_back(state, snap, exp)  # (and drop anything billed before the skip)
                 stats = {}
                 released = False
-                _round_skipped(exp, rnd, str(why))
+                _round_skipped(rnd, str(why))
             else:
                 _charge_stragglers(exp, snap.state)
             if disk is not None:  # (a replaced or rolled-back entry back into its file)
@@ -557,12 +302,10 @@ def run_experiment(
                 evals, clients = evaluate(exp, state) if problem is None else ({}, [])
                 problem = problem or divergence_problem({}, evals, cfg.max_loss)
             if problem is not None:
-                error = _divergence(exp, rnd, problem, out_dir)
-                state.clear()
-                state.update(snap.state_copy())  # keep the last good state, not the diverged one
+                error = divergence_error(exp, rnd, problem, out_dir)
+                _roll_back(state, snap, exp)  # keep the last good state, not the diverged one
                 if disk is not None:
                     disk.rebind(state)
-                ledger.load_state_dict(snap.ledger)
                 break
             rounds_done = rnd + 1
             if privacy is not None and released:

@@ -12,7 +12,7 @@ divides by q·N = 100. T = 200 rounds by default (``--rounds``; ``--quick``: 40)
 DNN 784-100-10 (``--model``).
 
 For each target ε ∈ {1, 2, 4, 8} (δ = 1e-5, RDP) σ is calibrated for T rounds at q
-(:func:`fedhp.privacy.calibrate_noise`, with the run's own sampling and releases); ε = ∞ is the
+(:func:`fedhp.privacy.accountant.calibrate_noise`, the run's sampling, releases); ε = ∞ is the
 same run with privacy on but σ = 0 and S = ∞ (plain FedAvg, bit for bit, under the same Poisson
 sampling). ``--methods fedavg,hierfavg`` adds HierFAVG with the noise at each of 10 edges of 100
 clients (every client trains every round, κ1 = 3, κ2 = 2; fixed sampling of all clients, each
@@ -124,7 +124,7 @@ def noise_for(overrides: list[str], epsilon: float) -> float:
     from fedhp.algorithms import ALGORITHMS
     from fedhp.config import resolve_config
     from fedhp.engine.privacy_budget import round_sampling
-    from fedhp.privacy import calibrate_noise
+    from fedhp.privacy.accountant import calibrate_noise
 
     cfg = resolve_config(None, overrides)
     options = ALGORITHMS.build(cfg.algorithm, "algorithm")

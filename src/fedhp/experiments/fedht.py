@@ -291,8 +291,8 @@ def initial_objective(prob: Problem) -> float:
     """f(x₀) = f(0) of the problem's training data."""
     import torch
 
+    from fedhp.build import build_experiment
     from fedhp.config import resolve_config
-    from fedhp.engine.build import build_experiment
     from fedhp.engine.runner import evaluate_state
 
     exp = build_experiment(resolve_config(None, [*prob.overrides, "algorithm.name=diht"]))

@@ -24,8 +24,8 @@ from tqdm import tqdm
 from fedhp.algorithms import State, Task, Update
 from fedhp.algorithms.base import NNZ_PREFIX
 from fedhp.config import RunConfig, config_to_dict
-from fedhp.engine.build import Experiment
 from fedhp.engine.evaluate import ClientEval
+from fedhp.engine.experiment import Experiment
 from fedhp.engine.faults import RoundSkipped
 from fedhp.engine.runner import Row, evaluate_state, is_eval_round
 from fedhp.flower.messages import (

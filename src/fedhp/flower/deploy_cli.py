@@ -37,23 +37,24 @@ def resolve_run_config(
     import yaml
 
     from fedhp.algorithms import ALGORITHMS
+    from fedhp.build import check_components
     from fedhp.cli import split_positionals
     from fedhp.config import config_to_dict, resolve_config
-    from fedhp.engine.build import check_components
     from fedhp.errors import ConfigError
     from fedhp.flower.shards import node_count
 
     config_path, overrides = split_positionals(items)
     cfg = resolve_config(config_path, overrides, plugins=plugins)
     check_components(cfg)
-    if cfg.algorithm.get("name") == "centralized":
+    options = ALGORITHMS.build(cfg.algorithm, "algorithm")
+    if not options.federated:
         raise ConfigError(
-            "algorithm.name: centralized is a non-federated reference row and cannot run on a "
-            "Flower deployment; use fedhp run"
+            f"algorithm.name: {cfg.algorithm.get('name')} is a non-federated reference row and "
+            "cannot run on a Flower deployment; use fedhp run"
         )
     if cfg.device != "cpu":
         raise ConfigError("device: a Flower deployment runs on the CPU; use device=cpu")
-    nodes = node_count(cfg, ALGORITHMS.build(cfg.algorithm, "algorithm").hierarchical)
+    nodes = node_count(cfg, options.hierarchical)
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
     run_config: dict[str, str | int | float | bool] = {
         "fedhp-config": text,

@@ -20,13 +20,14 @@ import torch
 import yaml
 
 from fedhp.algorithms import ALGORITHMS, Algorithm, State, Task
+from fedhp.build import partition_data
 from fedhp.comm import CommLedger, count_nonzero
 from fedhp.config import RunConfig, validate_config
 from fedhp.data.public import PublicData
 from fedhp.data.types import ClientData
-from fedhp.engine.build import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET, partition_data
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import evaluate_personal
+from fedhp.engine.experiment import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET
 from fedhp.engine.federation import Federation
 from fedhp.engine.sampler import BatchSampler
 from fedhp.flower.messages import Content, MalformedReply

@@ -25,8 +25,9 @@ import yaml
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from fedhp.build import build_experiment
 from fedhp.config import RunConfig, validate_config
-from fedhp.engine.build import Experiment, build_experiment
+from fedhp.engine.experiment import Experiment
 from fedhp.engine.runner import Row, run_experiment
 from fedhp.errors import FedhpError
 from fedhp.flower.cloud import FlowerDriver, Reply, log_line
@@ -125,7 +126,7 @@ def serve(
     ``resume``: continue from ``out_dir``'s checkpoint (the nodes get their rows of it)."""
     cfg = exp.cfg
     hierarchical = exp.options.hierarchical
-    check_flower_config(cfg, hierarchical)
+    check_flower_config(cfg, exp.options)
     nodes = node_count(cfg, hierarchical)
     shards = make_shards(exp.ctx.topology, nodes, hierarchical)
     node_ids = wait_for_nodes(grid, nodes, cfg.flower.timeout, stop)

@@ -9,6 +9,7 @@ num_clients`` is the cross-device case of one client per node).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -17,6 +18,22 @@ from fedhp.errors import ConfigError
 from fedhp.topology import Topology
 
 FLOWER_BACKENDS = ("flower-sim",)
+
+
+class FlowerOptions(Protocol):
+    """What the Flower checks read of an algorithm's options (its class says it)."""
+
+    @property
+    def hierarchical(self) -> bool:
+        """Clients under edges under the cloud (a node hosts whole edges)."""
+
+    @property
+    def federated(self) -> bool:
+        """False for a non-federated reference row (all data in one place)."""
+
+    @property
+    def flower_ready(self) -> bool:
+        """Whether the method runs on the Flower backends."""
 
 
 @dataclass(frozen=True)
@@ -56,18 +73,19 @@ def make_shards(topology: Topology, nodes: int, hierarchical: bool) -> list[Shar
     return shards
 
 
-def check_flower_config(cfg: RunConfig, hierarchical: bool) -> None:
-    """One-line errors for configurations the Flower backends cannot run."""
+def check_flower_config(cfg: RunConfig, options: FlowerOptions) -> None:
+    """One-line errors for configurations the Flower backends cannot run (``options``: the
+    algorithm's)."""
     name = cfg.algorithm.get("name")
-    if name == "centralized":
+    if not options.federated:
         raise ConfigError(
-            f"backend: centralized is a non-federated reference row and cannot run on "
+            f"backend: {name} is a non-federated reference row and cannot run on "
             f"{cfg.backend}; use backend=inprocess"
         )
-    if name == "pfedgp":
+    if not options.flower_ready:
         raise ConfigError(
-            f"backend: pfedgp does not run on {cfg.backend} yet; use backend=inprocess"
+            f"backend: {name} does not run on {cfg.backend} yet; use backend=inprocess"
         )
     if cfg.device != "cpu":
         raise ConfigError(f"device: backend={cfg.backend} runs on the CPU; use device=cpu")
-    node_count(cfg, hierarchical)
+    node_count(cfg, options.hierarchical)

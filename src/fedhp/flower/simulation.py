@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from fedhp.engine.build import Experiment
+from fedhp.engine.experiment import Experiment
 from fedhp.engine.runner import Row
 from fedhp.errors import FedhpError
 from fedhp.flower.shards import check_flower_config, node_count
@@ -50,7 +50,7 @@ def run_flower_sim(
     from fedhp.flower.client_app import app as client_app
     from fedhp.flower.server_app import make_server_app
 
-    check_flower_config(exp.cfg, exp.options.hierarchical)
+    check_flower_config(exp.cfg, exp.options)
     result: dict[str, Any] = {}
     stop = threading.Event()
     server = make_server_app(exp, out_dir, result, progress, stop, resume)

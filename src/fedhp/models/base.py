@@ -101,7 +101,7 @@ class BatchedModel(ABC):
         """Samples of every gradient evaluation the engine ran (:meth:`count_trained`)."""
         self.policy: ExecutionPolicy = CPU_POLICY
         """How the engine batches this model's work on its device (the run's policy, set by
-        :func:`fedhp.engine.build.build_experiment`; the CPU's otherwise)."""
+        :func:`fedhp.build.build_experiment`; the CPU's otherwise)."""
 
     @property
     def num_params(self) -> int:

@@ -1,8 +1,10 @@
-"""From a validated :class:`~fedhp.config.RunConfig` to everything a run needs."""
+"""From a validated :class:`~fedhp.config.RunConfig` to everything a run needs: the layer between
+the configuration and the engine (config → build → engine), the one place that looks the
+components up in their registries."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -16,28 +18,14 @@ from fedhp.data.types import ClientData, DatasetArrays
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.attacks import UPDATE_ATTACKS, Attack, flip_labels, malicious_clients
 from fedhp.engine.context import RunContext
+from fedhp.engine.experiment import ENGINE_SEED_OFFSET, Experiment
 from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
 from fedhp.engine.policy import build_policy
 from fedhp.engine.sampler import BatchSampler
 from fedhp.errors import ConfigError
-from fedhp.models import MODELS, BatchedModel
+from fedhp.models import MODELS
 from fedhp.topology import Topology
-
-# Offsets that give each random stream its own seed derived from the run's one seed.
-MODEL_SEED_OFFSET = 0
-ENGINE_SEED_OFFSET = 1_000_003
-
-
-@dataclass
-class Experiment:
-    """A run ready to start: data resident, model and algorithm built."""
-
-    cfg: RunConfig
-    model: BatchedModel
-    options: AlgorithmOptions
-    algorithm: Algorithm
-    ctx: RunContext
 
 
 def check_components(cfg: RunConfig) -> None:
@@ -153,7 +141,7 @@ def partition_data(cfg: RunConfig) -> tuple[DatasetArrays, list[ClientData], Pub
     return data, list(partitioner.split(data, cfg.federation.num_clients, cfg.seed)), public
 
 
-def build_experiment(cfg: RunConfig) -> Experiment:
+def build_experiment(cfg: RunConfig) -> Experiment[Algorithm, AlgorithmOptions]:
     """Load and partition the data, build topology, model, ledger and algorithm."""
     check_components(cfg)
     if cfg.threads is not None:
