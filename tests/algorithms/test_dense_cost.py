@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhp.api import run
-from fedhp.engine.device_cost import (
+from fedhp.algorithms.device_cost import (
     DOWN_BYTES_PER_S,
     PEAK_FLOPS,
     UP_BYTES_PER_S,
     capability_generator,
     draw_capabilities,
 )
+from fedhp.api import run
 from fedhp.errors import ConfigError
 from tests.conftest import small_experiment
 

@@ -23,17 +23,9 @@ import torch
 from fedhp.comm import count_nonzero
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import (
-    DeviceCost,
-    account_round,
-    capability_generator,
-    cost_state,
-    draw_capabilities,
-    refresh_capabilities,
-)
 from fedhp.engine.evaluate import ClientEval, density
 from fedhp.engine.federation import ClientTensors
-from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad, normalized
+from fedhp.engine.ops import LocalOptimizer, LocalWork, normalized
 from fedhp.engine.sampler import EpochBatches
 from fedhp.errors import ConfigError
 from fedhp.models.clip import clip_gradients
@@ -86,6 +78,11 @@ class AlgorithmOptions(pydantic.BaseModel):
         """Minibatch gradient evaluations per client per global round."""
         return self.local_steps
 
+    def work(self) -> LocalWork:
+        """The clients' local SGD (:meth:`RunContext.local_sgd`): ``local_steps`` plain steps of
+        ``batch_size`` samples and step size ``lr``."""
+        return LocalWork(self.lr, self.batch_size, self.local_steps)
+
     def privacy_releases(self) -> int:
         """Noised aggregates one round's sampled clients feed at the DP level (issue 20), each
         seen by someone untrusted: 1 by default (one noised mean per round)."""
@@ -98,7 +95,7 @@ class LocalWorkOptions(AlgorithmOptions):
 
     Under ``local_epochs`` a client takes ``ceil(n_c / batch_size)`` steps per epoch (the last
     minibatch partial) on a fresh permutation of its data each epoch; see
-    :meth:`RunContext.local_sgd_epochs`."""
+    :meth:`RunContext.local_sgd`."""
 
     local_epochs: int | None = pydantic.Field(
         None, gt=0, description="local epochs per round instead of local_steps"
@@ -115,6 +112,14 @@ class LocalWorkOptions(AlgorithmOptions):
         if self.local_epochs is not None and "local_steps" in self.model_fields_set:
             raise ValueError("set local_steps or local_epochs, not both; drop one of them")
         return self
+
+    def work(self) -> LocalWork:
+        """``local_steps`` or ``local_epochs`` of SGD with the options' momentum and weight
+        decay."""
+        optimizer = None
+        if self.momentum or self.weight_decay:
+            optimizer = LocalOptimizer(self.momentum, self.weight_decay)
+        return LocalWork(self.lr, self.batch_size, self.local_steps, self.local_epochs, optimizer)
 
     def local_work(self) -> str:
         """``"local_epochs=E"`` or ``"local_steps=S"``: the budget in use."""
@@ -157,90 +162,6 @@ def local_epochs_of(options: AlgorithmOptions) -> int | None:
     """The ``local_epochs`` budget of options that offer one (plugins may subclass the plain
     :class:`AlgorithmOptions`: ``local_steps`` only)."""
     return options.local_epochs if isinstance(options, LocalWorkOptions) else None
-
-
-CapabilityMode = Literal["off", "fix", "dyn"]
-"""The dense methods' device model (:class:`DenseDeviceCost`): none, or FedLPS's capabilities
-drawn once (``fix``) or every round (``dyn``)."""
-
-
-def capabilities_field() -> Any:
-    """The dense methods' ``capabilities`` option (:class:`DenseDeviceCost`)."""
-    return pydantic.Field(
-        "off",
-        description="FedLPS's device model (docs/fedlps.md): off, or capabilities z drawn once "
-        "(fix) or every round (dyn) and sim_time_s, round_sim_time_s, flops logged; the training "
-        "is the same",
-    )
-
-
-class DenseDeviceCost:
-    """FedLPS's heterogeneity and cost model (:mod:`fedhp.engine.device_cost`) for a method that
-    trains the full model: an :class:`Algorithm` mixin, on with ``capabilities: fix|dyn``.
-
-    Each client has a capability z ∈ {1, ½, ¼, ⅛, 1/16} (``state["capability"]``, drawn once, or
-    again every round under ``dyn``) from :attr:`capability_generator`, a generator of its own
-    seeded from the run's seed and checkpointed with the run (``algorithm.capability_generator``),
-    so the draws leave the training untouched. The model is trained at full width whatever z is:
-    T_k = 3 × the dense model's forward FLOPs per sample (``masked_flops`` with every unit kept,
-    FedLPS's convention) × the samples k processed / (z · 727 GFLOP/s) + the bytes the ledger
-    billed k this round up / 14.0 MB/s + down / 110.6 MB/s; the round lasts its slowest client.
-    ``off`` (default) adds nothing: no state entry, no generator, no metric."""
-
-    ctx: RunContext
-    cost_mode: CapabilityMode = "off"
-    device_cost: DeviceCost
-    capability_generator: torch.Generator
-    dense_forward_flops: float
-
-    def init_device_cost(self, options: AlgorithmOptions) -> None:
-        """Set the model up from ``options.capabilities`` (call from ``__init__``, after
-        ``self.ctx`` is set); options without that field (a plugin's subclass of FedAvg with
-        options of its own) leave it off."""
-        mode: CapabilityMode = getattr(options, "capabilities", "off")
-        self.cost_mode = mode
-        if mode == "off":
-            return
-        from fedhp.models.masks import masked_flops, num_units
-
-        model = self.ctx.model
-        self.device_cost = DeviceCost()
-        self.capability_generator = capability_generator(self.ctx.generator)
-        every_unit = torch.ones(1, num_units(model), dtype=torch.bool)
-        self.dense_forward_flops = float(masked_flops(model, every_unit)[0])
-
-    def device_cost_state(self) -> State:
-        """The initial state's entries: ``capability [C]`` and the running ``sim_time_s``,
-        ``flops`` (none when off)."""
-        if self.cost_mode == "off":
-            return {}
-        caps = draw_capabilities(self.ctx.num_clients, self.capability_generator)
-        return {"capability": caps, **cost_state()}
-
-    def refresh_device_cost(self, state: State, rnd: int) -> None:
-        """Start of round ``rnd`` (cloud, in ``plan``): ``dyn`` draws every z again."""
-        if self.cost_mode != "off":
-            refresh_capabilities(state, self.cost_mode, rnd, self.capability_generator)
-
-    def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
-        """The samples (float64 ``[len(clients)]``) each of ``clients`` trained on in a round,
-        over every gradient evaluation of its local work (the method's own count)."""
-        raise NotImplementedError
-
-    def account_device_cost(self, state: State, clients: torch.Tensor) -> dict[str, float]:
-        """End of a round (cloud, in ``aggregate``, after the uploads are billed): add the round
-        of ``clients`` to ``state``; the round metrics ``sim_time_s``, ``round_sim_time_s``,
-        ``flops`` (none when off)."""
-        if self.cost_mode == "off":
-            return {}
-        ctx = self.ctx
-        ids = ctx.global_clients(clients)
-        up = ctx.ledger.round_node_bytes("client_cloud", "up", ids)
-        down = ctx.ledger.round_node_bytes("client_cloud", "down", ids)
-        flops = 3.0 * self.dense_forward_flops * self.round_samples(clients).double().cpu()
-        caps = state["capability"][clients.cpu()]
-        _, stats = account_round(state, self.device_cost, flops, caps, up, down)
-        return stats
 
 
 @dataclass
@@ -444,6 +365,51 @@ class Algorithm(ABC):
         if self.buffers_local and bufs is not None:
             state["client_buffers"][clients] = bufs
 
+    def received_buffers(self, state: State, task: Task) -> torch.Tensor | None:
+        """Writable running statistics ``[n, B]`` the task's clients train from: their own, or
+        the broadcast ``global_buffers`` (:meth:`start_buffers`); None without buffers."""
+        sent = task.broadcast.get("global_buffers")
+        n = len(task.clients)
+        return self.start_buffers(state, task.clients, None if sent is None else sent.expand(n, -1))
+
+    def client_update(
+        self,
+        state: State,
+        task: Task,
+        trained: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        buffers: torch.Tensor | None,
+        **rows: torch.Tensor,
+    ) -> Update:
+        """The :class:`Update` of the task's clients from their local SGD's ``trained``
+        (:meth:`RunContext.local_sgd`: parameters, summed losses, steps): their ``params``, the
+        method's own ``rows`` and their trained ``buffers`` (uploaded in both modes: the global
+        model is evaluated with them; kept by the clients under ``buffers=local``)."""
+        params, loss_sum, steps = trained
+        per_client = {"params": params, **rows}
+        if buffers is not None:
+            self.keep_buffers(state, task.clients, buffers)
+            per_client["buffers"] = buffers
+        return Update(per_client=per_client, losses=loss_sum.unsqueeze(0), steps=steps)
+
+    def send_up(
+        self, update: Update, clients: torch.Tensor, start: torch.Tensor, *extra: str
+    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+        """The uploads of ``clients`` (an :meth:`client_update`'s rows) as the cloud receives
+        them: one message per client of its ``params`` (forged where malicious,
+        :meth:`RunContext.upload`; ``start``: the model they started from), its buffers where
+        present and its ``extra`` rows (``[n, P]`` each), billed on the client-cloud uplink.
+        Returns the parameters, the buffers (None if absent) and the ``extra`` rows."""
+        ctx = self.ctx
+        bufs = update.per_client.get("buffers")
+        message = self.wire(ctx.upload(update.per_client["params"], clients, start), bufs)
+        if extra:
+            message = torch.cat((message, *(update.per_client[k] for k in extra)), 1)
+        up = ctx.send("client_cloud", "up", message, clients)
+        width = up.shape[1] - len(extra) * ctx.model.num_params
+        params, bufs = self.unwire(up[:, :width] if extra else up, bufs is not None)
+        p = ctx.model.num_params
+        return params, bufs, [up[:, width + i * p : width + (i + 1) * p] for i in range(len(extra))]
+
     def sent_buffers(self, state: State) -> dict[str, torch.Tensor]:
         """What goes down beside the global model: ``global_buffers`` when averaged."""
         if self.buffers_travel_down:
@@ -553,55 +519,6 @@ class Algorithm(ABC):
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         """Cloud: record what came up and aggregate it into ``state``; returns round statistics."""
 
-    def local_update(
-        self,
-        start: torch.Tensor,
-        clients: torch.Tensor,
-        extra_grad: ExtraGrad | None = None,
-        *,
-        mask: torch.Tensor | None = None,
-        buffers: torch.Tensor | None = None,
-        loss_grad: LossGrad | None = None,
-        batches: torch.Tensor | EpochBatches | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The round's local SGD of ``clients`` from ``start`` (rows) under the options'
-        ``local_steps`` or ``local_epochs`` (:class:`LocalWorkOptions`), on the sub-models of
-        ``mask [C', P]`` if given (:mod:`fedhp.models.masks`), updating BatchNorm ``buffers``
-        ``[C', B]`` in place if given, on the method's own objective ``loss_grad`` if given
-        (:data:`fedhp.engine.ops.LossGrad`), on the minibatches ``batches`` drawn ahead
-        (``Task.batches``) if given: the new parameters, each client's loss summed over its
-        steps, and its step count ``[C']`` (int64)."""
-        ctx, opt = self.ctx, self.options
-        kw: dict[str, Any] = {} if buffers is None else {"buffers": buffers}
-        if loss_grad is not None:
-            kw["loss_grad"] = loss_grad
-        if isinstance(opt, LocalWorkOptions) and (opt.momentum or opt.weight_decay):
-            kw["optimizer"] = LocalOptimizer(opt.momentum, opt.weight_decay)
-        if batches is not None:
-            kw["drawn"] = batches
-        epochs = local_epochs_of(opt)
-        if epochs is not None:
-            return ctx.local_sgd_epochs(
-                start,
-                clients,
-                epochs,
-                opt.batch_size,
-                opt.lr,
-                extra_grad,
-                mask=mask,
-                **kw,
-            )
-        if mask is None:
-            params, loss_sum = ctx.local_sgd(
-                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, **kw
-            )
-        else:
-            params, loss_sum = ctx.local_sgd_masked(
-                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, mask=mask, **kw
-            )
-        steps = torch.full((len(clients),), opt.local_steps, dtype=torch.int64, device=ctx.device)
-        return params, loss_sum, steps
-
     def local_work_stats(self, task: Task, update: Update) -> dict[str, float]:
         """The round's mean local loss (per client: its summed loss over its steps) and, under
         ``local_epochs``, the clients' step counts (mean, min, max)."""
@@ -671,12 +588,8 @@ class Algorithm(ABC):
 
     def draw_batches(self, clients: torch.Tensor) -> torch.Tensor | EpochBatches:
         """The round's minibatch indices of ``clients`` under the options' local work, drawn
-        ahead (:meth:`BatchSampler.steps` or :meth:`BatchSampler.epochs`)."""
-        opt, sampler = self.options, self.ctx.sampler
-        epochs = local_epochs_of(opt)
-        if epochs is not None:
-            return sampler.epochs(clients, opt.batch_size, epochs)
-        return sampler.steps(clients, opt.batch_size, opt.local_steps)
+        ahead (:meth:`RunContext.draw_ahead`)."""
+        return self.ctx.draw_ahead(clients, self.options.work())
 
     def open_fold(self, state: State, task: Task) -> UploadFold:
         """Start folding ``task``'s uploads (methods that :attr:`folds_uploads`)."""

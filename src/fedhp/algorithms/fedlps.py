@@ -13,7 +13,7 @@ Per round, for each selected client k with server ratio s_k and capability z_k (
 * The client keeps its personal sparse model ω ⊙ m (evaluated on its own test data) and uploads
   Δ_k = (ω^r − ω) ⊙ m (its non-zeros + a unit bitmap); the cloud steps
   ω^{r+1} = ω^r − Σ_k p_k Δ_k (Eq. 13, no per-coordinate renormalization).
-* Cost (Eq. 14, :mod:`fedhp.engine.device_cost`): T_k = 3 × forward FLOPs of the masked model
+* Cost (Eq. 14, :mod:`fedhp.algorithms.device_cost`): T_k = 3 × forward FLOPs of the masked model
   (:func:`fedhp.models.masks.masked_flops`) × samples processed / (z_k · 727 GFLOP/s) + bytes
   up / 14 MB/s + bytes down / 110.6 MB/s; the round lasts its slowest client's T_k.
 * Ratios: ``pucbv`` (a bandit per client, :mod:`fedhp.algorithms.pucbv`, credited with the
@@ -30,17 +30,18 @@ import pydantic
 import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
-from fedhp.algorithms.pucbv import PUCBV, exploration_xi
-from fedhp.comm import count_nonzero, unit_mask_bytes
-from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import (
+from fedhp.algorithms.device_cost import (
     CAPABILITY_LEVELS,
     DeviceCost,
+    DrawnCapabilities,
     account_round,
     cost_state,
     draw_capabilities,
     refresh_capabilities,
 )
+from fedhp.algorithms.pucbv import PUCBV, exploration_xi
+from fedhp.comm import count_nonzero, unit_mask_bytes
+from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LossGrad
 from fedhp.models.masks import (
     masked_flops,
@@ -102,7 +103,7 @@ class FedLPS(Algorithm):
     def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
         self.num_units = num_units(ctx.model)
-        self.cost = DeviceCost()
+        self.device_cost = DeviceCost()
         if options.personal_keep_above > 0:  # which clients hold a personal model: node rows
             self.held_keys["has_personal"] = "client"
 
@@ -225,8 +226,8 @@ class FedLPS(Algorithm):
             scores = state["scores"][clients].clone()
         ratio = task.per_client["ratio"]
         loss_grad, tally = fedlps_loss_grad(self, w, scores, ratio)
-        params, loss_sum, steps = self.local_update(
-            w.expand(len(clients), -1), clients, loss_grad=loss_grad
+        params, loss_sum, steps = self.ctx.local_sgd(
+            w.expand(len(clients), -1), clients, opt.work(), loss_grad=loss_grad
         )
         state["scores"][clients] = scores
         units = unit_mask_from_scores(model, scores, ratio)
@@ -275,7 +276,7 @@ class FedLPS(Algorithm):
         flops = 3.0 * fwd * samples
         acc = update.per_client["train_acc"][:, 0].double().cpu()
         caps = task.per_client["capability"]
-        seconds, cost = account_round(state, self.cost, flops, caps, up, down)
+        seconds, cost = account_round(state, self.device_cost, flops, caps, up, down)
         if opt.ratio == "pucbv":
             self._update_bandits(state, clients, acc, seconds)
         stats = self.local_work_stats(task, update)
@@ -329,7 +330,7 @@ class FedLPSOptions(LocalWorkOptions):
     )
     ratio: RatioPolicy = "pucbv"
     fixed_ratio: float = pydantic.Field(0.5, gt=0, le=1, description="FLST's s (ratio=fixed)")
-    capabilities: Literal["fix", "dyn"] = "dyn"
+    capabilities: DrawnCapabilities = "dyn"
     capability_levels: list[Annotated[float, pydantic.Field(gt=0, le=1)]] = pydantic.Field(
         default_factory=lambda: list(CAPABILITY_LEVELS),
         min_length=1,

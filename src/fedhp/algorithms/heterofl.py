@@ -3,14 +3,14 @@ afford — the first max(1, round(z·J)) units of each hidden layer for capabili
 nested sub-models) — and the cloud averages each parameter entry over the clients holding it.
 
 Per round, for each selected client k of capability z_k (FedLPS's levels and cost model,
-:mod:`fedhp.engine.device_cost`; ``capabilities``: drawn once or every round):
+:mod:`fedhp.algorithms.device_cost`; ``capabilities``: drawn once or every round):
 
 * it receives the sub-model ω^r ⊙ h_k, where h_k holds the kept units' weight rows, biases and
   BatchNorm entries and, in the next layer, only the columns of kept inputs
   (:func:`fedhp.models.masks.held_entries`); the output layer keeps every class;
 * it trains it with the local budget (masked SGD: entries outside h_k stay zero) and sends it up;
 * the cloud sets every entry to the (uniform or sample-weighted) mean over the clients that hold
-  it; an entry nobody held this round keeps its value (:func:`fedhp.engine.ops.held_mean`).
+  it; an entry nobody held this round keeps its value (:func:`held_mean`).
 
 The personalized model of a client is its last trained sub-model (the initial model before it
 first trains), evaluated on its own test data — FedLPS's protocol for every baseline.
@@ -23,21 +23,31 @@ only in which units a sub-model holds.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
-from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import (
+from fedhp.algorithms.device_cost import (
     DeviceCost,
+    DrawnCapabilities,
     account_round,
     cost_state,
     draw_capabilities,
     refresh_capabilities,
 )
-from fedhp.engine.ops import held_mean
+from fedhp.engine.context import RunContext
 from fedhp.models.masks import held_entries, masked_flops, param_mask, window_unit_mask
+
+
+def held_mean(
+    previous: torch.Tensor, params: torch.Tensor, held: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Entry-wise weighted mean over the clients holding each entry (HeteroFL's aggregation):
+    ``sum_c w_c h_c x_c / sum_c w_c h_c`` for ``params``, ``held [C, P]`` (0/1), ``weights [C]``;
+    an entry nobody holds keeps its ``previous [P]`` value."""
+    w = weights.to(params.dtype).unsqueeze(1) * held.to(params.dtype)
+    total = w.sum(0)
+    mean = (w * params).sum(0) / total.clamp(min=torch.finfo(params.dtype).tiny)
+    return torch.where(total > 0, mean, previous)
 
 
 class HeteroFL(Algorithm):
@@ -50,7 +60,7 @@ class HeteroFL(Algorithm):
 
     def __init__(self, options: HeteroFLOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
-        self.cost = DeviceCost()
+        self.device_cost = DeviceCost()
 
     def window_offset(self, rnd: int) -> int:
         """Where each layer's kept units start in round ``rnd`` (HeteroFL: always unit 0)."""
@@ -95,7 +105,9 @@ class HeteroFL(Algorithm):
         caps = task.per_client["capability"]
         _, held = self.held(caps, int(task.per_client["offset"][0]) if len(clients) else 0)
         held = held.to(task.per_client["start"].device)
-        params, loss_sum, steps = self.local_update(task.per_client["start"], clients, mask=held)
+        params, loss_sum, steps = self.ctx.local_sgd(
+            task.per_client["start"], clients, self.options.work(), mask=held
+        )
         state["personal"][clients] = params
         return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 
@@ -111,7 +123,7 @@ class HeteroFL(Algorithm):
         size = 4.0 * held.sum(1).double().cpu()  # the sub-model, both ways
         fwd = masked_flops(ctx.model, units, structural=True).double()
         flops = 3.0 * fwd * opt.sample_counts(ctx.fed.train.counts[clients])
-        _, cost = account_round(state, self.cost, flops, caps, size, size)
+        _, cost = account_round(state, self.device_cost, flops, caps, size, size)
         stats = self.local_work_stats(task, update)
         stats.update(cost, mean_keep_ratio=float(caps.mean()))
         return stats
@@ -126,7 +138,7 @@ class HeteroFLOptions(LocalWorkOptions):
     entry-wise averaging over the holders (docs/fedlps.md)."""
 
     lr: float = 0.1
-    capabilities: Literal["fix", "dyn"] = "dyn"
+    capabilities: DrawnCapabilities = "dyn"
 
     def build(self, ctx: RunContext) -> Algorithm:
         return HeteroFL(self, ctx)

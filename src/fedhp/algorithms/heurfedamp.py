@@ -59,8 +59,8 @@ class HeurFedAMP(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         opt = self.options
         cloud = task.per_client["u"]
-        params, loss_sum, steps = self.local_update(
-            cloud, task.clients, prox_grad(cloud, opt.lam / opt.alpha_k)
+        params, loss_sum, steps = self.ctx.local_sgd(
+            cloud, task.clients, opt.work(), prox_grad(cloud, opt.lam / opt.alpha_k)
         )
         return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 

@@ -9,7 +9,7 @@ from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State
 from fedhp.comm import count_nonzero, truncate
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import weighted_mean
+from fedhp.engine.ops import LocalWork, weighted_mean
 
 
 class HierFAVG(Algorithm):
@@ -81,12 +81,10 @@ class HierFAVG(Algorithm):
                 received = down[seg[rows]]
                 start, recv_bufs = self.unwire(received, sent_bufs is not None)
                 bufs = self.start_buffers(state, clients[rows], recv_bufs)
-                params, loss_sum[rows] = ctx.local_sgd(
+                params, loss_sum[rows], _ = ctx.local_sgd(
                     start,
                     clients[rows],
-                    opt.kappa1,
-                    opt.batch_size,
-                    opt.lr,
+                    LocalWork(opt.lr, opt.batch_size, opt.kappa1),
                     buffers=bufs,
                     drawn=None if drawn is None else drawn[:, rows],
                 )

@@ -21,13 +21,11 @@ from fedhp.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     AlgorithmOptions,
-    CapabilityMode,
-    DenseDeviceCost,
     State,
     Task,
     Update,
-    capabilities_field,
 )
+from fedhp.algorithms.device_cost import CapabilityMode, DenseDeviceCost, capabilities_field
 from fedhp.comm import truncate
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
@@ -50,7 +48,7 @@ def batched_hvp(
     return hv
 
 
-class PerFedAvg(DenseDeviceCost, Algorithm):
+class PerFedAvg(DenseDeviceCost):
     """Per-FedAvg (FO or HF); global model ``w``, personalized = ``w`` adapted by one step.
     ``capabilities: fix|dyn``: FedLPS's device model (:class:`DenseDeviceCost`)."""
 
@@ -65,7 +63,6 @@ class PerFedAvg(DenseDeviceCost, Algorithm):
         gen = torch.Generator(device=counts.device)
         self.eval_generator = gen
         self.eval_sampler = ctx.sampler.with_generator(gen)
-        self.init_device_cost(options)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.to(self.ctx.device).clone(), **self.device_cost_state()}

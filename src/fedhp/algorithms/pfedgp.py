@@ -45,10 +45,11 @@ from fedhp.algorithms.gp_tree import (
     inducing_tree_loss,
     tree_loss,
 )
+from fedhp.algorithms.heterofl import held_mean
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import ClientEval
 from fedhp.engine.federation import ClientTensors
-from fedhp.engine.ops import held_mean, weighted_mean
+from fedhp.engine.ops import weighted_mean
 
 EVAL_SEED = 0x9F6  # the private evaluation generator's seed (fixed: every evaluation alike)
 
