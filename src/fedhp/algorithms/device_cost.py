@@ -24,7 +24,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 import torch
 
-from fedhp.algorithms.base import Algorithm, AlgorithmOptions, State
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.options import AlgorithmOptions
 from fedhp.engine.context import RunContext
 
 CapabilityMode = Literal["off", "fix", "dyn"]
@@ -216,3 +217,37 @@ class DenseDeviceCost(Algorithm):
         caps = state["capability"][clients.cpu()]
         _, stats = account_round(state, self.device_cost, flops, caps, up, down)
         return stats
+
+
+class SizedByCapability(Algorithm):
+    """The device model of the methods whose clients train sub-models sized by their capability z
+    (FedLPS, HeteroFL, LotteryFL; ``capabilities: fix|dyn``, :data:`DrawnCapabilities`): z drawn
+    from the run's engine generator (it decides the training), and each round's T_k and time
+    accounted with :attr:`device_cost`."""
+
+    device_cost = DeviceCost()
+
+    def capability_levels(self) -> tuple[float, ...]:
+        """The levels z is drawn from (FedLPS's five, unless the options set others)."""
+        return CAPABILITY_LEVELS
+
+    def initial_capabilities(self, device: torch.device) -> torch.Tensor:
+        """Every client's first z ``[C]`` (float64, on ``device``), for the initial state."""
+        ctx, levels = self.ctx, self.capability_levels()
+        return draw_capabilities(ctx.num_clients, ctx.generator, levels).to(device)
+
+    def redraw_capabilities(self, state: State, rnd: int, mode: CapabilityMode) -> None:
+        """Start of round ``rnd`` (cloud, in ``plan``): under ``mode`` ``dyn`` every z is drawn
+        again."""
+        refresh_capabilities(state, mode, rnd, self.ctx.generator, self.capability_levels())
+
+    def account_capabilities(
+        self,
+        state: State,
+        flops: torch.Tensor,
+        caps: torch.Tensor,
+        up: torch.Tensor,
+        down: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """:func:`account_round` of the round's clients under :attr:`device_cost`."""
+        return account_round(state, self.device_cost, flops, caps, up, down)

@@ -18,8 +18,10 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhp.algorithms.options import ALGORITHMS
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, prox_grad
 

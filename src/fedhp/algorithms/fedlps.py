@@ -29,17 +29,16 @@ from typing import Annotated, Any, Literal
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import (
     CAPABILITY_LEVELS,
-    DeviceCost,
     DrawnCapabilities,
-    account_round,
+    SizedByCapability,
     cost_state,
-    draw_capabilities,
-    refresh_capabilities,
 )
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.pucbv import PUCBV, exploration_xi
+from fedhp.algorithms.task import Task, Update
 from fedhp.comm import count_nonzero, unit_mask_bytes
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LossGrad
@@ -92,7 +91,7 @@ def fedlps_loss_grad(
     return loss_grad, tally
 
 
-class FedLPS(Algorithm):
+class FedLPS(SizedByCapability):
     """FedLPS's rounds: masked personalized local training, Eq. 13, per-client ratios."""
 
     options: FedLPSOptions
@@ -103,11 +102,13 @@ class FedLPS(Algorithm):
     def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
         self.num_units = num_units(ctx.model)
-        self.device_cost = DeviceCost()
         if options.personal_keep_above > 0:  # which clients hold a personal model: node rows
             self.held_keys["has_personal"] = "client"
 
     # ------------------------------------------------------------------ state
+    def capability_levels(self) -> tuple[float, ...]:
+        return self.options.levels
+
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx, opt = self.ctx, self.options
         k = ctx.num_clients
@@ -117,7 +118,7 @@ class FedLPS(Algorithm):
         else:  # the code's sorted random scores: keeps the first units, in index order
             scores = torch.randn(k, self.num_units, generator=ctx.generator)
             scores = scores.sort(dim=1, descending=True).values
-        caps = draw_capabilities(k, ctx.generator, opt.levels).to(init_params.device)
+        caps = self.initial_capabilities(init_params.device)
         state: State = {
             "global": init_params.clone(),
             "scores": scores.to(init_params.device),
@@ -202,8 +203,8 @@ class FedLPS(Algorithm):
 
     # ------------------------------------------------------------------ round
     def plan(self, state: State, rnd: int) -> Task:
-        ctx, opt = self.ctx, self.options
-        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator, opt.levels)
+        opt = self.options
+        self.redraw_capabilities(state, rnd, opt.capabilities)
         task = self.plan_broadcast_global(state)
         decided = state["ratio"][task.clients.cpu()]
         caps = state["capability"][task.clients].cpu().double()
@@ -276,7 +277,7 @@ class FedLPS(Algorithm):
         flops = 3.0 * fwd * samples
         acc = update.per_client["train_acc"][:, 0].double().cpu()
         caps = task.per_client["capability"]
-        seconds, cost = account_round(state, self.device_cost, flops, caps, up, down)
+        seconds, cost = self.account_capabilities(state, flops, caps, up, down)
         if opt.ratio == "pucbv":
             self._update_bandits(state, clients, acc, seconds)
         stats = self.local_work_stats(task, update)

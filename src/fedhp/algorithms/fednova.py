@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update, UploadFold
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhp.algorithms.options import ALGORITHMS
+from fedhp.algorithms.task import Task, Update, UploadFold
 from fedhp.engine.context import RunContext
 
 

@@ -12,15 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    LocalWorkOptions,
-    State,
-    Task,
-    Update,
-)
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import CapabilityMode, DenseDeviceCost, capabilities_field
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.errors import ConfigError
 from fedhp.models.masks import output_layer_mask

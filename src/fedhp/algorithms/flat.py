@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import LocalWorkOptions, State, Task, Update, UploadFold
+from fedhp.algorithms.base import State
 from fedhp.algorithms.device_cost import DenseDeviceCost
+from fedhp.algorithms.options import LocalWorkOptions
+from fedhp.algorithms.task import Task, Update, UploadFold
 
 
 class FlatRounds(DenseDeviceCost):

@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import (
-    DeviceCost,
     DrawnCapabilities,
-    account_round,
+    SizedByCapability,
     cost_state,
-    draw_capabilities,
-    refresh_capabilities,
 )
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.models.masks import held_entries, masked_flops, param_mask, window_unit_mask
 
@@ -50,17 +49,13 @@ def held_mean(
     return torch.where(total > 0, mean, previous)
 
 
-class HeteroFL(Algorithm):
+class HeteroFL(SizedByCapability):
     """Capability-sized nested sub-models, aggregated entry by entry over their holders."""
 
     options: HeteroFLOptions
     client_outputs = ("params",)
     node_keys = {"personal": "client"}
     personal_on_node = True
-
-    def __init__(self, options: HeteroFLOptions, ctx: RunContext) -> None:
-        super().__init__(options, ctx)
-        self.device_cost = DeviceCost()
 
     def window_offset(self, rnd: int) -> int:
         """Where each layer's kept units start in round ``rnd`` (HeteroFL: always unit 0)."""
@@ -74,17 +69,16 @@ class HeteroFL(Algorithm):
 
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx = self.ctx
-        caps = draw_capabilities(ctx.num_clients, ctx.generator)
         return {
             "global": init_params.clone(),
-            "capability": caps.to(init_params.device),
+            "capability": self.initial_capabilities(init_params.device),
             "personal": init_params.expand(ctx.num_clients, -1).clone(),
             **cost_state(),
         }
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator)
+        self.redraw_capabilities(state, rnd, opt.capabilities)
         clients = ctx.sample_clients()
         caps = state["capability"][clients].cpu().double()
         offset = self.window_offset(rnd)
@@ -123,7 +117,7 @@ class HeteroFL(Algorithm):
         size = 4.0 * held.sum(1).double().cpu()  # the sub-model, both ways
         fwd = masked_flops(ctx.model, units, structural=True).double()
         flops = 3.0 * fwd * opt.sample_counts(ctx.fed.train.counts[clients])
-        _, cost = account_round(state, self.device_cost, flops, caps, size, size)
+        _, cost = self.account_capabilities(state, flops, caps, size, size)
         stats = self.local_work_stats(task, update)
         stats.update(cost, mean_keep_ratio=float(caps.mean()))
         return stats

@@ -10,15 +10,9 @@ from typing import ClassVar
 
 import torch
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    LocalWorkOptions,
-    RowKind,
-    State,
-    Task,
-    Update,
-)
+from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 
 

@@ -26,16 +26,15 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import (
-    DeviceCost,
     DrawnCapabilities,
-    account_round,
+    SizedByCapability,
     cost_state,
-    draw_capabilities,
-    refresh_capabilities,
 )
 from fedhp.algorithms.heterofl import held_mean
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import evaluate_personal
 from fedhp.models.masks import output_layer_mask, sparse_flops
@@ -65,7 +64,7 @@ def magnitude_prune(
     return out
 
 
-class LotteryFL(Algorithm):
+class LotteryFL(SizedByCapability):
     """Per-client magnitude masks, masked local training, entry-wise averaging over holders."""
 
     options: LotteryFLOptions
@@ -83,7 +82,6 @@ class LotteryFL(Algorithm):
             if len(s.shape) >= 2 and not bool(head[s.offset])
         ]
         self.prunable = sum(b.stop - b.start for b in self.blocks)
-        self.device_cost = DeviceCost()
 
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx = self.ctx
@@ -92,7 +90,7 @@ class LotteryFL(Algorithm):
             "global": init_params.clone(),
             "mask": torch.ones(k, init_params.numel(), device=init_params.device),
             "personal": init_params.expand(k, -1).clone(),
-            "capability": draw_capabilities(k, ctx.generator).to(init_params.device),
+            "capability": self.initial_capabilities(init_params.device),
             **cost_state(),
         }
 
@@ -102,7 +100,7 @@ class LotteryFL(Algorithm):
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator)
+        self.redraw_capabilities(state, rnd, opt.capabilities)
         clients = ctx.sample_clients()
         sub = state["global"] * state["mask"][clients]
         start = ctx.send("client_cloud", "down", sub, clients)
@@ -148,7 +146,7 @@ class LotteryFL(Algorithm):
         state["mask"][clients] = mask
         up = 4.0 * mask.sum(1).double().cpu() + bitmap / max(1, len(clients))
         caps = task.per_client["capability"]
-        _, cost = account_round(state, self.device_cost, flops, caps, up, down)
+        _, cost = self.account_capabilities(state, flops, caps, up, down)
         stats = self.local_work_stats(task, update)
         stats.update(cost, mean_density=float(mask.double().mean()))
         return stats

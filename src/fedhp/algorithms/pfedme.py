@@ -21,19 +21,11 @@ from typing import ClassVar
 import pydantic
 import torch
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    AlgorithmOptions,
-    RowKind,
-    State,
-    Task,
-    ThetaInit,
-    Update,
-    theta_init_field,
-)
+from fedhp.algorithms.base import Algorithm, RowKind, State
 from fedhp.algorithms.fused import send_rows
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, ThetaInit, theta_init_field
 from fedhp.algorithms.pfedme_fused import fused_train
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
 

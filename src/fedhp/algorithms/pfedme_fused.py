@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedhp.algorithms.base import State, Task, Update
+from fedhp.algorithms.base import State
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.ops import batched_loss_grad
 
 if TYPE_CHECKING:

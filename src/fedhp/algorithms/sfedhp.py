@@ -23,19 +23,11 @@ from typing import ClassVar, Literal
 import pydantic
 import torch
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    AlgorithmOptions,
-    RowKind,
-    State,
-    Task,
-    ThetaInit,
-    Update,
-    theta_init_field,
-)
+from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, ThetaInit, theta_init_field
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp_fused import fused_train
+from fedhp.algorithms.task import Task, Update
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedhp.algorithms.base import State, Task, Update
+from fedhp.algorithms.base import State
 from fedhp.algorithms.fused import EdgeRows, Received, count_sent, truncate_
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.ops import batched_loss_grad
