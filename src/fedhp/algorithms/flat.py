@@ -54,7 +54,7 @@ class FlatRounds(DenseDeviceCost):
         """The round's means, or the cloud's rule (robust, DP) over the uploaded models."""
         ctx = self.ctx
         start = {"global": task.broadcast["global"]}
-        denominator = ctx.dp_denominator(len(task.clients), ctx.num_clients)
+        denominator = ctx.dp_denominator(ctx.num_clients)
         return UploadFold(ctx.client_weights(task.clients), ctx.cloud_rule, start, denominator)
 
     def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:

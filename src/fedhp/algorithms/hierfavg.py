@@ -132,7 +132,7 @@ class HierFAVG(Algorithm):
         sizes = torch.bincount(ctx.topology.edge_of_client.cpu(), minlength=ctx.topology.num_edges)
         for e, edge in enumerate(edges.tolist()):
             mine = seg == e
-            denominator = ctx.dp_denominator(int(mine.sum()), int(sizes[edge]))
+            denominator = ctx.dp_denominator(int(sizes[edge]))
             out[e] = rule(params[mine], weights[mine].to(params.dtype), sent[e], denominator)
         return out
 

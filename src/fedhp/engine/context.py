@@ -233,9 +233,9 @@ class RunContext:
             return weighted_mean(rows, weights)
         return rule(rows, weights.to(rows.dtype), start)
 
-    def dp_denominator(self, clients: int, population: int) -> float | None:
-        """The DP average's denominator for ``clients`` rows drawn from ``population``
-        clients: ``q·N`` under Poisson sampling, else the rows (None)."""
+    def dp_denominator(self, population: int) -> float | None:
+        """The DP average's denominator for rows drawn from ``population`` clients: ``q·N``
+        under Poisson sampling, else the number of rows (None)."""
         if self.client_sampling == "poisson" and self.client_fraction < 1:
             return self.client_fraction * population
         return None
