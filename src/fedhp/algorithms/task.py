@@ -134,4 +134,4 @@ class Update:
     per_client: dict[str, torch.Tensor] = field(default_factory=dict)
     per_edge: dict[str, torch.Tensor] = field(default_factory=dict)
     losses: torch.Tensor | None = None
-    steps: torch.Tensor | None = None  # [len(clients)] int64 local steps taken (see local_update)
+    steps: torch.Tensor | None = None  # [len(clients)] int64 local steps (RunContext.local_sgd)
