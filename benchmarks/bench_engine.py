@@ -68,7 +68,7 @@ import torch
 from fedhp.build import build_experiment
 from fedhp.config import resolve_config
 from fedhp.engine.experiment import MODEL_SEED_OFFSET, Experiment
-from fedhp.engine.ops import _sgd_loop, sgd_steps, weighted_mean
+from fedhp.engine.ops import _train_rows, sgd_steps, weighted_mean
 from fedhp.engine.policy import build_policy
 from fedhp.engine.reference import reference_fedavg_round, reference_local_sgd
 from fedhp.engine.runner import evaluate_state
@@ -216,8 +216,16 @@ def bench_conv(name: str, repeats: int, peak_before: float) -> str:
         bufs = b0.clone()
         return sgd_steps(model, w0, lambda: next(it), steps, 0.05, buffers=bufs)[0]
 
-    def vmap_all() -> torch.Tensor:
-        return _sgd_loop(model, w0.clone(), iter(batches), 0.05, None, b0.clone())[0]
+    def vmap_all() -> torch.Tensor:  # every client in one vmap: one part of all the rows
+        params, it = w0.clone(), iter(batches)
+
+        def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
+            x, y = next(it)
+            return x, y, None
+
+        rows, bufs = slice(0, CONV_CLIENTS), b0.clone()
+        _train_rows(model, params, batch, rows, steps, 0.05, None, None, None, bufs, None, None)
+        return params
 
     def reference() -> torch.Tensor:
         return reference_local_sgd(model, w0, batches, 0.05, buffers=b0.clone())

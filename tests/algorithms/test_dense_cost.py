@@ -1,5 +1,5 @@
 """The dense methods' device model (``capabilities: off|fix|dyn``,
-:class:`fedhp.algorithms.base.DenseDeviceCost`): off changes nothing, on changes no training,
+:class:`fedhp.algorithms.device_cost.DenseDeviceCost`): off changes nothing, on changes no training,
 T_k and the round time by hand, Fix vs Dyn, exact resume, one-line errors."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhp.api import run
-from fedhp.engine.device_cost import (
+from fedhp.algorithms.device_cost import (
     DOWN_BYTES_PER_S,
     PEAK_FLOPS,
     UP_BYTES_PER_S,
     capability_generator,
     draw_capabilities,
 )
+from fedhp.api import run
 from fedhp.errors import ConfigError
 from tests.conftest import small_experiment
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhp.engine.ops import prox_grad
+from fedhp.engine.ops import LocalWork, prox_grad
 from tests.conftest import small_experiment
 
 STEPS = ["algorithm.local_steps=3", "algorithm.batch_size=5"]
@@ -27,7 +27,10 @@ def test_round_is_fedavg_then_prox_sgd_on_the_personal_models(lam: float) -> Non
     update = avg.algorithm.train(a_state, task)
     # the personal update draws its minibatches after the global update, from the same stream
     ref = avg.ctx.local_sgd(
-        v0[task.clients], task.clients, 3, 5, 0.05, prox_grad(task.broadcast["global"], lam)
+        v0[task.clients],
+        task.clients,
+        LocalWork(0.05, 5, 3),
+        prox_grad(task.broadcast["global"], lam),
     )[0]
     avg.algorithm.aggregate(a_state, task, update)
     torch.testing.assert_close(d_state["global"], a_state["global"])

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedhp.algorithms import ALGORITHMS
+from fedhp.algorithms.fedht import hard_threshold
 from fedhp.build import build_experiment
 from fedhp.comm import CommLedger, encode_sparse
 from fedhp.config import resolve_config
 from fedhp.data.types import ClientData
 from fedhp.engine.context import RunContext
 from fedhp.engine.federation import Federation
-from fedhp.engine.ops import hard_threshold
 from fedhp.engine.runner import run_experiment
 from fedhp.engine.sampler import BatchSampler
 from fedhp.errors import ConfigError

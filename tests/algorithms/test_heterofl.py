@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.engine.ops import held_mean
+from fedhp.algorithms.heterofl import held_mean
 from fedhp.models.masks import held_entries, masked_flops, param_mask, unit_groups, window_unit_mask
 from tests.conftest import small_experiment
 

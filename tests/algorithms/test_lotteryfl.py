@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from fedhp.algorithms.heterofl import held_mean
 from fedhp.algorithms.lotteryfl import magnitude_prune
-from fedhp.engine.ops import held_mean
 from fedhp.models.masks import output_layer_mask
 from tests.conftest import small_experiment
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhp.algorithms.base import Task, Update
+from fedhp.algorithms.base import Task
 from fedhp.algorithms.pfedme import PFedMe, PFedMeOptions
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss, weighted_mean
+from fedhp.engine.ops import mean_group_loss, weighted_mean
 from fedhp.models.base import BatchedModel
 from fedhp.models.zoo import BatchedMLP
 from tests.algorithms.tiny import init_params, tiny_context
@@ -16,28 +16,12 @@ from tests.policies import use_policy
 
 
 def unfused_round(algo: PFedMe, state: dict[str, torch.Tensor], task: Task) -> dict[str, float]:
-    """``PFedMe.train`` then ``aggregate`` before issue 15 (fedhp 38d7633), verbatim but for
-    ``self``: fresh copies, and the upload sent with ``RunContext.send``."""
+    """``PFedMe.train`` then ``aggregate`` before issue 15 (fedhp 38d7633): the readable train
+    (``PFedMe.reference_train``, once written here), and the upload sent with
+    ``RunContext.send``."""
     ctx, opt = algo.ctx, algo.options
     clients = task.clients
-    received = task.broadcast["global"].expand(len(clients), -1)
-    local = received.clone()
-    theta = state["theta"][clients].clone() if opt.theta_init == "warm" else received.clone()
-    draw = ctx.batches(clients, opt.batch_size)
-    losses = []
-    for _ in range(opt.R):
-        if opt.theta_init == "reset":
-            theta = received.clone()
-        x, y = draw()
-        for _ in range(opt.K):
-            loss, grad = batched_loss_grad(ctx.model, theta, x, y)
-            if opt.l2 > 0:
-                grad.add_(theta, alpha=opt.l2)
-            theta.lerp_(local, opt.personal_lr * opt.lam).add_(grad, alpha=-opt.personal_lr)
-        losses.append(loss)
-        local.lerp_(theta, opt.lr * opt.lam)
-    state["theta"][clients] = theta
-    update = Update(per_client={"local": local}, losses=torch.stack(losses))
+    update = algo.reference_train(state, task)
     sent = ctx.send("client_cloud", "up", update.per_client["local"], clients)
     mean = weighted_mean(sent, ctx.client_weights(clients))
     state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean

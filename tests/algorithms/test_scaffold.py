@@ -203,7 +203,7 @@ def test_server_step_size(server_lr: float) -> None:
 def test_with_momentum_the_variates_use_the_momentum_step_weight() -> None:
     """Option II with local momentum ρ divides by a_i (FedNova's), not K: (x − y)/(a_i η) is the
     mean corrected gradient; with K the variates come out ~1/(1 − ρ) too large."""
-    from fedhp.engine.ops import momentum_norm
+    from fedhp.algorithms.fednova import momentum_norm
 
     exp = small_experiment("algorithm.name=scaffold", "algorithm.momentum=0.9", *STEPS)
     algo = exp.algorithm

@@ -10,14 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms.base import Task, Update
 from fedhp.algorithms.penalties import smooth_l1, smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp import SFedHP, SFedHPOptions
 from fedhp.build import build_experiment
-from fedhp.comm import count_nonzero
 from fedhp.config import resolve_config
 from fedhp.engine.faults import RoundFaults
-from fedhp.engine.ops import batched_loss_grad, segment_mean
 from fedhp.engine.runner import run_experiment
 from fedhp.models.base import BatchedModel
 from fedhp.models.zoo import BatchedMLP
@@ -308,63 +305,6 @@ def test_straggler_is_billed_every_edge_message_it_received() -> None:
         assert nodes[1]["nnz_down"] == nodes[mate]["nnz_down"]
 
 
-def unfused_train(algo: SFedHP, state: dict[str, torch.Tensor], task: Task) -> Update:
-    """``SFedHP.train`` before issue 15 (fedhp 38d7633), verbatim but for ``self``: the
-    straightforward vectorized formula, one new tensor per op, the edge rows gathered per
-    client, every message batch recorded as it is sent."""
-    ctx, opt = algo.ctx, algo.options
-    eps = ctx.zero_threshold
-    lam1, lam2, rho, lr = opt.lam1_value, opt.lam2_value, opt.rho, opt.lr
-    gamma1, gamma2 = task.scalars["gamma1"], task.scalars["gamma2"]
-    clients, edges, agg = task.clients, task.edges, task.up_edges
-    assert edges is not None and agg is not None
-    seg = ctx.edge_positions(clients, edges)
-    ids = ctx.global_clients(clients)
-    stragglers = task.stragglers if task.stragglers is not None else clients[:0]
-    recv_seg = torch.cat((seg, ctx.edge_positions(stragglers, edges)))
-    recv_ids = torch.cat((ids, ctx.global_clients(stragglers)))
-    weights = ctx.client_weights(clients)
-    n = len(edges)
-    sent_w = task.broadcast["global"].expand(n, -1)
-    w_edge, phi_edge = sent_w.clone(), sent_w.clone()
-    theta = state["theta"][clients]
-    draw = ctx.batches(clients, opt.batch_size)
-    losses = []
-    for r in range(opt.R):
-        phi_sent, w_sent = truncate(phi_edge, eps), truncate(w_edge, eps)
-        for sent in (phi_sent, w_sent):
-            nnz = count_nonzero(sent, eps)[recv_seg]
-            ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=recv_ids)
-        phi_recv, w_recv = phi_sent[seg], w_sent[seg]
-        if opt.theta_init == "reset" or (opt.theta_init == "round" and r == 0):
-            theta = phi_recv.clone()
-        x, y = draw()
-        theta = theta.clone()
-        velocity = torch.zeros_like(theta) if opt.inner == "nesterov" else None
-        for _ in range(opt.K):
-            loss, grad = batched_loss_grad(ctx.model, theta, x, y)
-            if gamma1 > 0:
-                grad.add_(smooth_l1_grad(theta, rho), alpha=gamma1)
-            if velocity is None:
-                theta.lerp_(phi_recv, lr * lam1).add_(grad, alpha=-lr)
-            else:
-                grad.add_(theta - phi_recv, alpha=lam1)
-                velocity.mul_(opt.momentum).add_(grad)
-                theta.add_(grad.add(velocity, alpha=opt.momentum), alpha=-lr)
-        losses.append(loss)
-        phi_local = truncate(torch.lerp(w_recv, theta, lam1 / (lam1 + lam2)), eps)
-        ctx.ledger.record("client_edge", "up", phi_local, eps, nodes=ids)
-        phi_edge = segment_mean(phi_local, seg, weights, n)
-        step = (w_edge - phi_edge).mul_(lam2)
-        if gamma2 > 0:
-            step.add_(smooth_l1_grad(w_edge, rho), alpha=gamma2)
-        w_edge = w_edge.sub(step, alpha=opt.global_lr)
-    state["theta"][clients] = theta
-    state["edge"][edges] = w_edge
-    sent_up = truncate(w_edge[torch.searchsorted(edges, agg)], eps)
-    return Update(per_edge={"w": sent_up}, losses=torch.stack(losses))
-
-
 FUSED_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     # name: (context keywords, option keywords, client layout)
     "plain, uneven edges": ({}, {}, "contiguous"),
@@ -398,9 +338,10 @@ FUSED_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
 def test_fused_round_is_the_unfused_formula_bit_for_bit(
     case: str, cache: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two rounds of the fused ``train`` against the straightforward formula (``unfused_train``)
-    on identical contexts: the same state, uploads, losses and ledger, exactly (no tolerance;
-    ``torch.equal``, for which -0.0 == 0.0: see ``SFedHP.solve_theta`` on ``lr * lam1 = 1``),
+    """Two rounds of the fused ``train`` against the readable Algorithm 1, the straightforward
+    formula (``SFedHP.reference_train``, once this test's ``unfused_train``), on identical
+    contexts: the same state, uploads, losses and ledger, exactly (no tolerance; ``torch.equal``,
+    for which -0.0 == 0.0: see ``sfedhp_fused.solve_theta`` on ``lr * lam1 = 1``),
     whether the clients fit one cache-sized part or are trained in parts of two (the MLR's 15
     parameters against a cache of ``cache`` floats; an edge's clients then span parts)."""
     # The reference step (gradient, then the pull, then the step) for the MLR: the MLPs' own
@@ -424,7 +365,9 @@ def test_fused_round_is_the_unfused_formula_bit_for_bit(
         runs.append((ctx, algo, state))
     for rnd in range(2):
         results = []
-        for (ctx, algo, state), train in zip(runs, (SFedHP.train, unfused_train), strict=True):
+        for (ctx, algo, state), train in zip(
+            runs, (SFedHP.train, SFedHP.reference_train), strict=True
+        ):
             if layout == "faults":
                 ctx.round_faults = RoundFaults(
                     dropped=torch.tensor([False, False, False, False, True, False]),

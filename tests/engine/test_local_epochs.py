@@ -14,7 +14,7 @@ from fedhp.comm import CommLedger
 from fedhp.data.types import ClientData
 from fedhp.engine.context import RunContext
 from fedhp.engine.federation import Federation
-from fedhp.engine.ops import prox_grad, weighted_sgd_steps
+from fedhp.engine.ops import LocalWork, prox_grad, weighted_sgd_steps
 from fedhp.engine.reference import reference_client_sgd
 from fedhp.engine.sampler import BatchSampler
 from fedhp.errors import ConfigError
@@ -91,8 +91,8 @@ def test_no_clients_still_consume_the_generator_like_everyone_else() -> None:
     assert torch.equal(a.get_state(), b.get_state())
     ctx = unequal_context(DNNOptions(hidden=[4]).build(SHAPE, CLASSES))
     none = torch.zeros(0, dtype=torch.long)
-    params, loss, steps = ctx.local_sgd_epochs(
-        torch.zeros(0, ctx.model.num_params), none, 2, 4, 0.1
+    params, loss, steps = ctx.local_sgd(
+        torch.zeros(0, ctx.model.num_params), none, LocalWork(0.1, 4, epochs=2)
     )
     assert params.shape == (0, ctx.model.num_params) and loss.numel() == steps.numel() == 0
 
@@ -174,7 +174,9 @@ def test_local_epochs_match_per_client_reference_loop(
     buffers = model.init_buffers().expand(len(COUNTS), -1).clone() if model.num_buffers else None
     ref_buffers = None if buffers is None else buffers.clone()
     state = ctx.generator.get_state()
-    params, loss_sum, steps = ctx.local_sgd_epochs(start, clients, 2, 6, 0.1, buffers=buffers)
+    params, loss_sum, steps = ctx.local_sgd(
+        start, clients, LocalWork(0.1, 6, epochs=2), buffers=buffers
+    )
     ctx.generator.set_state(state)
     plan = ctx.sampler.epochs(clients, 6, 2)
     assert torch.equal(steps, plan.steps)
@@ -288,5 +290,7 @@ def test_buffers_are_updated_only_at_a_clients_real_steps(
     ctx = unequal_context(model)
     buffers = torch.zeros(len(COUNTS), 1)
     start = model.init_params(0).expand(len(COUNTS), -1)
-    _, _, steps = ctx.local_sgd_epochs(start, ctx.all_clients, 2, 6, 0.1, buffers=buffers)
+    _, _, steps = ctx.local_sgd(
+        start, ctx.all_clients, LocalWork(0.1, 6, epochs=2), buffers=buffers
+    )
     assert buffers[:, 0].tolist() == steps.float().tolist()

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from fedhp.engine.ops import LocalWork
 from fedhp.models.base import BatchedModel
 from fedhp.models.masks import UnitGroup, masked_flops, num_units, param_mask, unit_groups
 from fedhp.models.vmap import VmapModel
@@ -124,7 +125,7 @@ def test_masked_steps_match_a_zeroed_reference(kind: str, structural: bool) -> N
     mask = param_mask(model, _random_unit_mask(model, len(clients)), structural)
     start = torch.stack([model.init_params(s) for s in range(len(clients))])
     state = ctx.generator.get_state()
-    params, _ = ctx.local_sgd_masked(start, clients, 3, 4, 0.1, mask=mask)
+    params, _ = ctx.local_sgd(start, clients, LocalWork(0.1, 4, 3), mask=mask)[:2]
     ctx.generator.set_state(state)
     drawn = [ctx.batches(clients, 4)() for _ in range(3)]
     batches = [[(x[c], y[c]) for x, y in drawn] for c in range(len(clients))]
@@ -141,7 +142,7 @@ def test_masked_local_epochs_keep_masked_entries_zero() -> None:
     mask = param_mask(model, _random_unit_mask(model, len(clients), seed=1))
     start = torch.stack([model.init_params(s) for s in range(len(clients))])
     state = ctx.generator.get_state()
-    params, _, steps = ctx.local_sgd_epochs(start, clients, 2, 6, 0.1, mask=mask)
+    params, _, steps = ctx.local_sgd(start, clients, LocalWork(0.1, 6, epochs=2), mask=mask)
     ctx.generator.set_state(state)
     plan = ctx.sampler.epochs(clients, 6, 2)
     lo = ctx.fed.train.offsets

@@ -9,367 +9,61 @@ A round is split where the cloud's link is (see docs/flower.md):
 
 The in-process engine runs the three on one process (:meth:`Algorithm.run_round`); the Flower
 backend runs ``train`` on every node, on the node's part of the task, and merges the updates.
+
+The options are :mod:`fedhp.algorithms.options`', the round's messages (:class:`Task`,
+:class:`Update`, :class:`UploadFold`) :mod:`fedhp.algorithms.task`'s, the BatchNorm buffer rows
+and the upload plumbing :mod:`fedhp.algorithms.buffers`' (found here too).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-import pydantic
 import torch
 
-from fedhp.comm import count_nonzero
-from fedhp.engine.aggregation import LevelRule
-from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import (
-    DeviceCost,
-    account_round,
-    capability_generator,
-    cost_state,
-    draw_capabilities,
-    refresh_capabilities,
+from fedhp.algorithms.buffers import BufferRows
+from fedhp.algorithms.options import (
+    ALGORITHMS,
+    AlgorithmOptions,
+    LocalWorkOptions,
+    ThetaInit,
+    local_epochs_of,
+    theta_init_field,
 )
+from fedhp.algorithms.task import Task, Update, UploadFold
+from fedhp.comm import count_nonzero
+from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import ClientEval, density
 from fedhp.engine.federation import ClientTensors
-from fedhp.engine.ops import ExtraGrad, LocalOptimizer, LossGrad, normalized
 from fedhp.engine.protocol import State
 from fedhp.engine.sampler import EpochBatches
 from fedhp.errors import ConfigError
 from fedhp.models.clip import clip_gradients
-from fedhp.registry import Registry
+
+__all__ = [  # the options and round types, found here as well as in their own modules
+    "ALGORITHMS",
+    "Algorithm",
+    "AlgorithmOptions",
+    "LocalWorkOptions",
+    "NNZ_PREFIX",
+    "RowKind",
+    "State",
+    "Task",
+    "ThetaInit",
+    "Update",
+    "UploadFold",
+    "local_epochs_of",
+    "theta_init_field",
+]
 
 RowKind = Literal["client", "edge"]
-BufferMode = Literal["average", "local"]
 NNZ_PREFIX = "nnz."
 """Where a node-held state key is absent (the Flower cloud), ``state[NNZ_PREFIX + key]`` holds
 its non-zero count per row, reported by the nodes, so densities can still be computed."""
 
 
-class AlgorithmOptions(pydantic.BaseModel):
-    """Options shared by every algorithm. Local work is explicit: ``local_steps`` minibatch
-    gradient steps of ``batch_size`` samples per client per round (see ``gradient_evaluations``)."""
-
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    lr: float = pydantic.Field(0.05, gt=0, description="client learning rate")
-    batch_size: int = pydantic.Field(20, gt=0)
-    local_steps: int = pydantic.Field(20, gt=0)
-    buffers: BufferMode = pydantic.Field(
-        "average",
-        description="BatchNorm running statistics: average them like the parameters (FedAvg) "
-        "or keep each client's own (local, FedBN-style); models without BatchNorm ignore it",
-    )
-    clip_grad_norm: float | None = pydantic.Field(
-        None,
-        gt=0,
-        description="clip each client's minibatch-loss gradient to this norm before its step "
-        "(torch.nn.utils.clip_grad_norm_ per client; docs/engine.md); None: no clipping",
-    )
-
-    hierarchical: ClassVar[bool] = False
-    federated: ClassVar[bool] = True  # False: a non-federated reference row (centralized)
-    flower_ready: ClassVar[bool] = True  # runs on the Flower backends
-    penalty_weights: ClassVar[dict[str, str]] = {"lam": "λ", "lam1": "λ1", "mu": "μ"}
-    supports_buffers: ClassVar[bool] = False
-    # Issue 20: the levels ("edge", "cloud") whose weighted mean the config's robust rule may
-    # replace, whether uploads pass RunContext.upload (update attacks act on them), and the
-    # level where client-level DP can clip and add noise.
-    robust_levels: ClassVar[frozenset[str]] = frozenset()
-    attack_ready: ClassVar[bool] = False
-    private_levels: ClassVar[frozenset[str]] = frozenset()
-    """Whether the method handles models with BatchNorm running statistics (buffers)."""
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        """The algorithm object for one run."""
-        raise NotImplementedError
-
-    def gradient_evaluations(self) -> int:
-        """Minibatch gradient evaluations per client per global round."""
-        return self.local_steps
-
-    def privacy_releases(self) -> int:
-        """Noised aggregates one round's sampled clients feed at the DP level (issue 20), each
-        seen by someone untrusted: 1 by default (one noised mean per round)."""
-        return 1
-
-
-class LocalWorkOptions(AlgorithmOptions):
-    """Options of the methods whose local work is either ``local_steps`` minibatch steps or
-    ``local_epochs`` passes over each client's own data (set at most one of the two).
-
-    Under ``local_epochs`` a client takes ``ceil(n_c / batch_size)`` steps per epoch (the last
-    minibatch partial) on a fresh permutation of its data each epoch; see
-    :meth:`RunContext.local_sgd_epochs`."""
-
-    local_epochs: int | None = pydantic.Field(
-        None, gt=0, description="local epochs per round instead of local_steps"
-    )
-    momentum: float = pydantic.Field(
-        0.0, ge=0, lt=1, description="local SGD momentum (PyTorch's; velocity reset each round)"
-    )
-    weight_decay: float = pydantic.Field(
-        0.0, ge=0, description="local SGD weight decay (PyTorch's: added to the gradient)"
-    )
-
-    @pydantic.model_validator(mode="after")
-    def _one_budget(self) -> LocalWorkOptions:
-        if self.local_epochs is not None and "local_steps" in self.model_fields_set:
-            raise ValueError("set local_steps or local_epochs, not both; drop one of them")
-        return self
-
-    def local_work(self) -> str:
-        """``"local_epochs=E"`` or ``"local_steps=S"``: the budget in use."""
-        if self.local_epochs is not None:
-            return f"local_epochs={self.local_epochs}"
-        return f"local_steps={self.local_steps}"
-
-    def step_counts(self, counts: torch.Tensor) -> torch.Tensor:
-        """Real minibatch steps per client per round (int64) for training-set sizes ``counts``."""
-        if self.local_epochs is None:
-            return torch.full_like(counts, self.local_steps, dtype=torch.int64)
-        per_epoch = (counts.to(torch.int64) + self.batch_size - 1) // self.batch_size
-        return per_epoch * self.local_epochs
-
-    def sample_counts(self, counts: torch.Tensor) -> torch.Tensor:
-        """Training samples each client processes per round (float64) for training-set sizes
-        ``counts``: all its data per epoch, or ``batch_size`` per step."""
-        if self.local_epochs is not None:
-            return counts.double().cpu() * self.local_epochs
-        return self.step_counts(counts).double().cpu() * self.batch_size
-
-
-ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
-
-ThetaInit = Literal["round", "warm", "reset"]
-"""Where a personalized model theta starts (pFedMe, sFedHP); see :func:`theta_init_field`."""
-
-
-def theta_init_field(received: str) -> Any:
-    """The ``theta_init`` option; ``received`` names the model a client receives."""
-    return pydantic.Field(
-        "round",
-        description=f"where theta starts, from the received model ({received}): round: <- it at "
-        "the start of every global round, warm across its local rounds (pFedMe's reference "
-        "code); warm: kept across global rounds; reset: <- it at every local round",
-    )
-
-
-def local_epochs_of(options: AlgorithmOptions) -> int | None:
-    """The ``local_epochs`` budget of options that offer one (plugins may subclass the plain
-    :class:`AlgorithmOptions`: ``local_steps`` only)."""
-    return options.local_epochs if isinstance(options, LocalWorkOptions) else None
-
-
-CapabilityMode = Literal["off", "fix", "dyn"]
-"""The dense methods' device model (:class:`DenseDeviceCost`): none, or FedLPS's capabilities
-drawn once (``fix``) or every round (``dyn``)."""
-
-
-def capabilities_field() -> Any:
-    """The dense methods' ``capabilities`` option (:class:`DenseDeviceCost`)."""
-    return pydantic.Field(
-        "off",
-        description="FedLPS's device model (docs/fedlps.md): off, or capabilities z drawn once "
-        "(fix) or every round (dyn) and sim_time_s, round_sim_time_s, flops logged; the training "
-        "is the same",
-    )
-
-
-class DenseDeviceCost:
-    """FedLPS's heterogeneity and cost model (:mod:`fedhp.engine.device_cost`) for a method that
-    trains the full model: an :class:`Algorithm` mixin, on with ``capabilities: fix|dyn``.
-
-    Each client has a capability z ∈ {1, ½, ¼, ⅛, 1/16} (``state["capability"]``, drawn once, or
-    again every round under ``dyn``) from :attr:`capability_generator`, a generator of its own
-    seeded from the run's seed and checkpointed with the run (``algorithm.capability_generator``),
-    so the draws leave the training untouched. The model is trained at full width whatever z is:
-    T_k = 3 × the dense model's forward FLOPs per sample (``masked_flops`` with every unit kept,
-    FedLPS's convention) × the samples k processed / (z · 727 GFLOP/s) + the bytes the ledger
-    billed k this round up / 14.0 MB/s + down / 110.6 MB/s; the round lasts its slowest client.
-    ``off`` (default) adds nothing: no state entry, no generator, no metric."""
-
-    ctx: RunContext
-    cost_mode: CapabilityMode = "off"
-    device_cost: DeviceCost
-    capability_generator: torch.Generator
-    dense_forward_flops: float
-
-    def init_device_cost(self, options: AlgorithmOptions) -> None:
-        """Set the model up from ``options.capabilities`` (call from ``__init__``, after
-        ``self.ctx`` is set); options without that field (a plugin's subclass of FedAvg with
-        options of its own) leave it off."""
-        mode: CapabilityMode = getattr(options, "capabilities", "off")
-        self.cost_mode = mode
-        if mode == "off":
-            return
-        from fedhp.models.masks import masked_flops, num_units
-
-        model = self.ctx.model
-        self.device_cost = DeviceCost()
-        self.capability_generator = capability_generator(self.ctx.generator)
-        every_unit = torch.ones(1, num_units(model), dtype=torch.bool)
-        self.dense_forward_flops = float(masked_flops(model, every_unit)[0])
-
-    def device_cost_state(self) -> State:
-        """The initial state's entries: ``capability [C]`` and the running ``sim_time_s``,
-        ``flops`` (none when off)."""
-        if self.cost_mode == "off":
-            return {}
-        caps = draw_capabilities(self.ctx.num_clients, self.capability_generator)
-        return {"capability": caps, **cost_state()}
-
-    def refresh_device_cost(self, state: State, rnd: int) -> None:
-        """Start of round ``rnd`` (cloud, in ``plan``): ``dyn`` draws every z again."""
-        if self.cost_mode != "off":
-            refresh_capabilities(state, self.cost_mode, rnd, self.capability_generator)
-
-    def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
-        """The samples (float64 ``[len(clients)]``) each of ``clients`` trained on in a round,
-        over every gradient evaluation of its local work (the method's own count)."""
-        raise NotImplementedError
-
-    def account_device_cost(self, state: State, clients: torch.Tensor) -> dict[str, float]:
-        """End of a round (cloud, in ``aggregate``, after the uploads are billed): add the round
-        of ``clients`` to ``state``; the round metrics ``sim_time_s``, ``round_sim_time_s``,
-        ``flops`` (none when off)."""
-        if self.cost_mode == "off":
-            return {}
-        ctx = self.ctx
-        ids = ctx.global_clients(clients)
-        up = ctx.ledger.round_node_bytes("client_cloud", "up", ids)
-        down = ctx.ledger.round_node_bytes("client_cloud", "down", ids)
-        flops = 3.0 * self.dense_forward_flops * self.round_samples(clients).double().cpu()
-        caps = state["capability"][clients.cpu()]
-        _, stats = account_round(state, self.device_cost, flops, caps, up, down)
-        return stats
-
-
-@dataclass
-class Task:
-    """What the cloud sends below it for one round, in the receiver's client/edge indices.
-
-    ``broadcast`` tensors go to everyone; ``per_client`` rows align with ``clients``."""
-
-    clients: torch.Tensor  # sorted clients taking part
-    edges: torch.Tensor | None = None  # sorted edges that train (hierarchical)
-    agg_edges: torch.Tensor | None = None  # sorted edges whose models go up (default: edges)
-    broadcast: dict[str, torch.Tensor] = field(default_factory=dict)
-    per_client: dict[str, torch.Tensor] = field(default_factory=dict)
-    scalars: dict[str, float] = field(default_factory=dict)
-    # Clients that receive the round's messages but do not train (stragglers), for algorithms
-    # that bill them themselves (``Algorithm.bills_stragglers``); sorted, may be empty.
-    stragglers: torch.Tensor | None = None
-    # The clients' minibatch indices for the round, drawn ahead when it is trained in parts
-    # (:meth:`Algorithm.round_parts`): ``[steps, C', B]`` or local epochs' batches; None: the
-    # local work draws them itself.
-    batches: torch.Tensor | EpochBatches | None = None
-
-    @property
-    def up_edges(self) -> torch.Tensor | None:
-        return self.agg_edges if self.agg_edges is not None else self.edges
-
-    def part(self, rows: slice) -> Task:
-        """The task of the clients in ``rows`` (a slice of ``clients``) of a flat round."""
-        batches = self.batches
-        if isinstance(batches, EpochBatches):
-            batches = batches.part(rows)
-        elif batches is not None:
-            batches = batches[:, rows]
-        return Task(
-            self.clients[rows],
-            broadcast=self.broadcast,
-            per_client={k: v[rows] for k, v in self.per_client.items()},
-            scalars=self.scalars,
-            batches=batches,
-        )
-
-
-class UploadFold:
-    """A round's client uploads folded into weighted means part by part, so that no more than a
-    part of the clients' models is ever held: rows ``[c, W]`` of the next ``c`` clients are
-    added with their share of ``weights`` (normalized over all the round's clients), and their
-    losses and step counts kept for the round's statistics.
-
-    With a cloud ``rule`` that is not the weighted mean (a robust rule, DP;
-    :class:`~fedhp.engine.aggregation.LevelRule`), the rows of the keys in ``start`` (the model
-    the clients started from, by key) are kept instead and aggregated by the rule in
-    :meth:`result` (the rounds are then not streamed: ``RunContext.whole_rounds``); the other
-    keys (BatchNorm statistics) are still averaged."""
-
-    def __init__(
-        self,
-        weights: torch.Tensor,
-        rule: LevelRule | None = None,
-        start: dict[str, torch.Tensor] | None = None,
-        denominator: float | None = None,
-    ) -> None:
-        self.raw_weights = weights
-        self.weights = normalized(weights)
-        self.sums: dict[str, torch.Tensor] = {}
-        self.own: dict[str, Any] = {}  # a method's own per-round values (e.g. FedNova's τ_eff)
-        self.done = 0
-        self._losses: list[torch.Tensor] = []
-        self._steps: list[torch.Tensor] = []
-        self.rule = None if rule is None or rule.folds else rule
-        self.start = start if self.rule is not None and start is not None else {}
-        self.denominator = denominator
-        self._kept: dict[str, list[torch.Tensor]] = {key: [] for key in self.start}
-
-    def add(
-        self, rows: dict[str, torch.Tensor | None], update: Update, count: int | None = None
-    ) -> None:
-        """Fold in the next ``count`` clients' uploaded ``rows`` (by key; None: absent; the
-        count is their row count unless given) and their ``update``'s losses and steps."""
-        present = {k: v for k, v in rows.items() if v is not None}
-        if count is None:
-            count = next(iter(present.values())).shape[0]
-        weights = self.weights[self.done : self.done + count]
-        for key, value in present.items():
-            if key in self._kept:
-                self._kept[key].append(value)
-                continue
-            share = weights.to(value.dtype) @ value
-            self.sums[key] = share if key not in self.sums else self.sums[key].add_(share)
-        if update.losses is not None:
-            self._losses.append(update.losses)
-        if update.steps is not None:
-            self._steps.append(update.steps)
-        self.done += count
-
-    def result(self) -> dict[str, torch.Tensor]:
-        """The round's aggregates by key: the folded means, and the rule's aggregates of the
-        kept keys."""
-        out = dict(self.sums)
-        for key, parts in self._kept.items():
-            if parts:
-                assert self.rule is not None
-                rows = torch.cat(parts)
-                weights = self.raw_weights.to(rows.dtype)
-                out[key] = self.rule(rows, weights, self.start[key], self.denominator)
-        return out
-
-    def update(self) -> Update:
-        """The folded clients' losses ``[S, n]`` and steps ``[n]`` (as one :class:`Update`)."""
-        losses = torch.cat(self._losses, dim=1) if self._losses else None
-        steps = torch.cat(self._steps) if len(self._steps) == len(self._losses) else None
-        return Update(losses=losses, steps=steps)
-
-
-@dataclass
-class Update:
-    """What comes up to the cloud: rows per client of ``task.clients``, rows per edge of
-    ``task.up_edges``, and the per-client training losses ``[S, len(clients)]`` (one row per
-    local loss group, e.g. per local round)."""
-
-    per_client: dict[str, torch.Tensor] = field(default_factory=dict)
-    per_edge: dict[str, torch.Tensor] = field(default_factory=dict)
-    losses: torch.Tensor | None = None
-    steps: torch.Tensor | None = None  # [len(clients)] int64 local steps taken (see local_update)
-
-
-class Algorithm(ABC):
+class Algorithm(BufferRows, ABC):
     """One federated algorithm. State is a flat dict of tensors (checkpointable as is).
 
     ``node_keys`` names the state entries kept below the cloud (per-client or per-edge rows, e.g.
@@ -408,119 +102,6 @@ class Algorithm(ABC):
         if self.num_buffers:
             self.held_keys.update(self.buffer_node_keys())
 
-    # -- BatchNorm buffers (running statistics, ``[.., B]`` beside the ``[.., P]`` parameters) --
-
-    @property
-    def buffers_local(self) -> bool:
-        """Each client keeps its own running statistics (``buffers=local``) on a BN model."""
-        return self.num_buffers > 0 and self.options.buffers == "local"
-
-    def buffer_node_keys(self) -> dict[str, RowKind]:
-        """Node-held buffer entries of the state (used only when the model has buffers)."""
-        return {"client_buffers": "client"} if self.options.buffers == "local" else {}
-
-    def init_buffer_state(self, device: torch.device) -> State:
-        """Buffer entries of the initial state: ``global_buffers [B]`` and, with
-        ``buffers=local``, every client's own ``client_buffers [C, B]`` (none without BN)."""
-        if not self.num_buffers:
-            return {}
-        init = self.ctx.model.init_buffers().to(device)
-        state = {"global_buffers": init}
-        if self.buffers_local:
-            state["client_buffers"] = init.expand(self.ctx.num_clients, -1).clone()
-        return state
-
-    def start_buffers(
-        self, state: State, clients: torch.Tensor, sent: torch.Tensor | None
-    ) -> torch.Tensor | None:
-        """Writable running statistics ``[len(clients), B]`` that ``clients`` train from: their
-        own (``local``) or the ``sent [n, B]`` rows (``average``); None without buffers."""
-        if not self.num_buffers:
-            return None
-        if self.buffers_local:
-            return state["client_buffers"][clients].clone()
-        assert sent is not None
-        return sent.clone()
-
-    def keep_buffers(self, state: State, clients: torch.Tensor, bufs: torch.Tensor | None) -> None:
-        """With ``buffers=local``, store the clients' trained running statistics."""
-        if self.buffers_local and bufs is not None:
-            state["client_buffers"][clients] = bufs
-
-    def sent_buffers(self, state: State) -> dict[str, torch.Tensor]:
-        """What goes down beside the global model: ``global_buffers`` when averaged."""
-        if self.buffers_travel_down:
-            return {"global_buffers": state["global_buffers"]}
-        return {}
-
-    @staticmethod
-    def wire(params: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
-        """One message per row: the parameters, followed by the buffers when they travel."""
-        if buffers is None:
-            return params
-        return torch.cat((params, buffers.expand(params.shape[0], -1)), dim=-1)
-
-    def unwire(
-        self, rows: torch.Tensor, with_buffers: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Split message rows made by :meth:`wire` into parameters and buffers (None if absent)."""
-        if not with_buffers:
-            return rows, None
-        p = self.ctx.model.num_params
-        return rows[..., :p], rows[..., p:]
-
-    def received_broadcast(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
-        """What a receiver of one :meth:`downlink` message row gets: ``global`` and, where they
-        travel, ``global_buffers`` (the billed, truncated values)."""
-        params, bufs = self.unwire(row, self.buffers_travel_down)
-        return {"global": params} if bufs is None else {"global": params, "global_buffers": bufs}
-
-    @property
-    def buffers_travel_down(self) -> bool:
-        """The global running statistics travel down with the global model (``average``)."""
-        return bool(self.num_buffers) and not self.buffers_local
-
-    def downlink(self, state: State, count: int) -> torch.Tensor | None:
-        """``count`` copies of the message carrying the global model down (None: none)."""
-        w = self.global_model(state)
-        if w is None:
-            return None
-        sent = self.sent_buffers(state).get("global_buffers")
-        return self.wire(w.expand(count, -1), None if sent is None else sent.unsqueeze(0))
-
-    def client_widths(self) -> dict[str, int]:
-        """Keys of ``Update.per_client`` and their row widths (P, or B for buffers)."""
-        out = {k: self.ctx.model.num_params for k in self.client_outputs}
-        if self.num_buffers:
-            out.update({k: self.num_buffers for k in self.client_buffer_outputs})
-        return out
-
-    def edge_widths(self) -> dict[str, int]:
-        """Keys of ``Update.per_edge`` and their row widths (P, or B for buffers)."""
-        out = {k: self.ctx.model.num_params for k in self.edge_outputs}
-        if self.num_buffers:
-            out.update({k: self.num_buffers for k in self.edge_buffer_outputs})
-        return out
-
-    def row_width(self, key: str) -> int:
-        """Width of the rows of held state ``key`` (P, or B for buffer rows)."""
-        return self.num_buffers if key in self.buffer_node_keys() else self.ctx.model.num_params
-
-    def global_buffers(self, state: State) -> torch.Tensor | None:
-        """The global model's running statistics ``[B]`` (None without BatchNorm)."""
-        return state.get("global_buffers")
-
-    def personal_buffers(self, state: State) -> torch.Tensor | None:
-        """Running statistics ``[C, B]`` of the personalized models (None without BatchNorm);
-        FedBN-style (:attr:`personal_from_buffers`): each client's own."""
-        return state.get("client_buffers") if self.personal_from_buffers else None
-
-    @property
-    def personal_from_buffers(self) -> bool:
-        """FedBN-style evaluation: with ``buffers=local`` a flat method's personalized model of
-        client c is the global model normalized with c's own running statistics."""
-        return self.buffers_local and "client_buffers" in self.buffer_node_keys()
-
     @property
     def evaluates_on_nodes(self) -> bool:
         """The personalized models are evaluated where their node state lives (Flower nodes)."""
@@ -555,55 +136,6 @@ class Algorithm(ABC):
     @abstractmethod
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         """Cloud: record what came up and aggregate it into ``state``; returns round statistics."""
-
-    def local_update(
-        self,
-        start: torch.Tensor,
-        clients: torch.Tensor,
-        extra_grad: ExtraGrad | None = None,
-        *,
-        mask: torch.Tensor | None = None,
-        buffers: torch.Tensor | None = None,
-        loss_grad: LossGrad | None = None,
-        batches: torch.Tensor | EpochBatches | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The round's local SGD of ``clients`` from ``start`` (rows) under the options'
-        ``local_steps`` or ``local_epochs`` (:class:`LocalWorkOptions`), on the sub-models of
-        ``mask [C', P]`` if given (:mod:`fedhp.models.masks`), updating BatchNorm ``buffers``
-        ``[C', B]`` in place if given, on the method's own objective ``loss_grad`` if given
-        (:data:`fedhp.engine.ops.LossGrad`), on the minibatches ``batches`` drawn ahead
-        (``Task.batches``) if given: the new parameters, each client's loss summed over its
-        steps, and its step count ``[C']`` (int64)."""
-        ctx, opt = self.ctx, self.options
-        kw: dict[str, Any] = {} if buffers is None else {"buffers": buffers}
-        if loss_grad is not None:
-            kw["loss_grad"] = loss_grad
-        if isinstance(opt, LocalWorkOptions) and (opt.momentum or opt.weight_decay):
-            kw["optimizer"] = LocalOptimizer(opt.momentum, opt.weight_decay)
-        if batches is not None:
-            kw["drawn"] = batches
-        epochs = local_epochs_of(opt)
-        if epochs is not None:
-            return ctx.local_sgd_epochs(
-                start,
-                clients,
-                epochs,
-                opt.batch_size,
-                opt.lr,
-                extra_grad,
-                mask=mask,
-                **kw,
-            )
-        if mask is None:
-            params, loss_sum = ctx.local_sgd(
-                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, **kw
-            )
-        else:
-            params, loss_sum = ctx.local_sgd_masked(
-                start, clients, opt.local_steps, opt.batch_size, opt.lr, extra_grad, mask=mask, **kw
-            )
-        steps = torch.full((len(clients),), opt.local_steps, dtype=torch.int64, device=ctx.device)
-        return params, loss_sum, steps
 
     def local_work_stats(self, task: Task, update: Update) -> dict[str, float]:
         """The round's mean local loss (per client: its summed loss over its steps) and, under
@@ -674,12 +206,8 @@ class Algorithm(ABC):
 
     def draw_batches(self, clients: torch.Tensor) -> torch.Tensor | EpochBatches:
         """The round's minibatch indices of ``clients`` under the options' local work, drawn
-        ahead (:meth:`BatchSampler.steps` or :meth:`BatchSampler.epochs`)."""
-        opt, sampler = self.options, self.ctx.sampler
-        epochs = local_epochs_of(opt)
-        if epochs is not None:
-            return sampler.epochs(clients, opt.batch_size, epochs)
-        return sampler.steps(clients, opt.batch_size, opt.local_steps)
+        ahead (:meth:`RunContext.draw_ahead`)."""
+        return self.ctx.draw_ahead(clients, self.options.work())
 
     def open_fold(self, state: State, task: Task) -> UploadFold:
         """Start folding ``task``'s uploads (methods that :attr:`folds_uploads`)."""

@@ -12,15 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    AlgorithmOptions,
-    RowKind,
-    State,
-    Task,
-    Update,
-)
+from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhp.algorithms.options import ALGORITHMS
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import prox_grad
+from fedhp.engine.ops import LocalWork, prox_grad
 
 
 class Ditto(FedAvg):
@@ -45,12 +47,8 @@ class Ditto(FedAvg):
         start = state["personal"][clients]
         reg = prox_grad(w, opt.lam)
         lr = opt.personal_lr if opt.personal_lr is not None else opt.lr
-        if opt.local_epochs is not None:
-            params, _, _ = ctx.local_sgd_epochs(
-                start, clients, opt.local_epochs, opt.batch_size, lr, reg
-            )
-        else:
-            params, _ = ctx.local_sgd(start, clients, opt.local_steps, opt.batch_size, lr, reg)
+        work = LocalWork(lr, opt.batch_size, opt.local_steps, opt.local_epochs)  # plain SGD
+        params, _, _ = ctx.local_sgd(start, clients, work, reg)
         state["personal"][clients] = params
         return update
 

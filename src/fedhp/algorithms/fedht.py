@@ -14,10 +14,67 @@ from typing import Literal
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.objective import client_smoothness
-from fedhp.engine.ops import hard_threshold
+from fedhp.engine.federation import Federation
+from fedhp.engine.ops import LocalWork
+from fedhp.models.base import BatchedModel
+
+
+def hard_threshold(params: torch.Tensor, tau: int, groups: int = 1) -> torch.Tensor:
+    """H_τ: keep the ``tau`` entries of largest ``|x|`` in each row of ``params [.., P]`` (in each
+    of its ``groups`` contiguous blocks of P/groups, e.g. a softmax model's class columns), zero
+    the rest. Ties are broken deterministically: the lowest index wins (as a stable sort would;
+    computed in linear time with ``kthvalue``)."""
+    lead, p = params.shape[:-1], params.shape[-1]
+    blocks = params.reshape(*lead, groups, p // groups)
+    if tau >= blocks.shape[-1]:
+        return params.clone()
+    size = blocks.abs()
+    # the τ-th largest |x| per block, then everything above it plus the lowest-index ties
+    kth = size.kthvalue(size.shape[-1] - tau + 1, dim=-1, keepdim=True).values
+    mask = size >= kth
+    tied = mask.sum(-1) != tau  # blocks where ties straddle the τ-th place (or NaN)
+    if bool(tied.any()):
+        mask[tied] = _lowest_ties(size[tied], kth[tied], tau)
+    return torch.where(mask, blocks, 0.0).reshape(params.shape)
+
+
+def _lowest_ties(size: torch.Tensor, kth: torch.Tensor, tau: int) -> torch.Tensor:
+    """H_τ's mask of the blocks ``size [n, m]`` (τ-th largest ``kth [n, 1]``): the entries above
+    ``kth`` plus, of those equal to it, the lowest-index ones up to ``tau`` per block. Only the
+    blocks whose ``size >= kth`` does not hold exactly τ entries need it
+    (:func:`hard_threshold`)."""
+    above, tied = size > kth, size == kth
+    need = tau - above.sum(-1, keepdim=True)
+    return above | (tied & (tied.cumsum(-1) <= need))
+
+
+def client_smoothness(model: BatchedModel, fed: Federation, iters: int = 50) -> torch.Tensor:
+    """Each client's smoothness bound l_i = curvature · λmax(Z_iᵀZ_i / n_i) + λ ``[C]`` for the
+    linear models (:mod:`fedhp.models.linear`); λmax by power iteration, sparse data stay sparse."""
+    from fedhp.data.rows import slice_rows
+
+    curvature = float(getattr(model, "curvature", 1.0))
+    lam = float(getattr(model, "lam", 0.0))
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for c in range(fed.num_clients):
+        lo, hi = int(fed.train.offsets[c]), int(fed.train.offsets[c + 1])
+        z = slice_rows(fed.train.x, lo, hi)
+        z = z if z.is_sparse else z.reshape(hi - lo, -1)
+        v = torch.randn(z.shape[1], 1, generator=gen).to(z.device)
+        top = 0.0
+        for _ in range(iters):
+            w = torch.mm(z.t(), torch.mm(z, v)) / max(hi - lo, 1)
+            top = float(torch.linalg.vector_norm(w))
+            if top == 0.0:
+                break
+            v = w / top
+        out.append(curvature * top + lam)
+    return torch.tensor(out)
 
 
 class FedHT(Algorithm):
@@ -48,7 +105,8 @@ class FedHT(Algorithm):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """K minibatch SGD steps of step size γ; returns the K-th iterates and summed losses."""
         opt = self.options
-        return self.ctx.local_sgd(params, clients, opt.local_steps, opt.batch_size, self.gamma)
+        work = LocalWork(self.gamma, opt.batch_size, opt.local_steps)
+        return self.ctx.local_sgd(params, clients, work)[:2]
 
     def train(self, state: State, task: Task) -> Update:
         start = task.broadcast["global"].expand(len(task.clients), -1)
@@ -76,8 +134,9 @@ class FedIterHT(FedHT):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         opt = self.options
         loss_sum = torch.zeros(len(clients), device=params.device)
+        one_step = LocalWork(self.gamma, opt.batch_size, 1)
         for _ in range(opt.local_steps):
-            params, loss = self.ctx.local_sgd(params, clients, 1, opt.batch_size, self.gamma)
+            params, loss, _ = self.ctx.local_sgd(params, clients, one_step)
             params = self.threshold(params)
             loss_sum += loss
         return params, loss_sum

@@ -13,7 +13,7 @@ Per round, for each selected client k with server ratio s_k and capability z_k (
 * The client keeps its personal sparse model ω ⊙ m (evaluated on its own test data) and uploads
   Δ_k = (ω^r − ω) ⊙ m (its non-zeros + a unit bitmap); the cloud steps
   ω^{r+1} = ω^r − Σ_k p_k Δ_k (Eq. 13, no per-coordinate renormalization).
-* Cost (Eq. 14, :mod:`fedhp.engine.device_cost`): T_k = 3 × forward FLOPs of the masked model
+* Cost (Eq. 14, :mod:`fedhp.algorithms.device_cost`): T_k = 3 × forward FLOPs of the masked model
   (:func:`fedhp.models.masks.masked_flops`) × samples processed / (z_k · 727 GFLOP/s) + bytes
   up / 14 MB/s + bytes down / 110.6 MB/s; the round lasts its slowest client's T_k.
 * Ratios: ``pucbv`` (a bandit per client, :mod:`fedhp.algorithms.pucbv`, credited with the
@@ -29,18 +29,18 @@ from typing import Annotated, Any, Literal
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.device_cost import (
+    CAPABILITY_LEVELS,
+    DrawnCapabilities,
+    SizedByCapability,
+    cost_state,
+)
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.pucbv import PUCBV, exploration_xi
+from fedhp.algorithms.task import Task, Update
 from fedhp.comm import count_nonzero, unit_mask_bytes
 from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import (
-    CAPABILITY_LEVELS,
-    DeviceCost,
-    account_round,
-    cost_state,
-    draw_capabilities,
-    refresh_capabilities,
-)
 from fedhp.engine.ops import LossGrad
 from fedhp.models.masks import (
     masked_flops,
@@ -91,7 +91,7 @@ def fedlps_loss_grad(
     return loss_grad, tally
 
 
-class FedLPS(Algorithm):
+class FedLPS(SizedByCapability):
     """FedLPS's rounds: masked personalized local training, Eq. 13, per-client ratios."""
 
     options: FedLPSOptions
@@ -102,11 +102,13 @@ class FedLPS(Algorithm):
     def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
         self.num_units = num_units(ctx.model)
-        self.cost = DeviceCost()
         if options.personal_keep_above > 0:  # which clients hold a personal model: node rows
             self.held_keys["has_personal"] = "client"
 
     # ------------------------------------------------------------------ state
+    def capability_levels(self) -> tuple[float, ...]:
+        return self.options.levels
+
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx, opt = self.ctx, self.options
         k = ctx.num_clients
@@ -116,7 +118,7 @@ class FedLPS(Algorithm):
         else:  # the code's sorted random scores: keeps the first units, in index order
             scores = torch.randn(k, self.num_units, generator=ctx.generator)
             scores = scores.sort(dim=1, descending=True).values
-        caps = draw_capabilities(k, ctx.generator, opt.levels).to(init_params.device)
+        caps = self.initial_capabilities(init_params.device)
         state: State = {
             "global": init_params.clone(),
             "scores": scores.to(init_params.device),
@@ -201,8 +203,8 @@ class FedLPS(Algorithm):
 
     # ------------------------------------------------------------------ round
     def plan(self, state: State, rnd: int) -> Task:
-        ctx, opt = self.ctx, self.options
-        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator, opt.levels)
+        opt = self.options
+        self.redraw_capabilities(state, rnd, opt.capabilities)
         task = self.plan_broadcast_global(state)
         decided = state["ratio"][task.clients.cpu()]
         caps = state["capability"][task.clients].cpu().double()
@@ -225,8 +227,8 @@ class FedLPS(Algorithm):
             scores = state["scores"][clients].clone()
         ratio = task.per_client["ratio"]
         loss_grad, tally = fedlps_loss_grad(self, w, scores, ratio)
-        params, loss_sum, steps = self.local_update(
-            w.expand(len(clients), -1), clients, loss_grad=loss_grad
+        params, loss_sum, steps = self.ctx.local_sgd(
+            w.expand(len(clients), -1), clients, opt.work(), loss_grad=loss_grad
         )
         state["scores"][clients] = scores
         units = unit_mask_from_scores(model, scores, ratio)
@@ -275,7 +277,7 @@ class FedLPS(Algorithm):
         flops = 3.0 * fwd * samples
         acc = update.per_client["train_acc"][:, 0].double().cpu()
         caps = task.per_client["capability"]
-        seconds, cost = account_round(state, self.cost, flops, caps, up, down)
+        seconds, cost = self.account_capabilities(state, flops, caps, up, down)
         if opt.ratio == "pucbv":
             self._update_bandits(state, clients, acc, seconds)
         stats = self.local_work_stats(task, update)
@@ -329,7 +331,7 @@ class FedLPSOptions(LocalWorkOptions):
     )
     ratio: RatioPolicy = "pucbv"
     fixed_ratio: float = pydantic.Field(0.5, gt=0, le=1, description="FLST's s (ratio=fixed)")
-    capabilities: Literal["fix", "dyn"] = "dyn"
+    capabilities: DrawnCapabilities = "dyn"
     capability_levels: list[Annotated[float, pydantic.Field(gt=0, le=1)]] = pydantic.Field(
         default_factory=lambda: list(CAPABILITY_LEVELS),
         min_length=1,

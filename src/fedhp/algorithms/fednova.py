@@ -16,10 +16,21 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, State, Task, Update, UploadFold
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhp.algorithms.options import ALGORITHMS
+from fedhp.algorithms.task import Task, Update, UploadFold
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import momentum_norm
+
+
+def momentum_norm(steps: torch.Tensor, momentum: float = 0.0) -> torch.Tensor:
+    """FedNova's a_i for ``steps [n]`` local steps of SGD with heavy-ball ``momentum`` ρ (the
+    total weight each step's gradient receives in the final displacement, summed)."""
+    tau = steps.to(torch.float64)
+    if momentum == 0.0:
+        return tau
+    rho = momentum
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
 
 
 def normalized_average(

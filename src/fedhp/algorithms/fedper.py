@@ -12,23 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    CapabilityMode,
-    DenseDeviceCost,
-    LocalWorkOptions,
-    State,
-    Task,
-    Update,
-    capabilities_field,
-)
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.device_cost import CapabilityMode, DenseDeviceCost, capabilities_field
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.errors import ConfigError
 from fedhp.models.masks import output_layer_mask
 
 
-class FedPer(DenseDeviceCost, Algorithm):
+class FedPer(DenseDeviceCost):
     """Averaged body, per-client heads; ``capabilities: fix|dyn``: FedLPS's device model
     (:class:`DenseDeviceCost`)."""
 
@@ -48,7 +41,6 @@ class FedPer(DenseDeviceCost, Algorithm):
                 "model: fedper needs a body below the output layer; this model is one layer "
                 "(use e.g. model.name=dnn or cnn)"
             )
-        self.init_device_cost(options)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
@@ -86,7 +78,7 @@ class FedPer(DenseDeviceCost, Algorithm):
     def train(self, state: State, task: Task) -> Update:
         clients = task.clients
         start = self._models(task.broadcast["body"], state["head"][clients])
-        params, loss_sum, steps = self.local_update(start, clients)
+        params, loss_sum, steps = self.ctx.local_sgd(start, clients, self.options.work())
         state["head"][clients] = params[:, self.head_idx]
         return Update(
             per_client={"body": params[:, self.body_idx]}, losses=loss_sum.unsqueeze(0), steps=steps

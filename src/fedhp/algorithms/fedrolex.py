@@ -8,8 +8,9 @@ devices in turn instead of only the first ones.
 
 from __future__ import annotations
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm
+from fedhp.algorithms.base import Algorithm
 from fedhp.algorithms.heterofl import HeteroFL, HeteroFLOptions
+from fedhp.algorithms.options import ALGORITHMS
 from fedhp.engine.context import RunContext
 
 

@@ -31,7 +31,9 @@ import pydantic
 import torch
 import torch.nn.functional as F
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel

@@ -3,14 +3,14 @@ afford — the first max(1, round(z·J)) units of each hidden layer for capabili
 nested sub-models) — and the cloud averages each parameter entry over the clients holding it.
 
 Per round, for each selected client k of capability z_k (FedLPS's levels and cost model,
-:mod:`fedhp.engine.device_cost`; ``capabilities``: drawn once or every round):
+:mod:`fedhp.algorithms.device_cost`; ``capabilities``: drawn once or every round):
 
 * it receives the sub-model ω^r ⊙ h_k, where h_k holds the kept units' weight rows, biases and
   BatchNorm entries and, in the next layer, only the columns of kept inputs
   (:func:`fedhp.models.masks.held_entries`); the output layer keeps every class;
 * it trains it with the local budget (masked SGD: entries outside h_k stay zero) and sends it up;
 * the cloud sets every entry to the (uniform or sample-weighted) mean over the clients that hold
-  it; an entry nobody held this round keeps its value (:func:`fedhp.engine.ops.held_mean`).
+  it; an entry nobody held this round keeps its value (:func:`held_mean`).
 
 The personalized model of a client is its last trained sub-model (the initial model before it
 first trains), evaluated on its own test data — FedLPS's protocol for every baseline.
@@ -23,34 +23,39 @@ only in which units a sub-model holds.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
-from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import (
-    DeviceCost,
-    account_round,
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.device_cost import (
+    DrawnCapabilities,
+    SizedByCapability,
     cost_state,
-    draw_capabilities,
-    refresh_capabilities,
 )
-from fedhp.engine.ops import held_mean
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
+from fedhp.engine.context import RunContext
 from fedhp.models.masks import held_entries, masked_flops, param_mask, window_unit_mask
 
 
-class HeteroFL(Algorithm):
+def held_mean(
+    previous: torch.Tensor, params: torch.Tensor, held: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Entry-wise weighted mean over the clients holding each entry (HeteroFL's aggregation):
+    ``sum_c w_c h_c x_c / sum_c w_c h_c`` for ``params``, ``held [C, P]`` (0/1), ``weights [C]``;
+    an entry nobody holds keeps its ``previous [P]`` value."""
+    w = weights.to(params.dtype).unsqueeze(1) * held.to(params.dtype)
+    total = w.sum(0)
+    mean = (w * params).sum(0) / total.clamp(min=torch.finfo(params.dtype).tiny)
+    return torch.where(total > 0, mean, previous)
+
+
+class HeteroFL(SizedByCapability):
     """Capability-sized nested sub-models, aggregated entry by entry over their holders."""
 
     options: HeteroFLOptions
     client_outputs = ("params",)
     node_keys = {"personal": "client"}
     personal_on_node = True
-
-    def __init__(self, options: HeteroFLOptions, ctx: RunContext) -> None:
-        super().__init__(options, ctx)
-        self.cost = DeviceCost()
 
     def window_offset(self, rnd: int) -> int:
         """Where each layer's kept units start in round ``rnd`` (HeteroFL: always unit 0)."""
@@ -64,17 +69,16 @@ class HeteroFL(Algorithm):
 
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx = self.ctx
-        caps = draw_capabilities(ctx.num_clients, ctx.generator)
         return {
             "global": init_params.clone(),
-            "capability": caps.to(init_params.device),
+            "capability": self.initial_capabilities(init_params.device),
             "personal": init_params.expand(ctx.num_clients, -1).clone(),
             **cost_state(),
         }
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator)
+        self.redraw_capabilities(state, rnd, opt.capabilities)
         clients = ctx.sample_clients()
         caps = state["capability"][clients].cpu().double()
         offset = self.window_offset(rnd)
@@ -95,7 +99,9 @@ class HeteroFL(Algorithm):
         caps = task.per_client["capability"]
         _, held = self.held(caps, int(task.per_client["offset"][0]) if len(clients) else 0)
         held = held.to(task.per_client["start"].device)
-        params, loss_sum, steps = self.local_update(task.per_client["start"], clients, mask=held)
+        params, loss_sum, steps = self.ctx.local_sgd(
+            task.per_client["start"], clients, self.options.work(), mask=held
+        )
         state["personal"][clients] = params
         return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 
@@ -111,7 +117,7 @@ class HeteroFL(Algorithm):
         size = 4.0 * held.sum(1).double().cpu()  # the sub-model, both ways
         fwd = masked_flops(ctx.model, units, structural=True).double()
         flops = 3.0 * fwd * opt.sample_counts(ctx.fed.train.counts[clients])
-        _, cost = account_round(state, self.cost, flops, caps, size, size)
+        _, cost = self.account_capabilities(state, flops, caps, size, size)
         stats = self.local_work_stats(task, update)
         stats.update(cost, mean_keep_ratio=float(caps.mean()))
         return stats
@@ -126,7 +132,7 @@ class HeteroFLOptions(LocalWorkOptions):
     entry-wise averaging over the holders (docs/fedlps.md)."""
 
     lr: float = 0.1
-    capabilities: Literal["fix", "dyn"] = "dyn"
+    capabilities: DrawnCapabilities = "dyn"
 
     def build(self, ctx: RunContext) -> Algorithm:
         return HeteroFL(self, ctx)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import prox_grad
 
@@ -59,8 +61,8 @@ class HeurFedAMP(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         opt = self.options
         cloud = task.per_client["u"]
-        params, loss_sum, steps = self.local_update(
-            cloud, task.clients, prox_grad(cloud, opt.lam / opt.alpha_k)
+        params, loss_sum, steps = self.ctx.local_sgd(
+            cloud, task.clients, opt.work(), prox_grad(cloud, opt.lam / opt.alpha_k)
         )
         return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 

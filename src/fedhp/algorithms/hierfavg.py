@@ -5,11 +5,13 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.comm import count_nonzero, truncate
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import weighted_mean
+from fedhp.engine.ops import LocalWork, weighted_mean
 
 
 class HierFAVG(Algorithm):
@@ -81,12 +83,10 @@ class HierFAVG(Algorithm):
                 received = down[seg[rows]]
                 start, recv_bufs = self.unwire(received, sent_bufs is not None)
                 bufs = self.start_buffers(state, clients[rows], recv_bufs)
-                params, loss_sum[rows] = ctx.local_sgd(
+                params, loss_sum[rows], _ = ctx.local_sgd(
                     start,
                     clients[rows],
-                    opt.kappa1,
-                    opt.batch_size,
-                    opt.lr,
+                    LocalWork(opt.lr, opt.batch_size, opt.kappa1),
                     buffers=bufs,
                     drawn=None if drawn is None else drawn[:, rows],
                 )
@@ -132,7 +132,7 @@ class HierFAVG(Algorithm):
         sizes = torch.bincount(ctx.topology.edge_of_client.cpu(), minlength=ctx.topology.num_edges)
         for e, edge in enumerate(edges.tolist()):
             mine = seg == e
-            denominator = ctx.dp_denominator(int(mine.sum()), int(sizes[edge]))
+            denominator = ctx.dp_denominator(int(sizes[edge]))
             out[e] = rule(params[mine], weights[mine].to(params.dtype), sent[e], denominator)
         return out
 

@@ -10,15 +10,9 @@ from typing import ClassVar
 
 import torch
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    LocalWorkOptions,
-    RowKind,
-    State,
-    Task,
-    Update,
-)
+from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 
 
@@ -46,7 +40,9 @@ class LocalOnly(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         clients = task.clients
         bufs = state["theta_buffers"][clients].clone() if self.num_buffers else None
-        params, loss_sum, steps = self.local_update(state["theta"][clients], clients, buffers=bufs)
+        params, loss_sum, steps = self.ctx.local_sgd(
+            state["theta"][clients], clients, self.options.work(), buffers=bufs
+        )
         state["theta"][clients] = params
         if bufs is not None:
             state["theta_buffers"][clients] = bufs

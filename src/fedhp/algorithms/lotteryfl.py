@@ -12,33 +12,31 @@ Per round, each selected client k (as the FedLPS authors' ``LotteryFL.py``):
 * trains ω^r ⊙ M_k (masked SGD, the local budget); the result is its personal model (evaluated
   on its own test data);
 * sends up its masked weights and the mask (a bitmap over the parameters, billed); the cloud sets
-  each entry to the mean over the clients holding it (:func:`fedhp.engine.ops.held_mean`).
+  each entry to the mean over the clients holding it (:func:`fedhp.algorithms.heterofl.held_mean`).
 
 No rewinding of the kept weights to their initial values (the authors' code has none either);
 pruning is per layer with a floor, and the output layer is kept dense. Training FLOPs: 3 × the
 forward FLOPs of the non-zero weights the client trained
 (:func:`fedhp.models.masks.sparse_flops`) × samples; the capability levels and cost model are
-FedLPS's (:mod:`fedhp.engine.device_cost`), drawn every round or once (``capabilities``).
+FedLPS's (:mod:`fedhp.algorithms.device_cost`), drawn every round or once (``capabilities``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
-from fedhp.engine.context import RunContext
-from fedhp.engine.device_cost import (
-    DeviceCost,
-    account_round,
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.device_cost import (
+    DrawnCapabilities,
+    SizedByCapability,
     cost_state,
-    draw_capabilities,
-    refresh_capabilities,
 )
+from fedhp.algorithms.heterofl import held_mean
+from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
+from fedhp.algorithms.task import Task, Update
+from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import evaluate_personal
-from fedhp.engine.ops import held_mean
 from fedhp.models.masks import output_layer_mask, sparse_flops
 
 
@@ -66,7 +64,7 @@ def magnitude_prune(
     return out
 
 
-class LotteryFL(Algorithm):
+class LotteryFL(SizedByCapability):
     """Per-client magnitude masks, masked local training, entry-wise averaging over holders."""
 
     options: LotteryFLOptions
@@ -84,7 +82,6 @@ class LotteryFL(Algorithm):
             if len(s.shape) >= 2 and not bool(head[s.offset])
         ]
         self.prunable = sum(b.stop - b.start for b in self.blocks)
-        self.cost = DeviceCost()
 
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx = self.ctx
@@ -93,7 +90,7 @@ class LotteryFL(Algorithm):
             "global": init_params.clone(),
             "mask": torch.ones(k, init_params.numel(), device=init_params.device),
             "personal": init_params.expand(k, -1).clone(),
-            "capability": draw_capabilities(k, ctx.generator).to(init_params.device),
+            "capability": self.initial_capabilities(init_params.device),
             **cost_state(),
         }
 
@@ -103,7 +100,7 @@ class LotteryFL(Algorithm):
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        refresh_capabilities(state, opt.capabilities, rnd, ctx.generator)
+        self.redraw_capabilities(state, rnd, opt.capabilities)
         clients = ctx.sample_clients()
         sub = state["global"] * state["mask"][clients]
         start = ctx.send("client_cloud", "down", sub, clients)
@@ -126,7 +123,7 @@ class LotteryFL(Algorithm):
         gate = (acc >= opt.acc_threshold) & (density > opt.target_density)
         pruned = magnitude_prune(start, mask, self.blocks, opt.prune_step, opt.target_density)
         mask = torch.where(gate.unsqueeze(1), pruned, mask)
-        params, loss_sum, steps = self.local_update(start * mask, clients, mask=mask)
+        params, loss_sum, steps = ctx.local_sgd(start * mask, clients, opt.work(), mask=mask)
         state["personal"][clients] = params
         return Update(
             per_client={"params": params, "mask": mask},
@@ -149,7 +146,7 @@ class LotteryFL(Algorithm):
         state["mask"][clients] = mask
         up = 4.0 * mask.sum(1).double().cpu() + bitmap / max(1, len(clients))
         caps = task.per_client["capability"]
-        _, cost = account_round(state, self.cost, flops, caps, up, down)
+        _, cost = self.account_capabilities(state, flops, caps, up, down)
         stats = self.local_work_stats(task, update)
         stats.update(cost, mean_density=float(mask.double().mean()))
         return stats
@@ -170,7 +167,7 @@ class LotteryFLOptions(LocalWorkOptions):
     acc_threshold: float = pydantic.Field(
         0.5, ge=0, le=1, description="prune only when the training accuracy reaches this"
     )
-    capabilities: Literal["fix", "dyn"] = "dyn"
+    capabilities: DrawnCapabilities = "dyn"
 
     def build(self, ctx: RunContext) -> Algorithm:
         return LotteryFL(self, ctx)

@@ -24,8 +24,10 @@ import pydantic
 import torch
 import torch.nn.functional as F
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, RowKind, State, Task, Update
+from fedhp.algorithms.base import Algorithm, RowKind, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhp.algorithms.options import ALGORITHMS
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LossGrad
 from fedhp.models.base import BatchedModel

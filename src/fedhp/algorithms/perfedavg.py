@@ -17,17 +17,10 @@ import pydantic
 import torch
 import torch.nn.functional as F
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    AlgorithmOptions,
-    CapabilityMode,
-    DenseDeviceCost,
-    State,
-    Task,
-    Update,
-    capabilities_field,
-)
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.device_cost import CapabilityMode, DenseDeviceCost, capabilities_field
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.comm import truncate
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
@@ -50,7 +43,7 @@ def batched_hvp(
     return hv
 
 
-class PerFedAvg(DenseDeviceCost, Algorithm):
+class PerFedAvg(DenseDeviceCost):
     """Per-FedAvg (FO or HF); global model ``w``, personalized = ``w`` adapted by one step.
     ``capabilities: fix|dyn``: FedLPS's device model (:class:`DenseDeviceCost`)."""
 
@@ -65,7 +58,6 @@ class PerFedAvg(DenseDeviceCost, Algorithm):
         gen = torch.Generator(device=counts.device)
         self.eval_generator = gen
         self.eval_sampler = ctx.sampler.with_generator(gen)
-        self.init_device_cost(options)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         return {"global": init_params.to(self.ctx.device).clone(), **self.device_cost_state()}
@@ -107,14 +99,11 @@ class PerFedAvg(DenseDeviceCost, Algorithm):
         return Update(per_client={"params": params}, losses=torch.stack(losses))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
-        ctx, opt = self.ctx, self.options
-        clients = task.clients
+        ctx, clients, start = self.ctx, task.clients, task.broadcast["global"]
         assert update.losses is not None
-        start = task.broadcast["global"]
-        params = ctx.upload(update.per_client["params"], clients, start)
-        params = ctx.send("client_cloud", "up", params, clients)
+        params, _, _ = self.send_up(update, clients, start)
         state["global"] = ctx.cloud_mean(params, ctx.client_weights(clients), start)
-        stats = {"local_loss": mean_group_loss(update.losses, opt.local_steps)}
+        stats = {"local_loss": mean_group_loss(update.losses, self.options.local_steps)}
         stats.update(self.account_device_cost(state, clients))
         return stats
 

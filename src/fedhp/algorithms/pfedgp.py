@@ -36,7 +36,7 @@ from typing import Literal
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
+from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.gp import linear_kernel, rbf_kernel
 from fedhp.algorithms.gp_tree import (
     GPSettings,
@@ -45,10 +45,13 @@ from fedhp.algorithms.gp_tree import (
     inducing_tree_loss,
     tree_loss,
 )
+from fedhp.algorithms.heterofl import held_mean
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import ClientEval
 from fedhp.engine.federation import ClientTensors
-from fedhp.engine.ops import held_mean, weighted_mean
+from fedhp.engine.ops import weighted_mean
 
 EVAL_SEED = 0x9F6  # the private evaluation generator's seed (fixed: every evaluation alike)
 

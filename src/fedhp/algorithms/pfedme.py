@@ -8,29 +8,25 @@ global round, ``theta`` staying warm across that round's local rounds. After ``R
 the cloud sets ``w <- (1 - beta) w + beta mean(w_loc)`` over the sampled clients. The personalized
 model is ``theta`` (the reference code's reported "personalized" accuracy evaluates ``w_loc``; we
 do not).
+
+:meth:`PFedMe.reference_train` writes the local rounds out formula by formula; the runs take the
+fused round of :mod:`fedhp.algorithms.pfedme_fused` (the same values, bit for bit, in place and in
+cache-sized parts of the clients; :attr:`PFedMe.fused` picks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar
 
 import pydantic
 import torch
 
-from fedhp.algorithms.base import (
-    ALGORITHMS,
-    Algorithm,
-    AlgorithmOptions,
-    RowKind,
-    State,
-    Task,
-    ThetaInit,
-    Update,
-    theta_init_field,
-)
+from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.fused import send_rows
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, ThetaInit, theta_init_field
+from fedhp.algorithms.pfedme_fused import fused_train
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.fused import send_rows
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
 
 
@@ -49,64 +45,34 @@ class PFedMe(Algorithm):
     def plan(self, state: State, rnd: int) -> Task:
         return self.plan_broadcast_global(state)
 
+    fused = True  # train: the fused round (pfedme_fused); False: reference_train
+
     def train(self, state: State, task: Task) -> Update:
-        """The R local rounds in place on two ``[C, P]`` buffers (``theta``, ``w_loc``), in
-        cache-sized parts of the clients: a part runs all its R local rounds before the next
-        starts (its rows stay in cache), on the minibatches the whole round would draw (drawn
-        ahead, so the parts do not change them); per step the prox pull towards ``w_loc`` and
-        the gradient step in one pass, per local round the ``w_loc`` step; no copies and no host
-        syncs inside the loop."""
+        """The R local rounds of the task's clients."""
+        return fused_train(self, state, task) if self.fused else self.reference_train(state, task)
+
+    def reference_train(self, state: State, task: Task) -> Update:
+        """The local rounds as the module docstring writes them, one tensor per formula."""
         ctx, opt = self.ctx, self.options
         clients = task.clients
-        n = len(clients)
-        received = task.broadcast["global"].expand(n, -1)
-        local = received.clone()
-        # (advanced indexing already copies the state's rows)
-        theta = state["theta"][clients] if opt.theta_init == "warm" else received.clone()
-        chunk = ctx.policy.chunk(2 * local.shape[1], n)
-        if chunk < n and ctx.fed.train.noise_std is not None:
-            chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
-        drawn = ctx.sampler.steps(clients, opt.batch_size, opt.R) if chunk < n else None
-        losses = torch.empty(opt.R, n, device=local.device)
-        for a in range(0, n, chunk):
-            rows = slice(a, min(a + chunk, n))
-            ahead = None if drawn is None else drawn[:, rows]
-            draw = ctx.batches(clients[rows], opt.batch_size, ahead)
-            self._local_rounds(theta[rows], local[rows], received[rows], draw, losses[:, rows])
+        received = task.broadcast["global"].expand(len(clients), -1)
+        local = received.clone()  # w_loc <- w
+        theta = state["theta"][clients].clone() if opt.theta_init == "warm" else received.clone()
+        draw = ctx.batches(clients, opt.batch_size)
+        losses = []
+        for _ in range(opt.R):
+            if opt.theta_init == "reset":
+                theta = received.clone()
+            x, y = draw()  # ONE minibatch per local round
+            for _ in range(opt.K):  # theta - plr (grad f + lam (theta - w_loc) [+ l2 theta])
+                loss, grad = batched_loss_grad(ctx.model, theta, x, y)
+                if opt.l2 > 0:
+                    grad.add_(theta, alpha=opt.l2)
+                theta.lerp_(local, opt.personal_lr * opt.lam).add_(grad, alpha=-opt.personal_lr)
+            losses.append(loss)
+            local.lerp_(theta, opt.lr * opt.lam)  # w_loc - lr lam (w_loc - theta)
         state["theta"][clients] = theta
-        return Update(per_client={"local": local}, losses=losses)
-
-    def _local_rounds(
-        self,
-        theta: torch.Tensor,
-        local: torch.Tensor,
-        received: torch.Tensor,
-        draw: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-        losses: torch.Tensor,
-    ) -> None:
-        """The R local rounds of some clients' rows (in place), their losses into ``losses``."""
-        ctx, opt = self.ctx, self.options
-        model = ctx.model
-        pull, plr = opt.personal_lr * opt.lam, opt.personal_lr
-
-        def towards_local(lo: int, hi: int) -> None:
-            theta[:, lo:hi].lerp_(local[:, lo:hi], pull)
-
-        for r in range(opt.R):
-            if opt.theta_init == "reset" and r > 0:  # (round 0 starts from it already)
-                theta.copy_(received)
-            x, y = draw()
-            for _ in range(opt.K):
-                if opt.l2 == 0:  # the pull inside the model's step: one pass
-                    model.count_trained(x)
-                    loss = model.sgd_step(theta, x, y, plr, towards_local)
-                    continue
-                loss, grad = batched_loss_grad(model, theta, x, y)
-                grad.add_(theta, alpha=opt.l2)
-                # theta - plr (grad + lam (theta - local)), fused: no temporaries.
-                theta.lerp_(local, pull).add_(grad, alpha=-plr)
-            losses[r] = loss
-            local.lerp_(theta, opt.lr * opt.lam)  # local - lr lam (local - theta)
+        return Update(per_client={"local": local}, losses=torch.stack(losses))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -15,7 +15,7 @@ from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
 from fedhp.engine.federation import Federation
 from fedhp.engine.ops import (
     ExtraGrad,
-    LocalOptimizer,
+    LocalWork,
     LossGrad,
     sgd_steps,
     weighted_mean,
@@ -233,9 +233,9 @@ class RunContext:
             return weighted_mean(rows, weights)
         return rule(rows, weights.to(rows.dtype), start)
 
-    def dp_denominator(self, clients: int, population: int) -> float | None:
-        """The DP average's denominator for ``clients`` rows drawn from ``population``
-        clients: ``q·N`` under Poisson sampling, else the rows (None)."""
+    def dp_denominator(self, population: int) -> float | None:
+        """The DP average's denominator for rows drawn from ``population`` clients: ``q·N``
+        under Poisson sampling, else the number of rows (None)."""
         if self.client_sampling == "poisson" and self.client_fraction < 1:
             return self.client_fraction * population
         return None
@@ -288,116 +288,105 @@ class RunContext:
 
         return draw
 
+    def draw_ahead(self, clients: torch.Tensor, work: LocalWork) -> torch.Tensor | EpochBatches:
+        """The minibatch indices of ``clients`` for the whole of ``work``, drawn now in the order
+        :meth:`local_sgd` would draw them (:meth:`BatchSampler.steps` or
+        :meth:`BatchSampler.epochs`)."""
+        if work.epochs is not None:
+            return self.sampler.epochs(clients, work.batch_size, work.epochs)
+        return self.sampler.steps(clients, work.batch_size, work.steps)
+
     def local_sgd(
         self,
         params: torch.Tensor,
         clients: torch.Tensor,
-        steps: int,
-        batch_size: int,
-        lr: float,
-        extra_grad: ExtraGrad | None = None,
-        *,
-        buffers: torch.Tensor | None = None,
-        loss_grad: LossGrad | None = None,
-        optimizer: LocalOptimizer | None = None,
-        drawn: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``steps`` minibatch SGD steps of ``clients`` (rows of ``params``), all at once;
-        ``buffers`` (their BatchNorm running statistics ``[C', B]``) are updated in place;
-        ``loss_grad`` replaces the model's loss (:data:`fedhp.engine.ops.LossGrad`);
-        ``drawn [steps, C', B]``: the minibatch indices, drawn ahead (else drawn step by step)."""
-        return sgd_steps(
-            self.model,
-            params,
-            self.batches(clients, batch_size, drawn),
-            steps,
-            lr,
-            extra_grad,
-            buffers=buffers,
-            loss_grad=loss_grad,
-            optimizer=optimizer,
-        )
-
-    def local_sgd_epochs(
-        self,
-        params: torch.Tensor,
-        clients: torch.Tensor,
-        epochs: int,
-        batch_size: int,
-        lr: float,
+        work: LocalWork,
         extra_grad: ExtraGrad | None = None,
         *,
         mask: torch.Tensor | None = None,
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
-        optimizer: LocalOptimizer | None = None,
-        drawn: EpochBatches | None = None,
+        drawn: torch.Tensor | EpochBatches | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``epochs`` passes of each of ``clients`` over its own shuffled data, all at once
-        (``drawn``: their minibatches, drawn ahead by :meth:`BatchSampler.epochs`).
+        """The local SGD of ``clients`` from ``params`` (their rows), all at once: ``work``'s
+        steps or epochs (:class:`~fedhp.engine.ops.LocalWork`), each step's gradient plus
+        ``extra_grad``'s term (prox, SCAFFOLD's correction) or of the method's own objective
+        ``loss_grad`` (:data:`~fedhp.engine.ops.LossGrad`); ``mask [C', P]``: on the masked
+        sub-models (:mod:`fedhp.models.masks`); ``buffers [C', B]``: BatchNorm running
+        statistics, updated in place; ``drawn``: the minibatches, drawn ahead
+        (:meth:`draw_ahead`; else drawn as the steps go). Returns the new parameters, each
+        client's loss summed over its steps and its step count ``[C']`` (int64).
 
-        Client c takes ``ceil(n_c / batch_size)`` steps per epoch (:meth:`BatchSampler.epochs`);
-        clients of unequal size step together, the ones that have finished frozen. ``mask``
-        ``[C', P]``: train the masked sub-models; ``buffers [C', B]``: BatchNorm running
-        statistics, updated in place (see :func:`weighted_sgd_steps`). Returns the new
-        parameters, the per-client loss summed over its steps and its step count ``[C']``.
+        Under ``epochs`` client c takes ``ceil(n_c / batch_size)`` steps per epoch on a fresh
+        permutation of its data (the last minibatch partial); clients of unequal size step
+        together, the ones that have finished frozen (:func:`~fedhp.engine.ops.weighted_sgd_steps`).
         """
-        plan = self.sampler.epochs(clients, batch_size, epochs) if drawn is None else drawn
+        gather, opt = self.fed.train.gather, work.optimizer
+        if work.epochs is not None:
+            plan = drawn if isinstance(drawn, EpochBatches) else None
+            if plan is None:
+                plan = self.sampler.epochs(clients, work.batch_size, work.epochs)
+            index, weight = plan.index, plan.weight
 
-        def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            x, y = self.fed.train.gather(clients[rows], plan.index[step, rows], self.generator)
-            return x, y, plan.weight[step, rows]
+            def epoch_batch(
+                step: int, rows: slice
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                x, y = gather(clients[rows], index[step, rows], self.generator)
+                return x, y, weight[step, rows]
 
-        active = (plan.weight.sum(2) > 0).cpu()
-        params, loss_sum = weighted_sgd_steps(
-            self.model,
-            params,
-            batch,
-            plan.num_steps,
-            lr,
-            extra_grad,
-            mask=mask,
-            active=active,
-            buffers=buffers,
-            loss_grad=loss_grad,
-            optimizer=optimizer,
-        )
-        return params, loss_sum, plan.steps
+            active = (weight.sum(2) > 0).cpu()
+            params, loss_sum = weighted_sgd_steps(
+                self.model,
+                params,
+                epoch_batch,
+                plan.num_steps,
+                work.lr,
+                extra_grad,
+                mask=mask,
+                active=active,
+                buffers=buffers,
+                loss_grad=loss_grad,
+                optimizer=opt,
+            )
+            return params, loss_sum, plan.steps
+        ahead = drawn if isinstance(drawn, torch.Tensor) else None
+        if mask is None:
+            params, loss_sum = sgd_steps(
+                self.model,
+                params,
+                self.batches(clients, work.batch_size, ahead),
+                work.steps,
+                work.lr,
+                extra_grad,
+                buffers=buffers,
+                loss_grad=loss_grad,
+                optimizer=opt,
+            )
+        else:  # the same minibatches, their indices drawn first and gathered chunk by chunk
+            steps: Sequence[torch.Tensor] | torch.Tensor
+            if ahead is not None:
+                steps = ahead
+            else:
+                steps = [self.sampler.draw(clients, work.batch_size) for _ in range(work.steps)]
 
-    def local_sgd_masked(
-        self,
-        params: torch.Tensor,
-        clients: torch.Tensor,
-        steps: int,
-        batch_size: int,
-        lr: float,
-        extra_grad: ExtraGrad | None = None,
-        *,
-        mask: torch.Tensor,
-        buffers: torch.Tensor | None = None,
-        loss_grad: LossGrad | None = None,
-        optimizer: LocalOptimizer | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like :meth:`local_sgd` (the same minibatches) on the sub-models selected by ``mask``
-        ``[C', P]``: masked parameters and gradients are zero (:func:`weighted_sgd_steps`)."""
-        index = [self.sampler.draw(clients, batch_size) for _ in range(steps)]
+            def step_batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
+                x, y = gather(clients[rows], steps[step][rows], self.generator)
+                return x, y, None
 
-        def batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
-            x, y = self.fed.train.gather(clients[rows], index[step][rows], self.generator)
-            return x, y, None
-
-        return weighted_sgd_steps(
-            self.model,
-            params,
-            batch,
-            steps,
-            lr,
-            extra_grad,
-            mask=mask,
-            buffers=buffers,
-            loss_grad=loss_grad,
-            optimizer=optimizer,
-        )
+            params, loss_sum = weighted_sgd_steps(
+                self.model,
+                params,
+                step_batch,
+                work.steps,
+                work.lr,
+                extra_grad,
+                mask=mask,
+                buffers=buffers,
+                loss_grad=loss_grad,
+                optimizer=opt,
+            )
+        counts = torch.full((len(clients),), work.steps, dtype=torch.int64, device=self.device)
+        return params, loss_sum, counts
 
 
 def _union(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The sparse-learning metrics of a global model: the training objective f(x) = Σ_i p_i f_i(x),
-support recovery against the true support and the distance to the true model (where known)."""
+"""The sparse-learning metrics of a global model (models that ``report_objective``): the
+training objective f(x) = Σ_i p_i f_i(x), support recovery against the true support and the
+distance to the true model (where known)."""
 
 from __future__ import annotations
 
@@ -36,28 +37,3 @@ def sparse_learning_metrics(
     if fed.true_params is not None:
         row["dist_to_true"] = float(torch.linalg.vector_norm(w.cpu() - fed.true_params.cpu()))
     return row
-
-
-def client_smoothness(model: BatchedModel, fed: Federation, iters: int = 50) -> torch.Tensor:
-    """Each client's smoothness bound l_i = curvature · λmax(Z_iᵀZ_i / n_i) + λ ``[C]`` for the
-    linear models (:mod:`fedhp.models.linear`); λmax by power iteration, sparse data stay sparse."""
-    from fedhp.data.rows import slice_rows
-
-    curvature = float(getattr(model, "curvature", 1.0))
-    lam = float(getattr(model, "lam", 0.0))
-    out = []
-    gen = torch.Generator().manual_seed(0)
-    for c in range(fed.num_clients):
-        lo, hi = int(fed.train.offsets[c]), int(fed.train.offsets[c + 1])
-        z = slice_rows(fed.train.x, lo, hi)
-        z = z if z.is_sparse else z.reshape(hi - lo, -1)
-        v = torch.randn(z.shape[1], 1, generator=gen).to(z.device)
-        top = 0.0
-        for _ in range(iters):
-            w = torch.mm(z.t(), torch.mm(z, v)) / max(hi - lo, 1)
-            top = float(torch.linalg.vector_norm(w))
-            if top == 0.0:
-                break
-            v = w / top
-        out.append(curvature * top + lam)
-    return torch.tensor(out)

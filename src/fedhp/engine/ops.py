@@ -4,7 +4,7 @@ weighted (segment) averages and broadcasts over the client dimension."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,14 +56,18 @@ class LocalOptimizer:
         return velocity.clone()
 
 
-def momentum_norm(steps: torch.Tensor, momentum: float = 0.0) -> torch.Tensor:
-    """FedNova's a_i for ``steps [n]`` local steps of SGD with heavy-ball ``momentum`` ρ (the
-    total weight each step's gradient receives in the final displacement, summed)."""
-    tau = steps.to(torch.float64)
-    if momentum == 0.0:
-        return tau
-    rho = momentum
-    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+@dataclass(frozen=True)
+class LocalWork:
+    """A round's local SGD, as a method asks :meth:`RunContext.local_sgd
+    <fedhp.engine.context.RunContext.local_sgd>` for it: ``steps`` minibatch steps of
+    ``batch_size`` samples, or (``epochs`` set) that many passes over each client's own data, of
+    step size ``lr``, with ``optimizer``'s momentum / weight decay (None: plain SGD)."""
+
+    lr: float
+    batch_size: int
+    steps: int = 1
+    epochs: int | None = None
+    optimizer: LocalOptimizer | None = None
 
 
 def _velocity(params: torch.Tensor, optimizer: LocalOptimizer | None) -> torch.Tensor | None:
@@ -103,45 +107,52 @@ def sgd_steps(
     loss_grad: LossGrad | None = None,
     optimizer: LocalOptimizer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``steps`` SGD steps for all clients at once; ``batch()`` yields each step's ``(x, y)``
-    (``optimizer``: momentum / weight decay, :class:`LocalOptimizer`).
+    """:func:`weighted_sgd_steps` on the minibatches ``batch()`` yields, one ``(x, y)`` of every
+    client per step, in step order (no sample weights).
 
-    Returns the new parameters and the per-client loss summed over steps (a tensor, no host sync).
-    ``buffers [C, B]`` (BatchNorm running statistics; a writable tensor, not an expanded view)
-    are updated in place, one update per step.
-    Without a non-foldable ``extra_grad`` term the clients are trained in chunks of the run's
-    policy (:meth:`~fedhp.engine.policy.ExecutionPolicy.chunk`: cache-resident rows on the CPU,
-    a memory budget on CUDA); the minibatches are drawn first, in
-    the same order, so the result does not depend on the chunking.
-    """
-    params = params.detach().clone()
+    Trained whole, ``batch()`` is called step by step; in client chunks (the run's policy) every
+    step's minibatch is drawn first, in the same order, and each chunk takes its rows of them, so
+    the result does not depend on the chunking."""
     num_clients = params.shape[0]
-    foldable = extra_grad is None or isinstance(extra_grad, StepTerm)
-    whole = not foldable or loss_grad is not None
+    if num_clients == 0:  # no clients: the minibatches are still drawn, as the steps would
+        for _ in range(steps):
+            batch()
+        return params.detach().clone(), torch.zeros(0, device=params.device)
+    whole = _whole(extra_grad, loss_grad)
     chunk = num_clients if whole else model.policy.chunk(params.shape[1], num_clients)
     if chunk >= num_clients:
-        drawn = (batch() for _ in range(steps))
-        return _sgd_loop(model, params, drawn, lr, extra_grad, buffers, loss_grad, optimizer)
-    batches = [batch() for _ in range(steps)]
-    parts = [
-        _sgd_loop(
-            model,
-            params[s : s + chunk],
-            ((slice_rows(x, s, s + chunk), y[s : s + chunk]) for x, y in batches),
-            lr,
-            None if extra_grad is None else _rows(extra_grad, s, s + chunk),
-            None if buffers is None else buffers[s : s + chunk],
-            None,
-            optimizer,
-        )
-        for s in range(0, num_clients, chunk)
-    ]
-    return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
+
+        def lazily(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
+            x, y = batch()
+            return x, y, None
+
+        rows_of: WeightedBatch = lazily
+    else:
+        drawn = [batch() for _ in range(steps)]
+
+        def ahead(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
+            x, y = drawn[step]
+            return slice_rows(x, rows.start, rows.stop), y[rows], None
+
+        rows_of = ahead
+    return weighted_sgd_steps(
+        model,
+        params,
+        rows_of,
+        steps,
+        lr,
+        extra_grad,
+        buffers=buffers,
+        loss_grad=loss_grad,
+        optimizer=optimizer,
+    )
 
 
-def _rows(term: ExtraGrad, start: int, stop: int) -> ExtraGrad:
-    assert isinstance(term, StepTerm)  # sgd_steps chunks clients only for these
-    return term.rows(start, stop)
+def _whole(extra_grad: ExtraGrad | None, loss_grad: LossGrad | None) -> bool:
+    """Whether the clients are trained all at once, not in the policy's chunks: a gradient term
+    that cannot be cut into rows (not a :class:`StepTerm`) or a method's own ``loss_grad``."""
+    foldable = extra_grad is None or isinstance(extra_grad, StepTerm)
+    return not foldable or loss_grad is not None
 
 
 WeightedBatch = Callable[[int, slice], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
@@ -163,112 +174,108 @@ def weighted_sgd_steps(
     loss_grad: LossGrad | None = None,
     optimizer: LocalOptimizer | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``steps`` SGD steps for all clients at once on minibatches with per-sample weights (local
-    epochs: a partial last batch, clients of unequal size), optionally on masked sub-models.
+    """``steps`` SGD steps for all clients at once (the one local-SGD loop of the engine), on
+    minibatches with optional per-sample weights (local epochs: a partial last batch, clients of
+    unequal size), optionally on masked sub-models.
 
     Each client's loss is the weighted mean over its minibatch; a client whose weights are all
     zero at a step is frozen for that step (its whole update, ``extra_grad`` included, is
     masked). ``mask [C, P]`` (0/1, e.g. :func:`fedhp.models.masks.param_mask`): the parameters
     start masked and every gradient is masked, so masked entries stay exactly zero — applied
     outside the model's forward. Returns the new parameters and the per-client loss summed over
-    its steps. Chunked over clients like :func:`sgd_steps`; the minibatches are gathered per
-    chunk, so the result does not depend on the chunking. ``active [steps, C]`` (bool, on the
-    host; optional): which clients have a real sample at each step — a chunk none of whose
+    its steps (a tensor, no host sync). The clients are trained in chunks of the run's policy
+    (:meth:`~fedhp.engine.policy.ExecutionPolicy.chunk`: cache-resident rows on the CPU, a
+    memory budget on CUDA; all at once with a non-:class:`StepTerm` ``extra_grad`` or a
+    ``loss_grad``), each chunk all its steps before the next. ``active [steps, C]`` (bool, on
+    the host; optional): which clients have a real sample at each step — a chunk none of whose
     clients is active skips the step (exactly: their updates would be masked anyway).
     ``buffers [C, B]`` (BatchNorm running statistics, writable) are passed to the model's
     ``loss_and_grad`` chunk by chunk and updated in place, except a frozen client's, which are
-    restored after the step. ``loss_grad`` replaces the model's ``loss_and_grad`` (all clients in
-    one chunk then). ``optimizer``: momentum / weight decay (a frozen client's velocity waits).
+    restored after the step. ``loss_grad`` replaces the model's ``loss_and_grad``.
+    ``optimizer``: momentum / weight decay (a frozen client's velocity waits).
     """
     params = params.detach().clone() if mask is None else params.detach() * mask
     num_clients = params.shape[0]
-    foldable = extra_grad is None or isinstance(extra_grad, StepTerm)
-    whole = not foldable or loss_grad is not None
+    whole = _whole(extra_grad, loss_grad)
     chunk = num_clients if whole else model.policy.chunk(params.shape[1], num_clients)
-    loss_and_grad = model.loss_and_grad if loss_grad is None else loss_grad
-    plain = foldable and loss_grad is None and buffers is None
-    plain = plain and (optimizer is None or optimizer.plain)
     parts = []
     for start in range(0, num_clients, chunk):
         stop = min(start + chunk, num_clients)
         rows = slice(start, stop)
-        part = params[rows]
         term = extra_grad if extra_grad is None or whole else _rows(extra_grad, start, stop)
-        pull = term.pull(part, lr) if isinstance(term, StepTerm) else None
-        velocity = _velocity(part, optimizer)
-        loss_sum = torch.zeros(part.shape[0], device=params.device)
-        for step in range(steps):
-            if active is not None and not bool(active[step, rows].any()):
-                continue
-            x, y, weight = batch(step, rows)
-            model.count_trained(x)
-            if plain and weight is None:  # the fused step, then the sub-models' mask
-                loss_sum += model.sgd_step(part, x, y, lr, pull)
-                if mask is not None:
-                    part.mul_(mask[rows])
-                continue
-            if buffers is None:
-                loss, grad = loss_and_grad(part, x, y, weight=weight)
-            else:
-                bufs = buffers[rows]
-                # a frozen client's statistics are restored after the step (torch.where: no
-                # boolean indexing, which would wait for the device)
-                kept = None if weight is None else bufs.clone()
-                kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
-                loss, grad = loss_and_grad(part, x, y, weight=weight, **kw)
-                if weight is not None and kept is not None:
-                    idle = (weight.sum(1) == 0).unsqueeze(1)
-                    bufs.copy_(torch.where(idle, kept, bufs))
-            if term is not None:
-                grad.add_(term(part))
-            live = None if weight is None else weight.sum(1) > 0
-            if optimizer is not None and not optimizer.plain:
-                grad = optimizer.direction(part, grad, velocity, live)
-            if live is not None:
-                grad.mul_(live.to(grad.dtype).unsqueeze(1))
-            if mask is not None:
-                grad.mul_(mask[rows])
-            part.add_(grad, alpha=-lr)
-            loss_sum += loss
+        part = params[rows]
+        loss_sum = _train_rows(
+            model, part, batch, rows, steps, lr, term, mask, active, buffers, loss_grad, optimizer
+        )
         parts.append((part, loss_sum))
     if not parts:  # no clients
         return params, torch.zeros(0, device=params.device)
+    if len(parts) == 1:
+        return parts[0]
     return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
 
 
-def _sgd_loop(
+def _rows(term: ExtraGrad, start: int, stop: int) -> ExtraGrad:
+    assert isinstance(term, StepTerm)  # the clients are chunked only for these
+    return term.rows(start, stop)
+
+
+def _train_rows(
     model: BatchedModel,
-    params: torch.Tensor,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    part: torch.Tensor,
+    batch: WeightedBatch,
+    rows: slice,
+    steps: int,
     lr: float,
-    extra_grad: ExtraGrad | None,
-    buffers: torch.Tensor | None = None,
-    loss_grad: LossGrad | None = None,
-    optimizer: LocalOptimizer | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    loss_sum = torch.zeros(params.shape[0], device=params.device)
-    velocity = _velocity(params, optimizer)
-    plain = loss_grad is None and buffers is None and (optimizer is None or optimizer.plain)
-    pull = extra_grad.pull(params, lr) if isinstance(extra_grad, StepTerm) else None
-    plain = plain and (extra_grad is None or pull is not None)
-    for x, y in batches:
-        if plain:  # the model steps inside its backward pass (BatchedModel.sgd_step)
-            model.count_trained(x)
-            loss_sum += model.sgd_step(params, x, y, lr, pull)
+    term: ExtraGrad | None,
+    mask: torch.Tensor | None,
+    active: torch.Tensor | None,
+    buffers: torch.Tensor | None,
+    loss_grad: LossGrad | None,
+    optimizer: LocalOptimizer | None,
+) -> torch.Tensor:
+    """:func:`weighted_sgd_steps`' ``steps`` steps of the clients in ``rows``, in place on their
+    parameters ``part``; their losses summed over the steps."""
+    loss_and_grad = model.loss_and_grad if loss_grad is None else loss_grad
+    plain = (term is None or isinstance(term, StepTerm)) and loss_grad is None and buffers is None
+    plain = plain and (optimizer is None or optimizer.plain)
+    pull = term.pull(part, lr) if isinstance(term, StepTerm) else None
+    velocity = _velocity(part, optimizer)
+    loss_sum = torch.zeros(part.shape[0], device=part.device)
+    for step in range(steps):
+        if active is not None and not bool(active[step, rows].any()):
             continue
-        if loss_grad is None:
-            loss, grad = batched_loss_grad(model, params, x, y, buffers=buffers)
+        x, y, weight = batch(step, rows)
+        model.count_trained(x)
+        if plain and weight is None:  # the model steps inside its backward pass, then the mask
+            loss_sum += model.sgd_step(part, x, y, lr, pull)
+            if mask is not None:
+                part.mul_(mask[rows])
+            continue
+        if buffers is None:
+            loss, grad = loss_and_grad(part, x, y, weight=weight)
         else:
-            kw = {} if buffers is None else {"buffers": buffers}
-            model.count_trained(x)
-            loss, grad = loss_grad(params.detach(), x, y, **kw)
-        if extra_grad is not None:
-            grad.add_(extra_grad(params))
+            bufs = buffers[rows]
+            # a frozen client's statistics are restored after the step (torch.where: no
+            # boolean indexing, which would wait for the device)
+            kept = None if weight is None else bufs.clone()
+            kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
+            loss, grad = loss_and_grad(part, x, y, weight=weight, **kw)
+            if weight is not None and kept is not None:
+                idle = (weight.sum(1) == 0).unsqueeze(1)
+                bufs.copy_(torch.where(idle, kept, bufs))
+        if term is not None:
+            grad.add_(term(part))
+        live = None if weight is None else weight.sum(1) > 0
         if optimizer is not None and not optimizer.plain:
-            grad = optimizer.direction(params, grad, velocity)
-        params.add_(grad, alpha=-lr)
+            grad = optimizer.direction(part, grad, velocity, live)
+        if live is not None:
+            grad.mul_(live.to(grad.dtype).unsqueeze(1))
+        if mask is not None:
+            grad.mul_(mask[rows])
+        part.add_(grad, alpha=-lr)
         loss_sum += loss
-    return params, loss_sum
+    return loss_sum
 
 
 class StepTerm(ABC):
@@ -365,18 +372,6 @@ def weighted_mean(params: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return normalized(weights.to(params.dtype)) @ params
 
 
-def held_mean(
-    previous: torch.Tensor, params: torch.Tensor, held: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
-    """Entry-wise weighted mean over the clients holding each entry (HeteroFL's aggregation):
-    ``sum_c w_c h_c x_c / sum_c w_c h_c`` for ``params``, ``held [C, P]`` (0/1), ``weights [C]``;
-    an entry nobody holds keeps its ``previous [P]`` value."""
-    w = weights.to(params.dtype).unsqueeze(1) * held.to(params.dtype)
-    total = w.sum(0)
-    mean = (w * params).sum(0) / total.clamp(min=torch.finfo(params.dtype).tiny)
-    return torch.where(total > 0, mean, previous)
-
-
 def segment_mean(
     params: torch.Tensor, segment: torch.Tensor, weights: torch.Tensor, num_segments: int
 ) -> torch.Tensor:
@@ -390,32 +385,3 @@ def segment_mean(
     out = torch.zeros(num_segments, params.shape[1], dtype=params.dtype, device=params.device)
     out.index_add_(0, segment, params * w.unsqueeze(1))
     return out / totals.clamp(min=torch.finfo(params.dtype).tiny).unsqueeze(1)
-
-
-def hard_threshold(params: torch.Tensor, tau: int, groups: int = 1) -> torch.Tensor:
-    """H_τ: keep the ``tau`` entries of largest ``|x|`` in each row of ``params [.., P]`` (in each
-    of its ``groups`` contiguous blocks of P/groups, e.g. a softmax model's class columns), zero
-    the rest. Ties are broken deterministically: the lowest index wins (as a stable sort would;
-    computed in linear time with ``kthvalue``)."""
-    lead, p = params.shape[:-1], params.shape[-1]
-    blocks = params.reshape(*lead, groups, p // groups)
-    if tau >= blocks.shape[-1]:
-        return params.clone()
-    size = blocks.abs()
-    # the τ-th largest |x| per block, then everything above it plus the lowest-index ties
-    kth = size.kthvalue(size.shape[-1] - tau + 1, dim=-1, keepdim=True).values
-    mask = size >= kth
-    tied = mask.sum(-1) != tau  # blocks where ties straddle the τ-th place (or NaN)
-    if bool(tied.any()):
-        mask[tied] = _lowest_ties(size[tied], kth[tied], tau)
-    return torch.where(mask, blocks, 0.0).reshape(params.shape)
-
-
-def _lowest_ties(size: torch.Tensor, kth: torch.Tensor, tau: int) -> torch.Tensor:
-    """H_τ's mask of the blocks ``size [n, m]`` (τ-th largest ``kth [n, 1]``): the entries above
-    ``kth`` plus, of those equal to it, the lowest-index ones up to ``tau`` per block. Only the
-    blocks whose ``size >= kth`` does not hold exactly τ entries need it
-    (:func:`hard_threshold`)."""
-    above, tied = size > kth, size == kth
-    need = tau - above.sum(-1, keepdim=True)
-    return above | (tied & (tied.cumsum(-1) <= need))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhp.engine.device_cost import CAPABILITY_LEVELS, DeviceCost, draw_capabilities
+from fedhp.algorithms.device_cost import CAPABILITY_LEVELS, DeviceCost, draw_capabilities
 
 
 def test_capabilities_come_from_the_levels_and_are_seeded() -> None:
@@ -32,7 +32,7 @@ def test_client_and_round_seconds_by_hand() -> None:
 def test_capability_generator_is_seeded_from_the_run_and_leaves_it_alone() -> None:
     """The dense methods' capability stream: a function of the engine generator's seed only;
     making it draws nothing from the engine generator."""
-    from fedhp.engine.device_cost import CAPABILITY_SEED_OFFSET, capability_generator
+    from fedhp.algorithms.device_cost import CAPABILITY_SEED_OFFSET, capability_generator
 
     engine = torch.Generator().manual_seed(1_000_003)
     before = engine.get_state()

@@ -1,0 +1,147 @@
+"""The algorithms' typed options: what every method takes (:class:`AlgorithmOptions`), the local
+work of the methods that offer steps or epochs (:class:`LocalWorkOptions`), and the registry
+that finds a method's options by name (:data:`ALGORITHMS`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import pydantic
+import torch
+
+from fedhp.engine.ops import LocalOptimizer, LocalWork
+from fedhp.registry import Registry
+
+if TYPE_CHECKING:
+    from fedhp.algorithms.base import Algorithm
+    from fedhp.engine.context import RunContext
+
+BufferMode = Literal["average", "local"]
+
+
+class AlgorithmOptions(pydantic.BaseModel):
+    """Options shared by every algorithm. Local work is explicit: ``local_steps`` minibatch
+    gradient steps of ``batch_size`` samples per client per round (see ``gradient_evaluations``)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    lr: float = pydantic.Field(0.05, gt=0, description="client learning rate")
+    batch_size: int = pydantic.Field(20, gt=0)
+    local_steps: int = pydantic.Field(20, gt=0)
+    buffers: BufferMode = pydantic.Field(
+        "average",
+        description="BatchNorm running statistics: average them like the parameters (FedAvg) "
+        "or keep each client's own (local, FedBN-style); models without BatchNorm ignore it",
+    )
+    clip_grad_norm: float | None = pydantic.Field(
+        None,
+        gt=0,
+        description="clip each client's minibatch-loss gradient to this norm before its step "
+        "(torch.nn.utils.clip_grad_norm_ per client; docs/engine.md); None: no clipping",
+    )
+
+    hierarchical: ClassVar[bool] = False
+    federated: ClassVar[bool] = True  # False: a non-federated reference row (centralized)
+    flower_ready: ClassVar[bool] = True  # runs on the Flower backends
+    penalty_weights: ClassVar[dict[str, str]] = {"lam": "λ", "lam1": "λ1", "mu": "μ"}
+    supports_buffers: ClassVar[bool] = False
+    """Whether the method handles models with BatchNorm running statistics (buffers)."""
+    # Issue 20: the levels ("edge", "cloud") whose weighted mean the config's robust rule may
+    # replace, whether uploads pass RunContext.upload (update attacks act on them), and the
+    # level where client-level DP can clip and add noise.
+    robust_levels: ClassVar[frozenset[str]] = frozenset()
+    attack_ready: ClassVar[bool] = False
+    private_levels: ClassVar[frozenset[str]] = frozenset()
+
+    def build(self, ctx: RunContext) -> Algorithm:
+        """The algorithm object for one run."""
+        raise NotImplementedError
+
+    def gradient_evaluations(self) -> int:
+        """Minibatch gradient evaluations per client per global round."""
+        return self.local_steps
+
+    def work(self) -> LocalWork:
+        """The clients' local SGD (:meth:`RunContext.local_sgd`): ``local_steps`` plain steps of
+        ``batch_size`` samples and step size ``lr``."""
+        return LocalWork(self.lr, self.batch_size, self.local_steps)
+
+    def privacy_releases(self) -> int:
+        """Noised aggregates one round's sampled clients feed at the DP level (issue 20), each
+        seen by someone untrusted: 1 by default (one noised mean per round)."""
+        return 1
+
+
+class LocalWorkOptions(AlgorithmOptions):
+    """Options of the methods whose local work is either ``local_steps`` minibatch steps or
+    ``local_epochs`` passes over each client's own data (set at most one of the two).
+
+    Under ``local_epochs`` a client takes ``ceil(n_c / batch_size)`` steps per epoch (the last
+    minibatch partial) on a fresh permutation of its data each epoch; see
+    :meth:`RunContext.local_sgd`."""
+
+    local_epochs: int | None = pydantic.Field(
+        None, gt=0, description="local epochs per round instead of local_steps"
+    )
+    momentum: float = pydantic.Field(
+        0.0, ge=0, lt=1, description="local SGD momentum (PyTorch's; velocity reset each round)"
+    )
+    weight_decay: float = pydantic.Field(
+        0.0, ge=0, description="local SGD weight decay (PyTorch's: added to the gradient)"
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _one_budget(self) -> LocalWorkOptions:
+        if self.local_epochs is not None and "local_steps" in self.model_fields_set:
+            raise ValueError("set local_steps or local_epochs, not both; drop one of them")
+        return self
+
+    def work(self) -> LocalWork:
+        """``local_steps`` or ``local_epochs`` of SGD with the options' momentum and weight
+        decay."""
+        optimizer = None
+        if self.momentum or self.weight_decay:
+            optimizer = LocalOptimizer(self.momentum, self.weight_decay)
+        return LocalWork(self.lr, self.batch_size, self.local_steps, self.local_epochs, optimizer)
+
+    def local_work(self) -> str:
+        """``"local_epochs=E"`` or ``"local_steps=S"``: the budget in use."""
+        if self.local_epochs is not None:
+            return f"local_epochs={self.local_epochs}"
+        return f"local_steps={self.local_steps}"
+
+    def step_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """Real minibatch steps per client per round (int64) for training-set sizes ``counts``."""
+        if self.local_epochs is None:
+            return torch.full_like(counts, self.local_steps, dtype=torch.int64)
+        per_epoch = (counts.to(torch.int64) + self.batch_size - 1) // self.batch_size
+        return per_epoch * self.local_epochs
+
+    def sample_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """Training samples each client processes per round (float64) for training-set sizes
+        ``counts``: all its data per epoch, or ``batch_size`` per step."""
+        if self.local_epochs is not None:
+            return counts.double().cpu() * self.local_epochs
+        return self.step_counts(counts).double().cpu() * self.batch_size
+
+
+ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
+
+ThetaInit = Literal["round", "warm", "reset"]
+"""Where a personalized model theta starts (pFedMe, sFedHP); see :func:`theta_init_field`."""
+
+
+def theta_init_field(received: str) -> Any:
+    """The ``theta_init`` option; ``received`` names the model a client receives."""
+    return pydantic.Field(
+        "round",
+        description=f"where theta starts, from the received model ({received}): round: <- it at "
+        "the start of every global round, warm across its local rounds (pFedMe's reference "
+        "code); warm: kept across global rounds; reset: <- it at every local round",
+    )
+
+
+def local_epochs_of(options: AlgorithmOptions) -> int | None:
+    """The ``local_epochs`` budget of options that offer one (plugins may subclass the plain
+    :class:`AlgorithmOptions`: ``local_steps`` only)."""
+    return options.local_epochs if isinstance(options, LocalWorkOptions) else None

@@ -1,0 +1,137 @@
+"""What travels between the cloud and below it in a round: the :class:`Task` sent down, the
+:class:`Update` sent up, and :class:`UploadFold`, the uploads folded into the cloud's means part
+by part."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedhp.engine.aggregation import LevelRule
+from fedhp.engine.ops import normalized
+from fedhp.engine.sampler import EpochBatches
+
+
+@dataclass
+class Task:
+    """What the cloud sends below it for one round, in the receiver's client/edge indices.
+
+    ``broadcast`` tensors go to everyone; ``per_client`` rows align with ``clients``."""
+
+    clients: torch.Tensor  # sorted clients taking part
+    edges: torch.Tensor | None = None  # sorted edges that train (hierarchical)
+    agg_edges: torch.Tensor | None = None  # sorted edges whose models go up (default: edges)
+    broadcast: dict[str, torch.Tensor] = field(default_factory=dict)
+    per_client: dict[str, torch.Tensor] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+    # Clients that receive the round's messages but do not train (stragglers), for algorithms
+    # that bill them themselves (``Algorithm.bills_stragglers``); sorted, may be empty.
+    stragglers: torch.Tensor | None = None
+    # The clients' minibatch indices for the round, drawn ahead when it is trained in parts
+    # (:meth:`Algorithm.round_parts`): ``[steps, C', B]`` or local epochs' batches; None: the
+    # local work draws them itself.
+    batches: torch.Tensor | EpochBatches | None = None
+
+    @property
+    def up_edges(self) -> torch.Tensor | None:
+        return self.agg_edges if self.agg_edges is not None else self.edges
+
+    def part(self, rows: slice) -> Task:
+        """The task of the clients in ``rows`` (a slice of ``clients``) of a flat round."""
+        batches = self.batches
+        if isinstance(batches, EpochBatches):
+            batches = batches.part(rows)
+        elif batches is not None:
+            batches = batches[:, rows]
+        return Task(
+            self.clients[rows],
+            broadcast=self.broadcast,
+            per_client={k: v[rows] for k, v in self.per_client.items()},
+            scalars=self.scalars,
+            batches=batches,
+        )
+
+
+class UploadFold:
+    """A round's client uploads folded into weighted means part by part, so that no more than a
+    part of the clients' models is ever held: rows ``[c, W]`` of the next ``c`` clients are
+    added with their share of ``weights`` (normalized over all the round's clients), and their
+    losses and step counts kept for the round's statistics.
+
+    With a cloud ``rule`` that is not the weighted mean (a robust rule, DP;
+    :class:`~fedhp.engine.aggregation.LevelRule`), the rows of the keys in ``start`` (the model
+    the clients started from, by key) are kept instead and aggregated by the rule in
+    :meth:`result` (the rounds are then not streamed: ``RunContext.whole_rounds``); the other
+    keys (BatchNorm statistics) are still averaged."""
+
+    def __init__(
+        self,
+        weights: torch.Tensor,
+        rule: LevelRule | None = None,
+        start: dict[str, torch.Tensor] | None = None,
+        denominator: float | None = None,
+    ) -> None:
+        self.raw_weights = weights
+        self.weights = normalized(weights)
+        self.sums: dict[str, torch.Tensor] = {}
+        self.own: dict[str, Any] = {}  # a method's own per-round values (e.g. FedNova's τ_eff)
+        self.done = 0
+        self._losses: list[torch.Tensor] = []
+        self._steps: list[torch.Tensor] = []
+        self.rule = None if rule is None or rule.folds else rule
+        self.start = start if self.rule is not None and start is not None else {}
+        self.denominator = denominator
+        self._kept: dict[str, list[torch.Tensor]] = {key: [] for key in self.start}
+
+    def add(
+        self, rows: dict[str, torch.Tensor | None], update: Update, count: int | None = None
+    ) -> None:
+        """Fold in the next ``count`` clients' uploaded ``rows`` (by key; None: absent; the
+        count is their row count unless given) and their ``update``'s losses and steps."""
+        present = {k: v for k, v in rows.items() if v is not None}
+        if count is None:
+            count = next(iter(present.values())).shape[0]
+        weights = self.weights[self.done : self.done + count]
+        for key, value in present.items():
+            if key in self._kept:
+                self._kept[key].append(value)
+                continue
+            share = weights.to(value.dtype) @ value
+            self.sums[key] = share if key not in self.sums else self.sums[key].add_(share)
+        if update.losses is not None:
+            self._losses.append(update.losses)
+        if update.steps is not None:
+            self._steps.append(update.steps)
+        self.done += count
+
+    def result(self) -> dict[str, torch.Tensor]:
+        """The round's aggregates by key: the folded means, and the rule's aggregates of the
+        kept keys."""
+        out = dict(self.sums)
+        for key, parts in self._kept.items():
+            if parts:
+                assert self.rule is not None
+                rows = torch.cat(parts)
+                weights = self.raw_weights.to(rows.dtype)
+                out[key] = self.rule(rows, weights, self.start[key], self.denominator)
+        return out
+
+    def update(self) -> Update:
+        """The folded clients' losses ``[S, n]`` and steps ``[n]`` (as one :class:`Update`)."""
+        losses = torch.cat(self._losses, dim=1) if self._losses else None
+        steps = torch.cat(self._steps) if len(self._steps) == len(self._losses) else None
+        return Update(losses=losses, steps=steps)
+
+
+@dataclass
+class Update:
+    """What comes up to the cloud: rows per client of ``task.clients``, rows per edge of
+    ``task.up_edges``, and the per-client training losses ``[S, len(clients)]`` (one row per
+    local loss group, e.g. per local round)."""
+
+    per_client: dict[str, torch.Tensor] = field(default_factory=dict)
+    per_edge: dict[str, torch.Tensor] = field(default_factory=dict)
+    losses: torch.Tensor | None = None
+    steps: torch.Tensor | None = None  # [len(clients)] int64 local steps (RunContext.local_sgd)
