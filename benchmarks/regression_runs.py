@@ -5,7 +5,14 @@ own subprocess, its ``metrics.csv`` copied to ``<out>/<alg>.csv``. Run it on two
 (``PYTHONPATH=<checkout>/src``) and compare the folders with ``--compare A B``: byte-identical
 files are listed as such, others with their largest relative difference of any value.
 
+``--variant NAME ...`` runs, instead of the default set, the named variants of :data:`VARIANTS`
+(the paths a refactor of the uplink, the faults or the BatchNorm statistics can reach: robust
+rules at the cloud and the edge, an update attack, DP at the cloud and the edge and with Poisson
+sampling, dropouts and stragglers, a BatchNorm VGG with averaged and local statistics), each into
+``OUT/<name>/``; ``--compare`` compares the subfolders of OLD with NEW's in turn.
+
 Usage: python benchmarks/regression_runs.py OUT [--only ALG ...] [--extra key=value ...]
+       python benchmarks/regression_runs.py OUT --variant all | NAME ...
        python benchmarks/regression_runs.py --compare OLD NEW
 """
 
@@ -28,6 +35,54 @@ BASE = [
     "algorithm.local_steps=5",
 ]
 EXTRA = {"fnrfl": ["public.per_class=10"], "diht": ["algorithm.local_steps=1"]}
+ROBUST_METHODS = [
+    "fedavg",
+    "fedht",
+    "fedper",
+    "hierfavg",
+    "perfedavg",
+    "pfedme",
+    "scaffold",
+    "sfedhp",
+]
+TINY_BN = ["model.name=vgg", "model.cfg=[4,M,8,M]", "model.batch_norm=true"]
+VARIANTS: dict[str, tuple[list[str], list[str]]] = {
+    "robust": (ROBUST_METHODS, ["robust.cloud.name=median"]),
+    "attack": (
+        ROBUST_METHODS,
+        [
+            "faults.attack.name=sign_flip",
+            "faults.attack.fraction=0.2",
+            "robust.cloud.name=trimmed_mean",
+        ],
+    ),
+    "robustedge": (["hierfavg", "sfedhp"], ["robust.edge.name=median"]),
+    "dp": (["fedavg", "fedprox"], ["privacy.enabled=true"]),
+    "dpedge": (["hierfavg"], ["privacy.enabled=true", "privacy.where=edge"]),
+    "dppoisson": (
+        ["fedavg"],
+        ["privacy.enabled=true", "privacy.sampling=poisson", "federation.client_fraction=0.5"],
+    ),
+    "faults": (
+        [
+            "fedavg",
+            "scaffold",
+            "sfedhp",
+            "pfedme",
+            "hierfavg",
+            "fedlps",
+            "ditto",
+            "fedper",
+            "moon",
+            "fednova",
+            "heterofl",
+        ],
+        ["faults.client_dropout=0.2", "faults.straggler=0.1"],
+    ),
+    "bn": (["fedavg", "fedprox", "hierfavg", "local", "centralized"], TINY_BN),
+    "bnlocal": (["fedavg", "fedprox", "hierfavg", "local"], [*TINY_BN, "algorithm.buffers=local"]),
+}
+"""name -> (algorithms, overrides added to each of their runs)."""
 
 
 def algorithms() -> list[str]:
@@ -75,8 +130,12 @@ def max_relative_difference(a: Path, b: Path) -> float:
 
 
 def compare(old: Path, new: Path) -> bool:
-    """Print one line per algorithm; True if every file is byte-identical."""
+    """Print one line per algorithm (per variant subfolder: a header line first); True if every
+    file is byte-identical."""
     same = True
+    for sub in sorted(d for d in old.iterdir() if d.is_dir()):
+        print(f"## {sub.name}")
+        same = compare(sub, new / sub.name) and same
     for a in sorted(old.glob("*.csv")):
         b = new / a.name
         if not b.exists():
@@ -98,11 +157,19 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--extra", nargs="*", default=[], help="more key=value overrides")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("OLD", "NEW"))
+    parser.add_argument("--variant", nargs="+", choices=["all", *VARIANTS], help="variant sets")
     args = parser.parse_args()
     if args.compare:
         sys.exit(0 if compare(*args.compare) else 1)
     if args.out is None:
         parser.error("OUT is required (or --compare OLD NEW)")
+    if args.variant:
+        names = list(VARIANTS) if "all" in args.variant else args.variant
+        for name in names:
+            methods, overrides = VARIANTS[name]
+            print(f"## {name}", flush=True)
+            run_all(args.out / name, args.only or methods, [*overrides, *args.extra])
+        return
     run_all(args.out, args.only or algorithms(), args.extra)
 
 
