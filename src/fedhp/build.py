@@ -23,6 +23,7 @@ from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
 from fedhp.engine.policy import build_policy
 from fedhp.engine.sampler import BatchSampler
+from fedhp.engine.uplink import safeguards
 from fedhp.errors import ConfigError
 from fedhp.models import MODELS
 from fedhp.topology import Topology
@@ -50,8 +51,11 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
     )
     if uses and cfg.backend != "inprocess":
         raise ConfigError("backend: attacks, robust rules and privacy need backend=inprocess")
-    if attack.enabled and attack.name in UPDATE_ATTACKS and not options.attack_ready:
-        ready = ", ".join(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).attack_ready)
+    acts = safeguards_of(options)
+    if attack.enabled and attack.name in UPDATE_ATTACKS and not acts["attack"]:
+        ready = ", ".join(
+            n for n in ALGORITHMS.names() if safeguards_of(ALGORITHMS.get(n))["attack"]
+        )
         raise ConfigError(
             f"faults.attack.name: {name} does not pass its uploads through the attack "
             f"({ready} do); use label_flip"
@@ -66,7 +70,7 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
         rule = getattr(cfg.robust, level)
         if rule.name == "mean":
             continue
-        if level not in options.robust_levels:
+        if level not in acts["robust"]:
             raise ConfigError(
                 f"robust.{level}.name: {name} has no {level} mean a robust rule can replace "
                 "(use mean)"
@@ -77,10 +81,10 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
     if not privacy.enabled:
         return
     where = privacy.where
-    if where not in options.private_levels:
+    if where not in acts["privacy"]:
         raise ConfigError(
             f"privacy.where: {name} cannot add DP noise at the {where} "
-            f"(it can at: {', '.join(sorted(options.private_levels)) or 'nowhere'})"
+            f"(it can at: {', '.join(sorted(acts['privacy'])) or 'nowhere'})"
         )
     if fed.weighting != "uniform":
         raise ConfigError(
@@ -101,6 +105,16 @@ def topology_of(cfg: RunConfig) -> Topology:
     """The run's client–edge topology."""
     fed = cfg.federation
     return Topology.build(fed.num_clients, fed.num_edges, fed.edge_sizes)
+
+
+def safeguards_of(options: AlgorithmOptions | type[AlgorithmOptions]) -> dict[str, frozenset[str]]:
+    """Where the run's attack, robust rules and DP can act for a method: derived from what it
+    uploads at each level (``uploads``, :func:`fedhp.engine.uplink.safeguards`)."""
+    cls = options if isinstance(options, type) else type(options)
+    try:
+        return safeguards(cls.uploads, cls.hierarchical)
+    except ValueError as err:
+        raise ConfigError(f"algorithm: {cls.__name__}.{err}") from None
 
 
 def level_rule(cfg: RunConfig, level: str, device: torch.device) -> LevelRule | None:

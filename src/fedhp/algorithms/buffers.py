@@ -100,13 +100,17 @@ class BufferRows:
         self, update: Update, clients: torch.Tensor, start: torch.Tensor, *extra: str
     ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """The uploads of ``clients`` (an :meth:`client_update`'s rows) as the cloud receives
-        them: one message per client of its ``params`` (forged where malicious,
-        :meth:`RunContext.upload`; ``start``: the model they started from), its buffers where
-        present and its ``extra`` rows (``[n, P]`` each), billed on the client-cloud uplink.
+        them: one message per client of its ``params`` (forged where malicious by the cloud's
+        uplink, :meth:`~fedhp.engine.uplink.Uplink.forge`; ``start``: the model they started
+        from), its buffers where present and its ``extra`` rows (``[n, P]`` each), billed on the
+        client-cloud uplink.
         Returns the parameters, the buffers (None if absent) and the ``extra`` rows."""
         ctx = self.ctx
         bufs = update.per_client.get("buffers")
-        message = self.wire(ctx.upload(update.per_client["params"], clients, start), bufs)
+        params = ctx.cloud_uplink.forge(
+            update.per_client["params"], ctx.global_clients(clients), start
+        )
+        message = self.wire(params, bufs)
         if extra:
             message = torch.cat((message, *(update.per_client[k] for k in extra)), 1)
         up = ctx.send("client_cloud", "up", message, clients)

@@ -62,9 +62,7 @@ class FedAvgOptions(LocalWorkOptions):
     capabilities: CapabilityMode = capabilities_field()
 
     supports_buffers = True
-    robust_levels = frozenset({"cloud"})
-    attack_ready = True
-    private_levels = frozenset({"cloud"})
+    uploads = {"cloud": "model"}
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedAvg(self, ctx)

@@ -119,9 +119,12 @@ class FedHT(Algorithm):
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
         start, clients = task.broadcast["global"], task.clients
-        params = ctx.upload(update.per_client["params"], clients, start)
+        uplink = ctx.cloud_uplink
+        params = uplink.forge(update.per_client["params"], ctx.global_clients(clients), start)
         ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
-        state["global"] = self.threshold(ctx.cloud_mean(params, ctx.client_weights(clients), start))
+        state["global"] = self.threshold(
+            uplink.aggregate(params, ctx.client_weights(clients), start)
+        )
         assert update.losses is not None
         return {"local_loss": float(update.losses[0].mean()) / self.options.local_steps}
 
@@ -160,8 +163,7 @@ class FedHTOptions(AlgorithmOptions):
             raise ValueError("must be > 0 or 'auto'")
         return value
 
-    robust_levels = frozenset({"cloud"})
-    attack_ready = True
+    uploads = {"cloud": "estimate"}  # models whose mean is thresholded
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedHT(self, ctx)

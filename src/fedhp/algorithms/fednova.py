@@ -103,9 +103,7 @@ class FedNovaOptions(FedAvgOptions):
     """FedNova: FedAvg's local SGD (``local_steps`` or ``local_epochs``), then normalized
     averaging by each client's real step count (plain SGD: a_i = τ_i)."""
 
-    robust_levels = frozenset()  # its own normalized fold, not a weighted mean of models
-    attack_ready = False
-    private_levels = frozenset()
+    uploads = {"cloud": "own"}  # its own normalized fold, not a weighted mean of models
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedNova(self, ctx)

@@ -87,10 +87,14 @@ class FedPer(DenseDeviceCost):
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
         start = task.broadcast["body"]
-        bodies = ctx.upload(update.per_client["body"], task.clients, start)
-        bodies = ctx.send("client_cloud", "up", bodies, task.clients)
-        weights = ctx.client_weights(task.clients)
-        state["global"][self.body_idx] = ctx.cloud_mean(bodies, weights, start)
+        clients = task.clients
+        state["global"][self.body_idx] = ctx.cloud_uplink(
+            update.per_client["body"],
+            ctx.global_clients(clients),
+            ctx.client_weights(clients),
+            start,
+            send=lambda bodies: ctx.send("client_cloud", "up", bodies, clients),
+        )
         stats = self.local_work_stats(task, update)
         stats.update(self.account_device_cost(state, task.clients))
         return stats
@@ -105,8 +109,7 @@ class FedPerOptions(LocalWorkOptions):
 
     capabilities: CapabilityMode = capabilities_field()
 
-    robust_levels = frozenset({"cloud"})
-    attack_ready = True
+    uploads = {"cloud": "estimate"}  # the shared body
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedPer(self, ctx)

@@ -51,11 +51,11 @@ class FlatRounds(DenseDeviceCost):
         return self.close_fold(state, task, fold)
 
     def open_fold(self, state: State, task: Task) -> UploadFold:
-        """The round's means, or the cloud's rule (robust, DP) over the uploaded models."""
+        """The round's means, or the cloud's uplink (robust rule, DP) over the uploaded models."""
         ctx = self.ctx
         start = {"global": task.broadcast["global"]}
-        denominator = ctx.dp_denominator(ctx.num_clients)
-        return UploadFold(ctx.client_weights(task.clients), ctx.cloud_rule, start, denominator)
+        weights = ctx.client_weights(task.clients)
+        return UploadFold(weights, ctx.cloud_uplink, start, ctx.num_clients)
 
     def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
         """Bill the part's uploads and add them to the sample- or uniformly-weighted means."""

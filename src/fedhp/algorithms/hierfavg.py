@@ -9,9 +9,9 @@ from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.comm import count_nonzero, truncate
-from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, weighted_mean
+from fedhp.engine.uplink import Uplink
 
 
 class HierFAVG(Algorithm):
@@ -60,8 +60,8 @@ class HierFAVG(Algorithm):
         chunk = ctx.policy.chunk(edge_models.shape[1] + self.num_buffers, n)
         if ctx.fed.train.noise_std is not None:
             chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
-        rule = ctx.edge_rule if ctx.edge_rule is not None and not ctx.edge_rule.folds else None
-        if rule is not None or ctx.whole_rounds:
+        uplink = ctx.edge_uplink
+        if ctx.whole_rounds:
             chunk = n  # the edges' rule (or the attack) reads all of an edge's uploads at once
         parts = [slice(a, min(a + chunk, n)) for a in range(0, n, chunk)]
         losses = []
@@ -90,13 +90,15 @@ class HierFAVG(Algorithm):
                     buffers=bufs,
                     drawn=None if drawn is None else drawn[:, rows],
                 )
-                params = ctx.upload(params, clients[rows], start)
+                params = uplink.forge(params, ids[rows], start)
                 up = ctx.send("client_edge", "up", self.wire(params, bufs), ids[rows])
                 params, bufs = self.unwire(up, bufs is not None)
                 w = weights[rows].to(dtype).unsqueeze(1)
-                if rule is not None:  # (one part: the whole round)
+                if not uplink.folds:  # (one part: the whole round)
                     sent_models = self.unwire(down, sent_bufs is not None)[0]
-                    model_sum = self.edge_aggregates(rule, params, weights, seg, sent_models, edges)
+                    model_sum = self.edge_aggregates(
+                        uplink, params, weights, seg, sent_models, edges
+                    )
                 else:
                     model_sum.index_add_(0, seg[rows], params * w)
                 if bufs is not None:  # uploaded in both modes: the global model is evaluated
@@ -106,7 +108,7 @@ class HierFAVG(Algorithm):
                             num_edges, bufs.shape[1], dtype=dtype, device=w.device
                         )
                     buf_sum.index_add_(0, seg[rows], bufs * w)
-            edge_models = model_sum if rule is not None else model_sum / totals.unsqueeze(1)
+            edge_models = model_sum if not uplink.folds else model_sum / totals.unsqueeze(1)
             if buf_sum is not None:
                 edge_bufs = buf_sum / totals.unsqueeze(1)
             losses.append(loss_sum)
@@ -117,14 +119,14 @@ class HierFAVG(Algorithm):
 
     def edge_aggregates(
         self,
-        rule: LevelRule,
+        uplink: Uplink,
         params: torch.Tensor,
         weights: torch.Tensor,
         seg: torch.Tensor,
         sent: torch.Tensor,
         edges: torch.Tensor,
     ) -> torch.Tensor:
-        """Each edge's ``rule`` (robust, DP) over its clients' uploads ``params [n, P]`` with
+        """Each edge's ``uplink`` (robust rule, DP) over its clients' uploads ``params [n, P]`` with
         their ``weights`` (``seg``: each row's position in ``edges``), from the model it sent
         them (``sent [E', P]``)."""
         ctx = self.ctx
@@ -132,8 +134,7 @@ class HierFAVG(Algorithm):
         sizes = torch.bincount(ctx.topology.edge_of_client.cpu(), minlength=ctx.topology.num_edges)
         for e, edge in enumerate(edges.tolist()):
             mine = seg == e
-            denominator = ctx.dp_denominator(int(sizes[edge]))
-            out[e] = rule(params[mine], weights[mine].to(params.dtype), sent[e], denominator)
+            out[e] = uplink.aggregate(params[mine], weights[mine], sent[e], int(sizes[edge]))
         return out
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
@@ -144,7 +145,7 @@ class HierFAVG(Algorithm):
         up = ctx.send("edge_cloud", "up", self.wire(update.per_edge["model"], edge_bufs), edges)
         edge_models, edge_bufs = self.unwire(up, edge_bufs is not None)
         weights = ctx.edge_weights(edges)
-        state["global"] = ctx.cloud_mean(edge_models, weights, state["global"])
+        state["global"] = ctx.cloud_uplink.aggregate(edge_models, weights, state["global"])
         if edge_bufs is not None:
             state["global_buffers"] = weighted_mean(edge_bufs, weights)
         loss_total = 0.0
@@ -164,9 +165,7 @@ class HierFAVGOptions(AlgorithmOptions):
 
     hierarchical = True
     supports_buffers = True
-    robust_levels = frozenset({"edge", "cloud"})
-    attack_ready = True
-    private_levels = frozenset({"edge"})
+    uploads = {"edge": "model", "cloud": "model"}
 
     def gradient_evaluations(self) -> int:
         return self.kappa1 * self.kappa2

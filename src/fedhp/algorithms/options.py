@@ -46,12 +46,11 @@ class AlgorithmOptions(pydantic.BaseModel):
     penalty_weights: ClassVar[dict[str, str]] = {"lam": "λ", "lam1": "λ1", "mu": "μ"}
     supports_buffers: ClassVar[bool] = False
     """Whether the method handles models with BatchNorm running statistics (buffers)."""
-    # Issue 20: the levels ("edge", "cloud") whose weighted mean the config's robust rule may
-    # replace, whether uploads pass RunContext.upload (update attacks act on them), and the
-    # level where client-level DP can clip and add noise.
-    robust_levels: ClassVar[frozenset[str]] = frozenset()
-    attack_ready: ClassVar[bool] = False
-    private_levels: ClassVar[frozenset[str]] = frozenset()
+    uploads: ClassVar[dict[str, str]] = {}
+    """What each level (``"edge"``, ``"cloud"``) receives and passes through its uplink pipeline
+    (:data:`fedhp.engine.uplink.UPLOAD_KINDS`: ``"model"``, ``"estimate"``, ``"own"``; a level
+    not named: ``"own"``). Where the run's attack, robust rules and DP can act follows from it
+    (:func:`fedhp.engine.uplink.safeguards`)."""
 
     def build(self, ctx: RunContext) -> Algorithm:
         """The algorithm object for one run."""

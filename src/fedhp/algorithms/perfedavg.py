@@ -102,7 +102,7 @@ class PerFedAvg(DenseDeviceCost):
         ctx, clients, start = self.ctx, task.clients, task.broadcast["global"]
         assert update.losses is not None
         params, _, _ = self.send_up(update, clients, start)
-        state["global"] = ctx.cloud_mean(params, ctx.client_weights(clients), start)
+        state["global"] = ctx.cloud_uplink.aggregate(params, ctx.client_weights(clients), start)
         stats = {"local_loss": mean_group_loss(update.losses, self.options.local_steps)}
         stats.update(self.account_device_cost(state, clients))
         return stats
@@ -136,8 +136,7 @@ class PerFedAvgOptions(AlgorithmOptions):
     def gradient_evaluations(self) -> int:
         return self.local_steps * (3 if self.variant == "hf" else 2)
 
-    robust_levels = frozenset({"cloud"})
-    attack_ready = True
+    uploads = {"cloud": "estimate"}  # the clients' meta-models
 
     def build(self, ctx: RunContext) -> Algorithm:
         return PerFedAvg(self, ctx)

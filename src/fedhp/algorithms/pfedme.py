@@ -79,9 +79,13 @@ class PFedMe(Algorithm):
         clients = task.clients
         assert update.losses is not None
         start = task.broadcast["global"]
-        local = ctx.upload(update.per_client["local"], clients, start)
-        local = send_rows(ctx, "client_cloud", "up", local, clients)
-        mean = ctx.cloud_mean(local, ctx.client_weights(clients), start)
+        mean = ctx.cloud_uplink(
+            update.per_client["local"],
+            ctx.global_clients(clients),
+            ctx.client_weights(clients),
+            start,
+            send=lambda local: send_rows(ctx, "client_cloud", "up", local, clients),
+        )
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
         return {"local_loss": mean_group_loss(update.losses, opt.R)}
 
@@ -112,8 +116,7 @@ class PFedMeOptions(AlgorithmOptions):
     def gradient_evaluations(self) -> int:
         return self.R * self.K
 
-    robust_levels = frozenset({"cloud"})
-    attack_ready = True
+    uploads = {"cloud": "estimate"}  # local models, mixed by beta into the global one
 
     def build(self, ctx: RunContext) -> Algorithm:
         return PFedMe(self, ctx)

@@ -77,7 +77,7 @@ class Scaffold(Algorithm):
         ctx, opt, x, clients = self.ctx, self.options, state["global"], task.clients
         y, bufs, (dc,) = self.send_up(update, clients, task.broadcast["global"], "dc")
         weights = ctx.client_weights(clients)
-        mean = ctx.cloud_mean(y, weights, task.broadcast["global"])  # (dc: the plain mean)
+        mean = ctx.cloud_uplink.aggregate(y, weights, task.broadcast["global"])  # (dc: own)
         state["global"] = mean if opt.server_lr == 1.0 else x + opt.server_lr * (mean - x)
         state["c"] = state["c"] + (len(clients) / ctx.num_clients) * weighted_mean(dc, weights)
         if bufs is not None:
@@ -93,8 +93,7 @@ class ScaffoldOptions(LocalWorkOptions):
     server_lr: float = pydantic.Field(1.0, gt=0, description="global step size eta_g")
 
     supports_buffers = True
-    robust_levels = frozenset({"cloud"})
-    attack_ready = True
+    uploads = {"cloud": "estimate"}  # y (the control variates dc: the plain mean)
 
     def build(self, ctx: RunContext) -> Algorithm:
         return Scaffold(self, ctx)

@@ -92,7 +92,7 @@ class SFedHP(Algorithm):
         if self.fused:
             return fused_train(self, state, task)
         ctx = self.ctx
-        if ctx.attack is not None or (ctx.edge_rule is not None and not ctx.edge_rule.folds):
+        if ctx.attack is not None or not ctx.edge_uplink.folds:
             raise ConfigError("sfedhp: the reference round has no attacks or robust edge rules")
         return self.reference_train(state, task)
 
@@ -159,7 +159,7 @@ class SFedHP(Algorithm):
         agg, sent_up = task.up_edges, update.per_edge["w"]
         assert agg is not None and update.losses is not None
         ctx.ledger.record("edge_cloud", "up", sent_up, ctx.zero_threshold, nodes=agg)
-        mean = ctx.cloud_mean(sent_up, ctx.edge_weights(agg), state["global"])
+        mean = ctx.cloud_uplink.aggregate(sent_up, ctx.edge_weights(agg), state["global"])
         state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
         return {"local_loss": mean_group_loss(update.losses, opt.R)}
 
@@ -229,8 +229,7 @@ class SFedHPOptions(AlgorithmOptions):
     def gradient_evaluations(self) -> int:
         return self.R * self.K
 
-    robust_levels = frozenset({"edge", "cloud"})
-    attack_ready = True
+    uploads = {"edge": "estimate", "cloud": "model"}  # phi_ij up to the edges, w_i to the cloud
 
     def build(self, ctx: RunContext) -> Algorithm:
         return SFedHP(self, ctx)

@@ -19,9 +19,9 @@ from fedhp.algorithms.base import State
 from fedhp.algorithms.fused import EdgeRows, Received, count_sent, truncate_
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.task import Task, Update
-from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.ops import batched_loss_grad
+from fedhp.engine.uplink import Uplink
 
 if TYPE_CHECKING:
     from fedhp.algorithms.sfedhp import SFedHP
@@ -158,7 +158,7 @@ class _EdgeRound:
 
     algo: SFedHP
     clients: torch.Tensor  # the round's clients (local indices), in row order
-    rule: LevelRule | None  # the edges' robust rule (None: the weighted mean)
+    uplink: Uplink  # the edges' pipeline (forging; robust rule unless it folds)
     parts: list[_Part]
     gamma1: float
     gamma2: float
@@ -195,8 +195,7 @@ class _EdgeRound:
         n, c = len(edges), len(clients)
         sent_w = task.broadcast["global"].expand(n, -1)
         p, dtype = sent_w.shape[1], sent_w.dtype
-        rule = ctx.edge_rule if ctx.edge_rule is not None and not ctx.edge_rule.folds else None
-        whole = rule is not None or ctx.whole_rounds  # a rule (or ALIE) reads whole edges
+        whole = ctx.whole_rounds  # a rule (or ALIE) reads whole edges
         chunk = c if whole else ctx.policy.chunk(p, c)
         parts = [
             _Part(a, min(a + chunk, c), EdgeRows.of(seg[a : a + chunk], n))
@@ -214,7 +213,7 @@ class _EdgeRound:
         return cls(
             algo=algo,
             clients=clients,
-            rule=rule,
+            uplink=ctx.edge_uplink,
             parts=parts,
             gamma1=task.scalars["gamma1"],
             gamma2=task.scalars["gamma2"],
@@ -270,7 +269,7 @@ class _EdgeRound:
             torch.lerp(w_sent[e], self.theta[a:b], self.mix_weight, out=mixed)
             mixed = self.upload(mixed, a, b, w_sent[e])
             truncate_(mixed, eps)
-            if self.rule is not None:
+            if not self.uplink.folds:
                 count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
                 phi[e] = self.edge_aggregate(mixed, slice(a, b), w_sent[e])
             elif self.weights is None:  # count last, on the values themselves
@@ -284,18 +283,17 @@ class _EdgeRound:
     def upload(self, mixed: torch.Tensor, a: int, b: int, start: torch.Tensor) -> torch.Tensor:
         """Clients ``a .. b - 1``'s uploads as sent (the run's attack; ``start``: their
         ``w_i``)."""
-        return self.algo.ctx.upload(mixed, self.clients[a:b], start)
+        return self.uplink.forge(mixed, self.ids[a:b], start)
 
     def edge_aggregate(
         self, rows: torch.Tensor, clients: slice | torch.Tensor, sent: torch.Tensor
     ) -> torch.Tensor:
         """One edge's robust rule over the uploads ``rows`` of its ``clients`` (round rows),
         which received ``sent``."""
-        assert self.rule is not None
         weights = torch.ones(rows.shape[0], dtype=rows.dtype, device=rows.device)
         if self.weights is not None:
             weights = self.weights[clients, 0]
-        return self.rule(rows, weights, sent)
+        return self.uplink.aggregate(rows, weights, sent)
 
     def _send_up_gathered(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
         """:meth:`send_up` for a part whose clients are not grouped by edge: all at once, on
@@ -308,7 +306,7 @@ class _EdgeRound:
         mixed = self.upload(mixed, a, b, w_sent[seg])
         truncate_(mixed, eps)
         count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
-        if self.rule is not None:
+        if not self.uplink.folds:
             for e in torch.unique(seg).tolist():
                 mine = torch.nonzero(seg == e).flatten()
                 self.phi_sum[e] = self.edge_aggregate(mixed[mine], mine + a, w_sent[e])
@@ -320,7 +318,7 @@ class _EdgeRound:
     def end_up(self) -> None:
         """The local round's uploads are all in: ``phi_i`` is their weighted mean per edge (or
         the edges' rule's aggregate, already in place)."""
-        if self.rule is None:
+        if self.uplink.folds:
             self.phi_sum.div_(self.denominator)
         self.phi_edge, self.phi_sum = self.phi_sum, self.phi_edge
 

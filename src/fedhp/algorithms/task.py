@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.ops import normalized
 from fedhp.engine.sampler import EpochBatches
+from fedhp.engine.uplink import Uplink
 
 
 @dataclass
@@ -60,18 +60,19 @@ class UploadFold:
     added with their share of ``weights`` (normalized over all the round's clients), and their
     losses and step counts kept for the round's statistics.
 
-    With a cloud ``rule`` that is not the weighted mean (a robust rule, DP;
-    :class:`~fedhp.engine.aggregation.LevelRule`), the rows of the keys in ``start`` (the model
-    the clients started from, by key) are kept instead and aggregated by the rule in
-    :meth:`result` (the rounds are then not streamed: ``RunContext.whole_rounds``); the other
-    keys (BatchNorm statistics) are still averaged."""
+    With an ``uplink`` (the cloud's pipeline, :class:`~fedhp.engine.uplink.Uplink`) whose
+    aggregate is not the weighted mean (a robust rule, DP), the rows of the keys in ``start``
+    (the model the clients started from, by key) are kept instead and aggregated by it in
+    :meth:`result` (``population``: the clients they were drawn from, for DP's denominator; the
+    rounds are then not streamed: ``RunContext.whole_rounds``); the other keys (BatchNorm
+    statistics) are still averaged."""
 
     def __init__(
         self,
         weights: torch.Tensor,
-        rule: LevelRule | None = None,
+        uplink: Uplink | None = None,
         start: dict[str, torch.Tensor] | None = None,
-        denominator: float | None = None,
+        population: int | None = None,
     ) -> None:
         self.raw_weights = weights
         self.weights = normalized(weights)
@@ -80,9 +81,9 @@ class UploadFold:
         self.done = 0
         self._losses: list[torch.Tensor] = []
         self._steps: list[torch.Tensor] = []
-        self.rule = None if rule is None or rule.folds else rule
-        self.start = start if self.rule is not None and start is not None else {}
-        self.denominator = denominator
+        self.uplink = None if uplink is None or uplink.folds else uplink
+        self.start = start if self.uplink is not None and start is not None else {}
+        self.population = population
         self._kept: dict[str, list[torch.Tensor]] = {key: [] for key in self.start}
 
     def add(
@@ -107,15 +108,15 @@ class UploadFold:
         self.done += count
 
     def result(self) -> dict[str, torch.Tensor]:
-        """The round's aggregates by key: the folded means, and the rule's aggregates of the
+        """The round's aggregates by key: the folded means, and the uplink's aggregates of the
         kept keys."""
         out = dict(self.sums)
         for key, parts in self._kept.items():
             if parts:
-                assert self.rule is not None
+                assert self.uplink is not None
                 rows = torch.cat(parts)
-                weights = self.raw_weights.to(rows.dtype)
-                out[key] = self.rule(rows, weights, self.start[key], self.denominator)
+                start = self.start[key]
+                out[key] = self.uplink.aggregate(rows, self.raw_weights, start, self.population)
         return out
 
     def update(self) -> Update:

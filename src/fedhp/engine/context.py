@@ -1,4 +1,5 @@
-"""What an algorithm sees of the run: model, data, topology, RNG, accounting, sampling."""
+"""What an algorithm sees of the run: model, data, topology, RNG, accounting, sampling, the
+uplink pipelines (:mod:`fedhp.engine.uplink`)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from fedhp.engine.ops import (
     LocalWork,
     LossGrad,
     sgd_steps,
-    weighted_mean,
     weighted_sgd_steps,
 )
 from fedhp.engine.policy import ExecutionPolicy
 from fedhp.engine.sampler import BatchSampler, EpochBatches
+from fedhp.engine.uplink import Uplink
 from fedhp.models.base import BatchedModel
 from fedhp.topology import Topology
 
@@ -45,7 +46,8 @@ class RunContext:
     zero_threshold: float = 0.0
     faults: FaultModel | None = None
     attack: Attack | None = None  # malicious clients (None: all honest)
-    # How the cloud and the edges aggregate (robust rules, DP); None: the weighted mean.
+    # The rules of the cloud's and the edges' uplink pipelines (robust rules, DP;
+    # :attr:`cloud_uplink`, :attr:`edge_uplink`); None: the weighted mean.
     cloud_rule: LevelRule | None = None
     edge_rule: LevelRule | None = None
     client_sampling: Literal["fixed", "poisson"] = "fixed"  # poisson: each with client_fraction
@@ -205,40 +207,28 @@ class RunContext:
         return clients, torch.searchsorted(edges, edge_of[clients])
 
     @property
-    def whole_rounds(self) -> bool:
-        """Whether a round's uploads must reach the cloud at once (a robust or private cloud
-        rule, or an attack reading the round's benign updates): no streamed parts."""
-        attack = self.attack is not None and self.attack.needs_whole_rounds
-        return attack or (self.cloud_rule is not None and not self.cloud_rule.folds)
+    def cloud_uplink(self) -> Uplink:
+        """The pipeline of what the cloud receives: the run's attack on client uploads, the
+        cloud's rule (:mod:`fedhp.engine.uplink`)."""
+        return Uplink("cloud", self.cloud_rule, self.attack, self._poisson_rate())
 
-    def upload(
-        self, models: torch.Tensor, clients: torch.Tensor, start: torch.Tensor
-    ) -> torch.Tensor:
-        """The models ``[n, P]`` that ``clients`` (local indices) trained, as they upload them:
-        the malicious ones' forged (:mod:`fedhp.engine.attacks`); ``start`` (``[P]`` or
-        ``[n, P]``): the model each started from. A method whose uploads pass here (before
-        :meth:`send`) is attackable (``AlgorithmOptions.attack_ready``)."""
-        attack = self.attack
-        if attack is None or not attack.on_uploads:
-            return models
-        return attack.apply(models, self.global_clients(clients), start)
+    @property
+    def edge_uplink(self) -> Uplink:
+        """The pipeline of what the edges receive: the run's attack on client uploads, the
+        edges' rule."""
+        return Uplink("edge", self.edge_rule, self.attack, self._poisson_rate())
 
-    def cloud_mean(
-        self, rows: torch.Tensor, weights: torch.Tensor, start: torch.Tensor
-    ) -> torch.Tensor:
-        """The cloud's aggregate of ``rows`` with ``weights``: their weighted mean, or the
-        configured robust rule's (``start``: the model the rows started from)."""
-        rule = self.cloud_rule
-        if rule is None or rule.folds:
-            return weighted_mean(rows, weights)
-        return rule(rows, weights.to(rows.dtype), start)
-
-    def dp_denominator(self, population: int) -> float | None:
-        """The DP average's denominator for rows drawn from ``population`` clients: ``q·N``
-        under Poisson sampling, else the number of rows (None)."""
+    def _poisson_rate(self) -> float | None:
+        """``q`` where clients are drawn by Poisson sampling with ``q < 1`` (else None)."""
         if self.client_sampling == "poisson" and self.client_fraction < 1:
-            return self.client_fraction * population
+            return self.client_fraction
         return None
+
+    @property
+    def whole_rounds(self) -> bool:
+        """Whether an aggregation's uploads must arrive at once at some level (a robust or
+        private rule, or an attack reading the round's benign updates): no streamed parts."""
+        return self.cloud_uplink.whole_rounds or self.edge_uplink.whole_rounds
 
     def send(
         self,

@@ -1,0 +1,145 @@
+"""The uplink pipeline: what happens to the rows a level (the edges, or the cloud) receives.
+
+One :class:`Uplink` per level, owned by the engine (``RunContext.edge_uplink`` and
+``RunContext.cloud_uplink``, made of the run's attack and the level's rule), applies to every
+upload of that level, in this order:
+
+1. **attack** (:mod:`fedhp.engine.attacks`): where the clients upload (the edges in a hierarchy,
+   else the cloud), the malicious clients' models are forged (:meth:`Uplink.forge`, before the
+   message is billed);
+2. **robust rule** (:mod:`fedhp.robust`), then 3. **DP** (clip + noise with the Poisson
+   denominator, :mod:`fedhp.privacy`): the level's
+   :class:`~fedhp.engine.aggregation.LevelRule` turns the rows that arrived into one
+   (:meth:`Uplink.aggregate`); with neither configured, the plain weighted mean
+   (:func:`~fedhp.engine.ops.weighted_mean`), which methods may fold part by part
+   (:attr:`Uplink.folds`).
+
+An algorithm declares what it uploads at each level (``AlgorithmOptions.uploads``, one of
+:data:`UPLOAD_KINDS`), and :func:`safeguards` derives from it where the run's attack, robust rules
+and DP can act (``fedhp.build.check_adversarial`` refuses the rest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from fedhp.engine.aggregation import LevelRule
+from fedhp.engine.attacks import Attack
+from fedhp.engine.ops import weighted_mean
+
+LEVELS = ("edge", "cloud")
+UPLOAD_KINDS = {
+    "model": "the senders' models as trained from the model they received (FedAvg's upload): "
+    "attack, robust rule and client-level DP",
+    "estimate": "model-shaped rows the method derives or combines further (a meta-model, a "
+    "mixed or thresholded model, a shared body): attack and robust rule; no DP (its clipping "
+    "and accounting are derived for FedAvg's average of models)",
+    "own": "rows the pipeline does not touch (control variates, normalized steps, masks)",
+}
+"""What a level may receive (``AlgorithmOptions.uploads``) and what the pipeline does to it."""
+
+
+def client_level(hierarchical: bool) -> str:
+    """The level the clients upload to: the edges in a hierarchy, else the cloud."""
+    return "edge" if hierarchical else "cloud"
+
+
+def safeguards(uploads: Mapping[str, str], hierarchical: bool) -> dict[str, frozenset[str]]:
+    """Where each safeguard can act, from what a method uploads at each level: ``{"attack":
+    levels, "robust": levels, "privacy": levels}``. Attacks and DP act on client uploads only
+    (at :func:`client_level`); a robust rule on any level receiving model rows."""
+    for level, kind in uploads.items():
+        if level not in LEVELS or kind not in UPLOAD_KINDS:
+            raise ValueError(
+                f"uploads: {level!r}: {kind!r} is not a level ({', '.join(LEVELS)}) and an "
+                f"upload kind ({', '.join(UPLOAD_KINDS)})"
+            )
+    models = frozenset(lvl for lvl, kind in uploads.items() if kind in ("model", "estimate"))
+    clients = client_level(hierarchical)
+    private = uploads.get(clients) == "model"
+    return {
+        "attack": models & {clients},
+        "robust": models,
+        "privacy": frozenset({clients}) if private else frozenset(),
+    }
+
+
+@dataclass
+class Uplink:
+    """The pipeline of one ``level``: the run's ``attack`` on the client uploads it receives
+    (None: all honest), then its ``rule`` (robust and/or DP; None: the weighted mean).
+    ``poisson_rate``: ``q`` where clients are drawn by Poisson sampling (DP then divides by
+    ``q·N`` for a population of ``N``); None: fixed-size sampling."""
+
+    level: str
+    rule: LevelRule | None = None
+    attack: Attack | None = None
+    poisson_rate: float | None = None
+
+    @property
+    def folds(self) -> bool:
+        """Whether the aggregate is the weighted mean (so it can be folded part by part)."""
+        return self.rule is None or self.rule.folds
+
+    @property
+    def whole_rounds(self) -> bool:
+        """Whether an aggregation's uploads must arrive at once (a robust or private rule, or an
+        attack reading the benign updates): no streamed parts."""
+        reads_all = self.attack is not None and self.attack.needs_whole_rounds
+        return reads_all or not self.folds
+
+    def begin_round(self, rnd: int) -> None:
+        """Re-seed the rule's stream (DP noise, buckets) for round ``rnd``."""
+        if self.rule is not None:
+            self.rule.begin_round(rnd)
+
+    def denominator(self, population: int | None) -> float | None:
+        """The DP average's denominator for rows drawn from ``population`` clients: ``q·N``
+        under Poisson sampling, else the number of rows (None)."""
+        if self.poisson_rate is None or population is None:
+            return None
+        return self.poisson_rate * population
+
+    def forge(self, rows: torch.Tensor, senders: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """Step 1: the models ``rows [n, P]`` of clients ``senders`` (global ids) as they upload
+        them, the malicious ones' forged; ``start`` (``[P]`` or ``[n, P]``): what each started
+        from. ``rows`` itself where nothing is forged."""
+        attack = self.attack
+        if attack is None or not attack.on_uploads:
+            return rows
+        return attack.apply(rows, senders, start)
+
+    def aggregate(
+        self,
+        rows: torch.Tensor,
+        weights: torch.Tensor,
+        start: torch.Tensor,
+        population: int | None = None,
+    ) -> torch.Tensor:
+        """Steps 2–3: the level's aggregate ``[P]`` of the ``rows [n, P]`` that arrived, with
+        ``weights [n]``: their weighted mean, or the robust rule's, or the DP mean of the clipped
+        updates from ``start`` plus noise (``population``: the clients the senders were drawn
+        from, for the Poisson denominator)."""
+        if self.rule is None or self.rule.folds:
+            return weighted_mean(rows, weights)
+        return self.rule(rows, weights.to(rows.dtype), start, self.denominator(population))
+
+    def __call__(
+        self,
+        rows: torch.Tensor,
+        senders: torch.Tensor,
+        weights: torch.Tensor,
+        start: torch.Tensor,
+        *,
+        send: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        population: int | None = None,
+    ) -> torch.Tensor:
+        """The whole pipeline over one aggregation's uploads: :meth:`forge`, ``send`` (bills the
+        messages, returns what arrives; None: they arrive as they are), :meth:`aggregate`."""
+        sent = self.forge(rows, senders, start)
+        if send is not None:
+            sent = send(sent)
+        return self.aggregate(sent, weights, start, population)
