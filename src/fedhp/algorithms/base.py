@@ -126,7 +126,7 @@ class Algorithm(BufferRows, ABC):
         clients = ctx.sample_clients()
         down = self.downlink(state, 1)
         assert down is not None
-        received = ctx.broadcast("client_cloud", "down", down[0], clients)
+        received = ctx.broadcast("client_cloud", "down", down.first(), clients)
         return Task(clients, broadcast=self.received_broadcast(received))
 
     @abstractmethod

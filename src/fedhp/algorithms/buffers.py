@@ -1,6 +1,7 @@
 """The rows an algorithm sends and keeps beside its parameters: BatchNorm running statistics
 (buffers, ``[.., B]`` beside the ``[.., P]`` parameters; averaged like the model or kept by each
-client, ``buffers=average|local``), the messages that carry both (:meth:`BufferRows.wire`), and
+client, ``buffers=average|local``), the keyed messages that carry both (fields ``"model"`` and
+``"buffers"``, :meth:`BufferRows.with_buffers`), and
 the clients' uploads built from them (:meth:`BufferRows.client_update`,
 :meth:`BufferRows.send_up`)."""
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from fedhp.algorithms.task import Task, Update
+from fedhp.comm import Message
 
 if TYPE_CHECKING:
     from fedhp.algorithms.base import RowKind, State
@@ -98,26 +100,19 @@ class BufferRows:
 
     def send_up(
         self, update: Update, clients: torch.Tensor, start: torch.Tensor, *extra: str
-    ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    ) -> Message:
         """The uploads of ``clients`` (an :meth:`client_update`'s rows) as the cloud receives
-        them: one message per client of its ``params`` (forged where malicious by the cloud's
-        uplink, :meth:`~fedhp.engine.uplink.Uplink.forge`; ``start``: the model they started
-        from), its buffers where present and its ``extra`` rows (``[n, P]`` each), billed on the
-        client-cloud uplink.
-        Returns the parameters, the buffers (None if absent) and the ``extra`` rows."""
+        them: one message per client of the fields ``"model"`` (its ``params``, forged where
+        malicious by the cloud's uplink, :meth:`~fedhp.engine.uplink.Uplink.forge`; ``start``:
+        the model they started from), ``"buffers"`` where present and its ``extra`` rows
+        (``[n, P]`` each, under their own names), billed on the client-cloud uplink."""
         ctx = self.ctx
-        bufs = update.per_client.get("buffers")
         params = ctx.cloud_uplink.forge(
             update.per_client["params"], ctx.global_clients(clients), start
         )
-        message = self.wire(params, bufs)
-        if extra:
-            message = torch.cat((message, *(update.per_client[k] for k in extra)), 1)
-        up = ctx.send("client_cloud", "up", message, clients)
-        width = up.shape[1] - len(extra) * ctx.model.num_params
-        params, bufs = self.unwire(up[:, :width] if extra else up, bufs is not None)
-        p = ctx.model.num_params
-        return params, bufs, [up[:, width + i * p : width + (i + 1) * p] for i in range(len(extra))]
+        message = self.with_buffers(params, update.per_client.get("buffers"))
+        message.update((k, update.per_client[k]) for k in extra)
+        return ctx.send("client_cloud", "up", message, clients)
 
     def sent_buffers(self, state: State) -> dict[str, torch.Tensor]:
         """What goes down beside the global model: ``global_buffers`` when averaged."""
@@ -126,39 +121,33 @@ class BufferRows:
         return {}
 
     @staticmethod
-    def wire(params: torch.Tensor, buffers: torch.Tensor | None) -> torch.Tensor:
-        """One message per row: the parameters, followed by the buffers when they travel."""
+    def with_buffers(params: torch.Tensor, buffers: torch.Tensor | None) -> Message:
+        """The message of ``params`` (field ``"model"``) and, where they travel, ``buffers``
+        (field ``"buffers"``)."""
         if buffers is None:
-            return params
-        return torch.cat((params, buffers.expand(params.shape[0], -1)), dim=-1)
+            return Message(model=params)
+        return Message(model=params, buffers=buffers)
 
-    def unwire(
-        self, rows: torch.Tensor, with_buffers: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Split message rows made by :meth:`wire` into parameters and buffers (None if absent)."""
-        if not with_buffers:
-            return rows, None
-        p = self.ctx.model.num_params
-        return rows[..., :p], rows[..., p:]
-
-    def received_broadcast(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
-        """What a receiver of one :meth:`downlink` message row gets: ``global`` and, where they
+    def received_broadcast(self, message: Message) -> dict[str, torch.Tensor]:
+        """What a receiver of one :meth:`downlink` message gets: ``global`` and, where they
         travel, ``global_buffers`` (the billed, truncated values)."""
-        params, bufs = self.unwire(row, self.buffers_travel_down)
-        return {"global": params} if bufs is None else {"global": params, "global_buffers": bufs}
+        received = {"global": message["model"]}
+        if "buffers" in message:
+            received["global_buffers"] = message["buffers"]
+        return received
 
     @property
     def buffers_travel_down(self) -> bool:
         """The global running statistics travel down with the global model (``average``)."""
         return bool(self.num_buffers) and not self.buffers_local
 
-    def downlink(self, state: State, count: int) -> torch.Tensor | None:
+    def downlink(self, state: State, count: int) -> Message | None:
         """``count`` copies of the message carrying the global model down (None: none)."""
         w = self.global_model(state)
         if w is None:
             return None
         sent = self.sent_buffers(state).get("global_buffers")
-        return self.wire(w.expand(count, -1), None if sent is None else sent.unsqueeze(0))
+        return self.with_buffers(w.expand(count, -1), None if sent is None else sent.unsqueeze(0))
 
     def client_widths(self) -> dict[str, int]:
         """Keys of ``Update.per_client`` and their row widths (P, or B for buffers)."""

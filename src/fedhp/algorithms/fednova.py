@@ -78,11 +78,9 @@ class FedNova(FedAvg):
     def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
         """Bill the part's uploads; add ``Σ p_i/a_i (x − y_i)`` of its clients (and the buffers'
         weighted mean)."""
-        bufs = update.per_client.get("buffers")
-        message = self.wire(update.per_client["params"], bufs)
-        y, bufs = self.unwire(
-            self.ctx.send("client_cloud", "up", message, part.clients), bufs is not None
-        )
+        message = self.with_buffers(update.per_client["params"], update.per_client.get("buffers"))
+        up = self.ctx.send("client_cloud", "up", message, part.clients)
+        y, bufs = up["model"], up.get("buffers")
         start, count = fold.done, len(part.clients)
         coef = fold.own["coef"][start : start + count]
         share = normalized_sum(state["global"], y, coef)

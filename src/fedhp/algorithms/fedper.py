@@ -16,6 +16,7 @@ from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import CapabilityMode, DenseDeviceCost, capabilities_field
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
+from fedhp.comm import Message
 from fedhp.engine.context import RunContext
 from fedhp.errors import ConfigError
 from fedhp.models.masks import output_layer_mask
@@ -59,11 +60,11 @@ class FedPer(DenseDeviceCost):
     def row_width(self, key: str) -> int:
         return len(self.head_idx) if key == "head" else super().row_width(key)
 
-    def downlink(self, state: State, count: int) -> torch.Tensor | None:
-        return state["global"][self.body_idx].expand(count, -1)
+    def downlink(self, state: State, count: int) -> Message | None:
+        return Message(body=state["global"][self.body_idx].expand(count, -1))
 
-    def received_broadcast(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"body": row}
+    def received_broadcast(self, message: Message) -> dict[str, torch.Tensor]:
+        return {"body": message["body"]}
 
     def plan(self, state: State, rnd: int) -> Task:
         self.refresh_device_cost(state, rnd)

@@ -59,8 +59,8 @@ class FlatRounds(DenseDeviceCost):
 
     def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
         """Bill the part's uploads and add them to the sample- or uniformly-weighted means."""
-        params, bufs, _ = self.send_up(update, part.clients, part.broadcast["global"])
-        fold.add({"global": params, "global_buffers": bufs}, update)
+        up = self.send_up(update, part.clients, part.broadcast["global"])
+        fold.add({"global": up["model"], "global_buffers": up.get("buffers")}, update)
 
     def close_fold(self, state: State, task: Task, fold: UploadFold) -> dict[str, float]:
         state.update(fold.result())

@@ -205,9 +205,9 @@ class FnrFl(Algorithm):
         ctx.send("client_cloud", "down", down.to(params.device), clients)  # Δ_j or targets
         sub_bufs = None if bufs is None else bufs[rows].clone()
         refined = self._refine_models(params[rows], delta, target, sub_bufs)
-        up = self.wire(refined, sub_bufs)
+        up = self.with_buffers(refined, sub_bufs)
         sent = ctx.send("client_cloud", "up", up, clients)  # the refined models, a second time
-        params[rows], new_bufs = self.unwire(sent, sub_bufs is not None)
+        params[rows], new_bufs = sent["model"], sent.get("buffers")
         if bufs is not None and new_bufs is not None:
             bufs[rows] = new_bufs
         return stats

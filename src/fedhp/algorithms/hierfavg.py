@@ -33,7 +33,7 @@ class HierFAVG(Algorithm):
         down = self.downlink(state, len(edges))
         assert down is not None
         stragglers = ctx.round_stragglers_under(edges)
-        broadcast = self.received_broadcast(ctx.send("edge_cloud", "down", down, edges)[0])
+        broadcast = self.received_broadcast(ctx.send("edge_cloud", "down", down, edges).first())
         return Task(clients, edges, broadcast=broadcast, stragglers=stragglers)
 
     def train(self, state: State, task: Task) -> Update:
@@ -67,7 +67,8 @@ class HierFAVG(Algorithm):
         losses = []
         for _ in range(opt.kappa2):
             sent_bufs = None if edge_bufs is None or self.buffers_local else edge_bufs
-            down = truncate(self.wire(edge_models, sent_bufs), ctx.zero_threshold)
+            message = self.with_buffers(edge_models, sent_bufs)
+            down = truncate(message.rows(), ctx.zero_threshold)
             nnz = count_nonzero(down, ctx.zero_threshold)  # one count per edge model
             ctx.ledger.record_counts("client_edge", "down", nnz[seg], down.shape[1], nodes=ids)
             if len(late):  # stragglers receive the edge model too; their replies never arrive
@@ -80,8 +81,8 @@ class HierFAVG(Algorithm):
             buf_sum = None
             loss_sum = torch.empty(n, device=weights.device)
             for rows in parts:
-                received = down[seg[rows]]
-                start, recv_bufs = self.unwire(received, sent_bufs is not None)
+                received = message.like(down[seg[rows]])
+                start, recv_bufs = received["model"], received.get("buffers")
                 bufs = self.start_buffers(state, clients[rows], recv_bufs)
                 params, loss_sum[rows], _ = ctx.local_sgd(
                     start,
@@ -91,11 +92,11 @@ class HierFAVG(Algorithm):
                     drawn=None if drawn is None else drawn[:, rows],
                 )
                 params = uplink.forge(params, ids[rows], start)
-                up = ctx.send("client_edge", "up", self.wire(params, bufs), ids[rows])
-                params, bufs = self.unwire(up, bufs is not None)
+                up = ctx.send("client_edge", "up", self.with_buffers(params, bufs), ids[rows])
+                params, bufs = up["model"], up.get("buffers")
                 w = weights[rows].to(dtype).unsqueeze(1)
                 if not uplink.folds:  # (one part: the whole round)
-                    sent_models = self.unwire(down, sent_bufs is not None)[0]
+                    sent_models = message.like(down)["model"]
                     model_sum = self.edge_aggregates(
                         uplink, params, weights, seg, sent_models, edges
                     )
@@ -142,8 +143,9 @@ class HierFAVG(Algorithm):
         edges = task.edges
         assert edges is not None and update.losses is not None
         edge_bufs = update.per_edge.get("buffers")
-        up = ctx.send("edge_cloud", "up", self.wire(update.per_edge["model"], edge_bufs), edges)
-        edge_models, edge_bufs = self.unwire(up, edge_bufs is not None)
+        message = self.with_buffers(update.per_edge["model"], edge_bufs)
+        up = ctx.send("edge_cloud", "up", message, edges)
+        edge_models, edge_bufs = up["model"], up.get("buffers")
         weights = ctx.edge_weights(edges)
         state["global"] = ctx.cloud_uplink.aggregate(edge_models, weights, state["global"])
         if edge_bufs is not None:

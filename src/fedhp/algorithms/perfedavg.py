@@ -101,7 +101,7 @@ class PerFedAvg(DenseDeviceCost):
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, clients, start = self.ctx, task.clients, task.broadcast["global"]
         assert update.losses is not None
-        params, _, _ = self.send_up(update, clients, start)
+        params = self.send_up(update, clients, start)["model"]
         state["global"] = ctx.cloud_uplink.aggregate(params, ctx.client_weights(clients), start)
         stats = {"local_loss": mean_group_loss(update.losses, self.options.local_steps)}
         stats.update(self.account_device_cost(state, clients))

@@ -48,6 +48,7 @@ from fedhp.algorithms.gp_tree import (
 from fedhp.algorithms.heterofl import held_mean
 from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
 from fedhp.algorithms.task import Task, Update
+from fedhp.comm import Message
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import ClientEval
 from fedhp.engine.federation import ClientTensors
@@ -113,8 +114,8 @@ class PFedGP(Algorithm):
     def global_model(self, state: State) -> torch.Tensor | None:
         return None  # the network alone classifies nothing
 
-    def downlink(self, state: State, count: int) -> torch.Tensor | None:
-        return state["global"].expand(count, -1)
+    def downlink(self, state: State, count: int) -> Message | None:
+        return Message(model=state["global"].expand(count, -1))
 
     def plan(self, state: State, rnd: int) -> Task:
         task = self.plan_broadcast_global(state)

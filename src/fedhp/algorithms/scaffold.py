@@ -53,13 +53,14 @@ class Scaffold(Algorithm):
         return {"global": p, "c": c, "c_local": c_local, **self.init_buffer_state(p.device)}
 
     def plan(self, state: State, rnd: int) -> Task:  # (x, c) down in one message per client
-        ctx, clients, p = self.ctx, self.ctx.sample_clients(), self.ctx.model.num_params
+        ctx, clients = self.ctx, self.ctx.sample_clients()
         down = self.downlink(state, len(clients))
         assert down is not None
-        message = torch.cat((down, state["c"].expand(len(clients), -1)), dim=1)
-        received = ctx.send("client_cloud", "down", message, clients)
-        broadcast = self.received_broadcast(received[0, :-p])
-        return Task(clients, broadcast={**broadcast, "c": received[0, -p:]})
+        down["control"] = state["c"].unsqueeze(0)
+        received = ctx.send("client_cloud", "down", down, clients).first()
+        return Task(
+            clients, broadcast={**self.received_broadcast(received), "c": received["control"]}
+        )
 
     def train(self, state: State, task: Task) -> Update:
         opt, clients = self.options, task.clients
@@ -75,7 +76,8 @@ class Scaffold(Algorithm):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt, x, clients = self.ctx, self.options, state["global"], task.clients
-        y, bufs, (dc,) = self.send_up(update, clients, task.broadcast["global"], "dc")
+        up = self.send_up(update, clients, task.broadcast["global"], "dc")
+        y, bufs, dc = up["model"], up.get("buffers"), up["dc"]
         weights = ctx.client_weights(clients)
         mean = ctx.cloud_uplink.aggregate(y, weights, task.broadcast["global"])  # (dc: own)
         state["global"] = mean if opt.server_lr == 1.0 else x + opt.server_lr * (mean - x)

@@ -1,5 +1,6 @@
 """Communication: the wire encodings of a message (:mod:`fedhp.comm.codec`) and the per-link
-accounting of every message a run sends (:mod:`fedhp.comm.ledger`)."""
+accounting of every message a run sends (:mod:`fedhp.comm.ledger`), keyed messages
+(:mod:`fedhp.comm.message`)."""
 
 from fedhp.comm.codec import (
     ENCODINGS,
@@ -14,11 +15,13 @@ from fedhp.comm.codec import (
     unit_mask_bytes,
 )
 from fedhp.comm.ledger import DIRECTIONS, LINKS, CommLedger
+from fedhp.comm.message import Message
 
 __all__ = [
     "DIRECTIONS",
     "ENCODINGS",
     "LINKS",
+    "Message",
     "CommLedger",
     "MessageCost",
     "count_nonzero",

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, overload
 
 import torch
 
-from fedhp.comm import CommLedger, count_nonzero, truncate
+from fedhp.comm import CommLedger, Message, count_nonzero, truncate
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.attacks import Attack
 from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
@@ -230,29 +230,54 @@ class RunContext:
         private rule, or an attack reading the round's benign updates): no streamed parts."""
         return self.cloud_uplink.whole_rounds or self.edge_uplink.whole_rounds
 
+    @overload
+    def send(
+        self, link: str, direction: str, messages: Message, nodes: torch.Tensor | None = None
+    ) -> Message: ...
+
+    @overload
+    def send(
+        self, link: str, direction: str, messages: torch.Tensor, nodes: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
     def send(
         self,
         link: str,
         direction: str,
-        messages: torch.Tensor,
+        messages: torch.Tensor | Message,
         nodes: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Bill ``messages`` on ``link`` and return what the receiver gets: the values truncated
-        at the zero threshold (``|x| <= eps`` sent as 0), i.e. exactly what was billed."""
-        sent = truncate(messages, self.zero_threshold)
+    ) -> torch.Tensor | Message:
+        """Bill ``messages`` (rows, or a keyed :class:`~fedhp.comm.Message`: one message per
+        receiver of all its fields) on ``link`` and return what the receiver gets: the values
+        truncated at the zero threshold (``|x| <= eps`` sent as 0), i.e. exactly what was
+        billed (the same fields for a :class:`~fedhp.comm.Message`)."""
+        rows = messages.rows() if isinstance(messages, Message) else messages
+        sent = truncate(rows, self.zero_threshold)
         self.ledger.record(link, direction, sent, self.zero_threshold, nodes=nodes)
-        return sent
+        return messages.like(sent) if isinstance(messages, Message) else sent
 
+    @overload
+    def broadcast(
+        self, link: str, direction: str, message: Message, nodes: torch.Tensor
+    ) -> Message: ...
+
+    @overload
     def broadcast(
         self, link: str, direction: str, message: torch.Tensor, nodes: torch.Tensor
-    ) -> torch.Tensor:
-        """Bill one copy of ``message [P]`` per node of ``nodes`` (the same model sent to each)
-        and return what each receives, once (``[P]``): like :meth:`send` with ``message``
-        repeated, but its non-zeros are counted once, not once per copy."""
-        sent = truncate(message, self.zero_threshold)
+    ) -> torch.Tensor: ...
+
+    def broadcast(
+        self, link: str, direction: str, message: torch.Tensor | Message, nodes: torch.Tensor
+    ) -> torch.Tensor | Message:
+        """Bill one copy of ``message [P]`` (or of a keyed :class:`~fedhp.comm.Message` of
+        fields ``[w_k]``) per node of ``nodes`` (the same model sent to each) and return what
+        each receives, once: like :meth:`send` with ``message`` repeated, but its non-zeros are
+        counted once, not once per copy."""
+        row = message.rows() if isinstance(message, Message) else message
+        sent = truncate(row, self.zero_threshold)
         nnz = count_nonzero(sent, self.zero_threshold)
         self.ledger.record_counts(link, direction, nnz.expand(len(nodes)), sent.shape[-1], nodes)
-        return sent
+        return message.like(sent) if isinstance(message, Message) else sent
 
     def round_stragglers_under(self, edges: torch.Tensor) -> torch.Tensor:
         """This round's stragglers whose edge is one of ``edges`` (sorted; empty: none)."""

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fedhp.comm import Message
 from fedhp.engine.evaluate import ClientEval
 from fedhp.engine.federation import ClientTensors
 
@@ -80,8 +81,8 @@ class AlgorithmLike(Protocol):
     def round_local_keys(self) -> frozenset[str]:
         """State entries no round reads before rebuilding them (left out of checkpoints)."""
 
-    def downlink(self, state: State, count: int) -> torch.Tensor | None:
-        """``count`` copies of the message carrying the global model down (None: none)."""
+    def downlink(self, state: State, count: int) -> Message | None:
+        """``count`` copies of the keyed message carrying the global model down (None: none)."""
 
     def global_model(self, state: State) -> torch.Tensor | None:
         """The global model ``[P]`` (None where the method has none)."""

@@ -111,7 +111,7 @@ def _charge_stragglers(exp: EngineExperiment, start_state: State) -> None:
     if messages is None:
         return
     link = "client_edge" if exp.options.hierarchical else "client_cloud"
-    ctx.ledger.record(link, "down", messages, ctx.zero_threshold, nodes=stragglers)
+    ctx.ledger.record(link, "down", messages.rows(), ctx.zero_threshold, nodes=stragglers)
 
 
 def _charge_evaluation(exp: EngineExperiment, state: State, rnd: int) -> None:
