@@ -58,9 +58,8 @@ class Scaffold(Algorithm):
         assert down is not None
         down["control"] = state["c"].unsqueeze(0)
         received = ctx.send("client_cloud", "down", down, clients).first()
-        return Task(
-            clients, broadcast={**self.received_broadcast(received), "c": received["control"]}
-        )
+        broadcast = self.received_broadcast(received)
+        return Task(clients, broadcast={**broadcast, "c": received["control"]})
 
     def train(self, state: State, task: Task) -> Update:
         opt, clients = self.options, task.clients
