@@ -49,9 +49,10 @@ simulations train — the same precision and minibatches) for DNN-100 at 1,000 c
 batch 5) and cnn2 / VGG-11-BN / ResNet-18 at 10 clients (Fashion-MNIST's 1x28x28, one epoch of
 6,000 samples in batch 64 = 94 steps; random inputs: the timings do not depend on the values),
 then whole ``run_round`` rounds of sFedHP DNN-100 (1,000 clients, 50 edges) and FedAvg DNN-100
-(10,000 clients) as ``bench_scale.py`` runs them, one line each:
-  device <row> s_per_round=… reference_s=… speedup=… launches=… gflops=… roofline_s=… ratio=…
-  device=… precision=…
+(10,000 clients) as ``bench_scale.py`` runs them, one line each (a local row: two, its times
+first, then its kernel launches, profiled on 4 steps and 10 loop clients and scaled):
+  device <row> s_per_round=… reference_s=… speedup=… gflops=… roofline_s=… ratio=… precision=…
+  device <row> launches=… reference_launches=…
 (``ratio`` = s_per_round / roofline_s, benchmarks/roofline.py). ``--smoke``: tiny sizes (2 to
 8 clients, 1-2 steps), to check that the script runs.
 """
@@ -327,6 +328,7 @@ TABLE_LOCAL: dict[str, tuple[dict[str, object], int, int, int]] = {
     "vgg11-bn-10": ({"name": "vgg", "cfg": "vgg11", "batch_norm": True}, 10, 94, 64),
     "resnet18-10": ({"name": "resnet18"}, 10, 94, 64),
 }
+LAUNCH_STEPS, LAUNCH_CLIENTS = 4, 10  # launches: profiled on this many steps / loop clients
 SMOKE_LOCAL = (2, 2, 4)  # clients, steps, batch under --smoke (DNN-100: 8 clients)
 TABLE_ROUNDS = {"sfedhp-dnn100-1k": "sfedhp-dnn100-1k", "fedavg-dnn100-10k": "fedavg-dnn100-10k"}
 FMNIST = (1, 28, 28)
@@ -383,7 +385,8 @@ def table_local(
     row: str, device: torch.device, precision: str, repeats: int, smoke: bool, rates: tuple
 ) -> str:
     """One local-training row of the device table: the engine (``sgd_steps`` and the mean)
-    against :func:`loop_reference`, same minibatches, same precision."""
+    against :func:`loop_reference`, same minibatches, same precision. Prints the times; returns
+    the launches line."""
     from roofline import count_launches, min_round_bytes, roofline_s, timed
 
     options, clients, steps, batch = TABLE_LOCAL[row]
@@ -407,36 +410,45 @@ def table_local(
     b0 = model.init_buffers().to(device).expand(clients, -1) if model.num_buffers else None
     weights = torch.ones(clients, device=device)
 
-    def engine() -> torch.Tensor:
+    def engine(n: int = steps) -> torch.Tensor:
         it = iter(batches)
         bufs = None if b0 is None else b0.clone()
-        local, _ = sgd_steps(model, w0, lambda: next(it), steps, 0.05, buffers=bufs)
+        local, _ = sgd_steps(model, w0, lambda: next(it), n, 0.05, buffers=bufs)
         return weighted_mean(local, weights)
 
-    def reference() -> torch.Tensor:
-        bufs = None if b0 is None else b0.clone()
-        return weighted_mean(loop_reference(model, w0, batches, 0.05, bufs), weights)
+    def reference(upto: int = clients) -> torch.Tensor:
+        bufs = None if b0 is None else b0[:upto].clone()
+        return weighted_mean(loop_reference(model, w0[:upto], batches, 0.05, bufs), weights[:upto])
 
     drift = (engine() - reference()).abs().max().item()  # also warms both up
     model.trained_samples = 0
     eng = statistics.median(timed(engine, device) for _ in range(repeats))
     flops = train_flops_per_call(model, repeats)
     ref = statistics.median(timed(reference, device) for _ in range(repeats))
-    launches = count_launches(engine, device)
-    # the loop's launches where they are the point (the launch-bound MLP row; a conv row's
-    # profile of ~1,000 module steps would cost more than the row's time box)
-    ref_launches = count_launches(reference, device) if options["name"] == "dnn" else -1
     features = int(torch.Size(shape).numel())
     samples = clients * batch * steps
     nbytes = min_round_bytes(clients * steps, 1, model.num_params, samples, features, clients)
     roof = roofline_s(flops, nbytes, *rates)
-    return (
+    # the times first: a profile that outlasts a time box must not take them with it
+    print(
         f"device {row} s_per_round={eng:.4f} reference_s={ref:.4f} speedup={ref / eng:.2f} "
-        f"launches={launches} reference_launches={ref_launches} gflops={flops / eng / 1e9:.1f} "
-        f"roofline_s={roof:.4f} ratio={eng / roof:.1f} max_param_diff={drift:.1e} "
-        f"chunk={model.policy.chunk(model.num_params, clients)} clients={clients} "
-        f"steps={steps} batch={batch} device={device.type} precision={precision}"
+        f"gflops={flops / eng / 1e9:.1f} roofline_s={roof:.4f} ratio={eng / roof:.1f} "
+        f"max_param_diff={drift:.1e} chunk={model.policy.chunk(model.num_params, clients)} "
+        f"clients={clients} steps={steps} batch={batch} device={device.type} "
+        f"precision={precision}",
+        flush=True,
     )
+    # Launches, profiled on a short run and scaled (every step launches the same kernels, every
+    # loop client the same steps): a profile of a whole conv-net round or of 1,000 loop clients
+    # outlasts its time box on a GPU (seen on an H100, 2026-11-26).
+    few = min(steps, LAUNCH_STEPS)
+    once = count_launches(lambda: engine(1), device)
+    launches = once + (count_launches(lambda: engine(few), device) - once) * (steps - 1) // max(
+        few - 1, 1
+    )
+    upto = min(clients, LAUNCH_CLIENTS)
+    ref_launches = count_launches(lambda: reference(upto), device) * clients // upto
+    return f"device {row} launches={launches} reference_launches={ref_launches}"
 
 
 def table_round(row: str, device: torch.device, precision: str, smoke: bool) -> str:

@@ -116,8 +116,8 @@ def run_one(
     exp = build_experiment(cfg)
     data_rss = rss_gb()
     model, algo = exp.model, exp.algorithm
-    state = algo.init_state(model.init_params(0))
     dev = exp.ctx.device
+    state = algo.init_state(model.init_params(0).to(dev))  # as the runner does
     algo.run_round(state, 0)  # warm-up
     model.trained_samples = 0
     per_round = [timed(lambda r=r: algo.run_round(state, r), dev) for r in range(1, rounds + 1)]

@@ -64,18 +64,20 @@ ISSUE_PIECES = {
 }
 LEAF_ROUNDS, LEAF_EPOCHS = 40, 20
 """The FedProx paper's Shakespeare run: rounds and local epochs (``leaf-round`` extrapolates)."""
-# piece -> seconds it may take on the GPU host (sum 450 s < 8 min, with start-up to spare)
+# piece -> seconds it may take on the GPU host (sum 480 s = 8 min). Sized from an H100 run of
+# 2026-11-26 (docs/gpu.md): the FedAvg 10k row took 16 s, cnn2 27 s, the run 41 s (30.7 of them
+# training); a local row prints its times before its launch profile, so a cut-off row keeps them.
 BUDGET = {
-    "tests": 120,
-    "table:fedavg-dnn100-10k": 30,
-    "table:sfedhp-dnn100-1k": 30,
-    "table:dnn100-1k": 30,
-    "table:cnn2-10": 20,
-    "table:vgg11-bn-10": 50,
-    "table:resnet18-10": 60,
-    "bf16:vgg11-bn-10": 30,
-    "bf16:resnet18-10": 35,
-    "run": 45,
+    "tests": 100,
+    "table:fedavg-dnn100-10k": 25,
+    "table:sfedhp-dnn100-1k": 25,
+    "table:dnn100-1k": 40,
+    "table:cnn2-10": 35,
+    "table:vgg11-bn-10": 55,
+    "table:resnet18-10": 65,
+    "bf16:vgg11-bn-10": 40,
+    "bf16:resnet18-10": 45,
+    "run": 50,
     "lstm": 90,
     "leaf-round": 300,
 }
@@ -119,7 +121,8 @@ MUST_SHOW = [
 
 @dataclass
 class Piece:
-    """One check's outcome: ``status`` ok / failed / timeout, its wall time, its numbers."""
+    """One check's outcome: ``status`` ok / failed / timeout / skipped, its wall time and
+    numbers."""
 
     name: str
     status: str
@@ -225,6 +228,7 @@ def run_piece(name: str, device: str, smoke: bool, budget: float) -> Piece:
     """Run one piece in a subprocess cut off after ``budget`` seconds."""
     env = {
         **os.environ,
+        "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(
             [str(ROOT / "src"), str(HERE), os.environ.get("PYTHONPATH", "")]
         ),
@@ -237,20 +241,29 @@ def run_piece(name: str, device: str, smoke: bool, budget: float) -> Piece:
             done = subprocess.run(
                 cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=budget, check=False
             )
-        except subprocess.TimeoutExpired:
-            return Piece(name, "timeout", time.perf_counter() - start, {}, f"> {budget:.0f} s")
+            stdout, stderr, code = done.stdout, done.stderr, done.returncode
+        except subprocess.TimeoutExpired as cut:  # keep what it printed before the cut
+            stdout, stderr, code = _text(cut.stdout), _text(cut.stderr), None
         wall = time.perf_counter() - start
-        output = done.stdout + done.stderr
-        values = parse(name, output, out)
-    lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
-    print(f"## {name} ({wall:.1f} s, exit {done.returncode})", flush=True)
+        values = parse(name, stdout + stderr, out)
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    print(f"## {name} ({wall:.1f} s, exit {'cut off' if code is None else code})", flush=True)
     for ln in lines[-12:]:
         print(f"   {ln}", flush=True)
-    failed = done.returncode != 0 or " failed: " in done.stdout
-    if name == "tests" and done.returncode == 5:  # pytest: nothing collected/all deselected
+    if code is None:
+        return Piece(name, "timeout", wall, values, f"> {budget:.0f} s")
+    failed = code != 0 or " failed: " in stdout
+    if name == "tests" and code == 5:  # pytest: nothing collected/all deselected
         failed = False
-    tail = (done.stderr.strip().splitlines() or [""])[-1][:120] if failed else ""
+    tail = (stderr.strip().splitlines() or [""])[-1][:120] if failed else ""
     return Piece(name, "failed" if failed else "ok", wall, values, tail)
+
+
+def _text(output: bytes | str | None) -> str:
+    """A cut-off subprocess's partial output as text."""
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
 
 
 def verdict(value: float | None, target: float | None, op: str) -> str:
@@ -289,13 +302,28 @@ def main(argv: list[str] | None = None) -> int:
         "--only", nargs="*", default=None, help="pieces to run (default: the issue's)"
     )
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every time box")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds for the whole script: a piece gets at most what is left, and is skipped "
+        "when under 10 s is left",
+    )
     args = parser.parse_args(argv)
     names = args.only or ISSUE_PIECES[args.issue]
     unknown = [n for n in names if n not in BUDGET]
     if unknown:
         parser.error(f"unknown piece(s) {unknown}; choose from {list(BUDGET)}")
     start = time.perf_counter()
-    pieces = {n: run_piece(n, args.device, args.smoke, BUDGET[n] * args.scale) for n in names}
+    pieces: dict[str, Piece] = {}
+    for name in names:
+        budget = BUDGET[name] * args.scale
+        if args.deadline is not None:
+            budget = min(budget, args.deadline - (time.perf_counter() - start))
+        if budget < 10:
+            pieces[name] = Piece(name, "skipped", 0.0, {}, "deadline reached")
+            continue
+        pieces[name] = run_piece(name, args.device, args.smoke, budget)
     print(
         f"# gpu_check: device={args.device} smoke={args.smoke} "
         f"total={time.perf_counter() - start:.1f} s",

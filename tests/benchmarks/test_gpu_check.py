@@ -25,11 +25,12 @@ def test_device_table_rows_run_at_smoke_sizes(capsys: pytest.CaptureFixture[str]
     bench_engine.device_table(torch.device("cpu"), "fp32", ["dnn100-1k"], 1, smoke=True)
     bench_engine.device_table(torch.device("cpu"), "bf16", ["cnn2-10"], 1, smoke=True)
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("device ")]
-    assert len(lines) == 2 and not any("failed" in ln for ln in lines), lines
-    fp32 = dict(kv.split("=") for kv in lines[0].split()[2:])
+    assert len(lines) == 4 and not any("failed" in ln for ln in lines), lines
+    fp32 = dict(kv.split("=") for ln in lines[:2] for kv in ln.split()[2:])
     assert float(fp32["max_param_diff"]) < 1e-5 and int(fp32["launches"]) > 0
+    assert int(fp32["reference_launches"]) > int(fp32["launches"])  # the loop launches more
     assert float(fp32["roofline_s"]) > 0 and fp32["chunk"] == fp32["clients"] == "8"
-    assert "precision=bf16" in lines[1]
+    assert "precision=bf16" in lines[2] and lines[3].startswith("device cnn2-10 launches=")
 
 
 def test_gpu_check_smoke_runs_a_piece_and_prints_the_table(
@@ -51,6 +52,24 @@ def test_a_slow_piece_is_cut_off_and_reported(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(gpu_check.BUDGET, "run", 0.05)
     piece = gpu_check.run_piece("run", "cpu", True, 0.05)
     assert piece.status == "timeout" and piece.seconds < 5
+
+
+def test_a_cut_off_piece_keeps_the_numbers_it_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row that printed its times and then outlasted its box (a slow launch profile): the
+    times count, the piece is reported as cut off."""
+    import gpu_check
+
+    script = "print('device cnn2-10 s_per_round=0.4 speedup=3.9'); import time; time.sleep(60)"
+    monkeypatch.setattr(gpu_check, "piece_command", lambda *a: [sys.executable, "-c", script])
+    piece = gpu_check.run_piece("table:cnn2-10", "cpu", True, 3)
+    assert piece.status == "timeout" and piece.values == {"s_per_round": 0.4, "speedup": 3.9}
+
+
+def test_the_deadline_skips_what_it_leaves_no_time_for(capsys: pytest.CaptureFixture[str]) -> None:
+    import gpu_check
+
+    code = gpu_check.main(["--device", "cpu", "--smoke", "--only", "run", "--deadline", "5"])
+    assert code == 1 and "| run | skipped | 0.0 | deadline reached |" in capsys.readouterr().out
 
 
 def test_outputs_are_parsed_into_the_must_shows(tmp_path: Path) -> None:
