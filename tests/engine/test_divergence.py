@@ -94,6 +94,9 @@ def test_the_hint_blames_a_penalty_only_when_it_is_stiff() -> None:
 
     from fedhp.engine.divergence import likely_cause
 
-    assert likely_cause(SimpleNamespace(lr=0.1, mu=0.01)).startswith("learning rate too large")
-    assert likely_cause(SimpleNamespace(lr=0.05, lam=15.0)).startswith("λ·η = 0.75 too large")
+    weights = {"lam": "λ", "mu": "μ"}  # what the options declare (``penalty_weights``)
+    hint = likely_cause(SimpleNamespace(lr=0.1, mu=0.01, penalty_weights=weights))
+    assert hint.startswith("learning rate too large")
+    hint = likely_cause(SimpleNamespace(lr=0.05, lam=15.0, penalty_weights=weights))
+    assert hint.startswith("λ·η = 0.75 too large")
     assert "algorithm.lr=0.1" in likely_cause(SimpleNamespace(lr=0.1, lam=0.1))

@@ -55,3 +55,10 @@ def test_the_hint_blames_the_penalties_the_options_declare() -> None:
     )
     fedprox = ALGORITHMS.build({"name": "fedprox", "mu": 20.0, "lr": 0.1}, "algorithm")
     assert likely_cause(fedprox).startswith("μ·η = 2 too large (algorithm.mu=20")
+    sfedhp = ALGORITHMS.build({"name": "sfedhp", "lam": 15.0, "lr": 0.05}, "algorithm")
+    assert likely_cause(sfedhp).startswith("λ·η = 0.75 too large (algorithm.lam=15")
+
+
+def test_the_engine_names_no_penalty_of_its_own() -> None:
+    """An undeclared penalty field is not blamed: the names live in the algorithms' options."""
+    assert likely_cause(SimpleNamespace(lr=0.05, lam=15.0)).startswith("learning rate too large")

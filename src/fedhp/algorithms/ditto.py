@@ -64,6 +64,7 @@ class Ditto(FedAvg):
 class DittoOptions(FedAvgOptions):
     """Ditto: FedAvg + personal models trained on F_k + λ/2‖v − w‖² (docs/algorithms.md)."""
 
+    penalty_weights = {"lam": "λ"}
     lam: float = pydantic.Field(0.1, ge=0, description="λ: pull of the personal models to w")
     personal_lr: float | None = pydantic.Field(
         None, gt=0, description="step size of the personal update (default: lr)"

@@ -72,6 +72,7 @@ class FedAvgOptions(LocalWorkOptions):
 class FedProxOptions(FedAvgOptions):
     """FedProx; the sFedHP paper's grid is mu in {0.001, 0.01, 0.1, 1}."""
 
+    penalty_weights = {"mu": "μ"}
     mu: float = pydantic.Field(0.01, ge=0)
 
     def build(self, ctx: RunContext) -> Algorithm:

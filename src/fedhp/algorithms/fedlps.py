@@ -308,6 +308,7 @@ class FedLPSOptions(LocalWorkOptions):
     capability-bound); Eq. 13 aggregation; FedLPS's device cost model (docs/fedlps.md)."""
 
     lr: float = pydantic.Field(0.1, gt=0, description="step size of ω and Q")
+    penalty_weights = {"lam": "λ", "mu": "μ"}
     mu: float = pydantic.Field(1.0, ge=0, description="weight of ‖ω − ω^r‖² (code: 0)")
     lam: float = pydantic.Field(1.0, ge=0, description="weight of ‖Q − sigmoid(|ω|_J)‖²")
     ste: bool = pydantic.Field(True, description="straight-through CE gradient for Q")

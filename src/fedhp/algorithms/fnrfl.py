@@ -260,6 +260,7 @@ class FnrFlOptions(LocalWorkOptions):
     base: str = "fedavg"
     base_options: dict[str, Any] = pydantic.Field(default_factory=dict)
     p: float = pydantic.Field(0.5, ge=0, le=1, description="fraction of clients refined")
+    penalty_weights = {"lam": "λ"}
     lam: float = pydantic.Field(0.1, ge=0, description="regularizer weight lambda")
     regularizer: Literal["paper", "differentiable"] = "differentiable"
     delta_sum: Literal["paper", "code"] = "paper"

@@ -84,6 +84,7 @@ class HeurFedAMPOptions(LocalWorkOptions):
 
     alpha: float = pydantic.Field(0.5, ge=0, le=1, description="self-attention weight xi_ii")
     sigma: float = pydantic.Field(10.0, gt=0, description="scale of the cosine similarity")
+    penalty_weights = {"lam": "λ"}
     lam: float = pydantic.Field(1.0, ge=0, description="proximal weight lambda")
     alpha_k: float = pydantic.Field(1.0, gt=0, description="step size alpha_k in lam/(2 alpha_k)")
 

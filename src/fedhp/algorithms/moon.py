@@ -131,6 +131,7 @@ class Moon(FedAvg):
 class MoonOptions(FedAvgOptions):
     """MOON: FedAvg + mu * model-contrastive loss on the penultimate features (temperature tau)."""
 
+    penalty_weights = {"mu": "μ"}
     mu: float = pydantic.Field(1.0, ge=0, description="weight of the contrastive term (MOON's own)")
     temperature: float = pydantic.Field(0.5, gt=0, description="contrastive temperature tau")
     capabilities: Literal["off"] = pydantic.Field(

@@ -43,7 +43,7 @@ class AlgorithmOptions(pydantic.BaseModel):
     hierarchical: ClassVar[bool] = False
     federated: ClassVar[bool] = True  # False: a non-federated reference row (centralized)
     flower_ready: ClassVar[bool] = True  # runs on the Flower backends
-    penalty_weights: ClassVar[dict[str, str]] = {"lam": "λ", "lam1": "λ1", "mu": "μ"}
+    penalty_weights: ClassVar[dict[str, str]] = {}
     supports_buffers: ClassVar[bool] = False
     """Whether the method handles models with BatchNorm running statistics (buffers)."""
     uploads: ClassVar[dict[str, str]] = {}

@@ -105,6 +105,7 @@ class PFedMeOptions(AlgorithmOptions):
 
     ``local_steps`` is unused; the gradient evaluations per round are ``R * K``."""
 
+    penalty_weights = {"lam": "λ"}
     lam: float = pydantic.Field(15.0, gt=0, description="Moreau-envelope weight lambda")
     K: int = pydantic.Field(5, gt=0, description="theta steps per local round")
     R: int = pydantic.Field(20, gt=0, description="local rounds per global round")

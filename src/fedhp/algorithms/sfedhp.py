@@ -191,6 +191,7 @@ class SFedHPOptions(AlgorithmOptions):
 
     ``local_steps`` is unused; the gradient evaluations per round are ``R * K``."""
 
+    penalty_weights = {"lam": "λ", "lam1": "λ1"}
     lam: float = pydantic.Field(15.0, gt=0, description="lambda1 = lambda2 unless set apart")
     lam1: float | None = pydantic.Field(None, gt=0, description="overrides lam for lambda1")
     lam2: float | None = pydantic.Field(None, gt=0, description="overrides lam for lambda2")

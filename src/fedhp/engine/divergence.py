@@ -18,18 +18,14 @@ LOSS_KEYS = ("local_loss", "global_loss", "train_loss", "personal_loss", "person
 
 STIFF = 0.5
 
-USUAL_PENALTIES = {"lam": "λ", "lam1": "λ1", "mu": "μ"}
-"""The penalty weights of options that declare none (``penalty_weights``; e.g. a plugin's options
-not built on :class:`fedhp.algorithms.base.AlgorithmOptions`): the usual names, where present."""
-
 
 def likely_cause(options: Any) -> str:
     """A short guess at why ``options`` diverged, naming the values to lower: a quadratic
-    penalty weight (the options' ``penalty_weights``: field → symbol, else
-    :data:`USUAL_PENALTIES`) when weight·η ≥ :data:`STIFF` (a gradient step on weight/2‖·‖² is
-    unstable from weight·η = 2 on), else the learning rate."""
+    penalty weight the options declare (``penalty_weights``: field → symbol) when weight·η ≥
+    :data:`STIFF` (a gradient step on weight/2‖·‖² is unstable from weight·η = 2 on), else the
+    learning rate."""
     lr = getattr(options, "lr", None)
-    for field, symbol in getattr(options, "penalty_weights", USUAL_PENALTIES).items():
+    for field, symbol in getattr(options, "penalty_weights", {}).items():
         weight = getattr(options, field, None)
         if not (isinstance(weight, int | float) and isinstance(lr, int | float)):
             continue
