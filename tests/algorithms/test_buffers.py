@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.engine.evaluate import evaluate_personal, evaluate_shared
 from fedhp.engine.ops import weighted_mean
 from fedhp.engine.runner import evaluate_state
@@ -101,3 +102,42 @@ def test_local_buffers_give_fedbn_personalized_accuracy() -> None:
     plain = small_experiment(*BN, "algorithm.local_steps=2")
     assert plain.algorithm.personal_models(state) is None
     assert not plain.algorithm.evaluation_needs_global
+
+
+def _policy(mode: str, width: int = 3, **kw: object) -> BufferPolicy:
+    return BufferPolicy(mode, width, 4, lambda: torch.arange(float(width)), **kw)  # type: ignore[arg-type]
+
+
+def test_the_policy_hands_out_the_sent_rows_under_average_and_keeps_nothing() -> None:
+    policy = _policy("average")
+    state = policy.init_state(torch.device("cpu"))
+    assert set(state) == {"global_buffers"} and policy.node_keys() == {}
+    assert policy.travels_down and policy.sent(state).keys() == {"global_buffers"}
+    clients, sent = torch.tensor([1, 3]), torch.full((2, 3), 7.0)
+    rows = policy.start(state, clients, sent)
+    assert rows is not None and torch.equal(rows, sent) and rows.data_ptr() != sent.data_ptr()
+    policy.keep(state, clients, rows + 1)
+    assert set(state) == {"global_buffers"}  # nothing stored per client
+
+
+def test_the_policy_keeps_each_clients_own_rows_under_local() -> None:
+    policy = _policy("local")
+    state = policy.init_state(torch.device("cpu"))
+    assert state["client_buffers"].shape == (4, 3) and policy.node_keys() == {
+        "client_buffers": "client"
+    }
+    assert not policy.travels_down and policy.sent(state) == {}
+    clients = torch.tensor([0, 2])
+    rows = policy.start(state, clients, None)
+    assert rows is not None and torch.equal(rows, torch.arange(3.0).expand(2, 3))
+    policy.keep(state, clients, rows + 5)
+    own = policy.own(state)
+    assert own is not None and own[2].tolist() == [5.0, 6.0, 7.0] and own[1].tolist() == [0, 1, 2]
+
+
+def test_the_policy_is_a_no_op_without_batch_norm_and_can_live_under_another_key() -> None:
+    none = _policy("local", width=0)
+    assert none.init_state(torch.device("cpu")) == {} and not none.local
+    assert none.start({}, torch.tensor([0]), None) is None
+    mine = _policy("local", own_key="theta_buffers", shared=False)
+    assert set(mine.init_state(torch.device("cpu"))) == {"theta_buffers"}

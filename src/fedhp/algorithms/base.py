@@ -11,8 +11,9 @@ The in-process engine runs the three on one process (:meth:`Algorithm.run_round`
 backend runs ``train`` on every node, on the node's part of the task, and merges the updates.
 
 The options are :mod:`fedhp.algorithms.options`', the round's messages (:class:`Task`,
-:class:`Update`, :class:`UploadFold`) :mod:`fedhp.algorithms.task`'s, the BatchNorm buffer rows
-and the upload plumbing :mod:`fedhp.algorithms.buffers`' (found here too).
+:class:`Update`, :class:`UploadFold`) :mod:`fedhp.algorithms.task`'s, the keyed messages and
+uploads :mod:`fedhp.algorithms.messages`' (found here too), and who owns the BatchNorm running
+statistics the algorithm's :class:`~fedhp.algorithms.buffers.BufferPolicy` (``self.buffers``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from fedhp.algorithms.buffers import BufferRows
+from fedhp.algorithms.buffers import BufferPolicy
+from fedhp.algorithms.messages import MessageRows
 from fedhp.algorithms.options import (
     ALGORITHMS,
     AlgorithmOptions,
@@ -63,7 +65,7 @@ NNZ_PREFIX = "nnz."
 its non-zero count per row, reported by the nodes, so densities can still be computed."""
 
 
-class Algorithm(BufferRows, ABC):
+class Algorithm(MessageRows, ABC):
     """One federated algorithm. State is a flat dict of tensors (checkpointable as is).
 
     ``node_keys`` names the state entries kept below the cloud (per-client or per-edge rows, e.g.
@@ -88,10 +90,11 @@ class Algorithm(BufferRows, ABC):
     def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
         self.options = options
         self.ctx = ctx
-        self.num_buffers = ctx.model.num_buffers
+        self.buffers = self.buffer_policy()
+        """Who owns the BatchNorm running statistics, and how they move."""
         if options.clip_grad_norm is not None:  # every step through the model is clipped
             clip_gradients(ctx.model, options.clip_grad_norm)
-        if self.num_buffers and not options.supports_buffers:
+        if self.buffers.width and not options.supports_buffers:
             raise ConfigError(
                 f"model: {type(self).__name__} does not support BatchNorm running statistics; "
                 "use a model without BatchNorm (e.g. model.batch_norm=false) or "
@@ -99,8 +102,16 @@ class Algorithm(BufferRows, ABC):
             )
         self.held_keys: dict[str, RowKind] = dict(self.node_keys)
         """The state entries held below the cloud: ``node_keys`` plus buffer rows."""
-        if self.num_buffers:
+        if self.buffers.width:
             self.held_keys.update(self.buffer_node_keys())
+
+    def buffer_policy(self) -> BufferPolicy:
+        """The run's :class:`BufferPolicy`: the options' ``buffers`` mode over the model's
+        statistics (a method whose statistics live elsewhere returns its own)."""
+        model = self.ctx.model
+        return BufferPolicy(
+            self.options.buffers, model.num_buffers, self.ctx.num_clients, model.init_buffers
+        )
 
     @property
     def evaluates_on_nodes(self) -> bool:
@@ -198,7 +209,7 @@ class Algorithm(BufferRows, ABC):
             return [task]
         if ctx.whole_rounds:  # the cloud's rule (or the attack) reads all uploads at once
             return [task]
-        chunk = ctx.policy.chunk(ctx.model.num_params + self.num_buffers, n)
+        chunk = ctx.policy.chunk(ctx.model.num_params + self.buffers.width, n)
         if chunk >= n:
             return [task]
         task.batches = self.draw_batches(task.clients)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
@@ -26,13 +27,11 @@ class Centralized(Algorithm):
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
-        state = {"global": p.clone()}
-        if self.num_buffers:
-            state["global_buffers"] = self.ctx.model.init_buffers().to(p.device)
-        return state
+        return {"global": p.clone(), **self.buffers.init_state(p.device)}
 
-    def buffer_node_keys(self) -> dict[str, RowKind]:
-        return {}
+    def buffer_policy(self) -> BufferPolicy:
+        model = self.ctx.model  # one model: its statistics are the pooled batches'
+        return BufferPolicy("average", model.num_buffers, self.ctx.num_clients, model.init_buffers)
 
     def plan(self, state: State, rnd: int) -> Task:
         raise NotImplementedError("centralized is not federated: it has no plan/train split")
@@ -49,7 +48,7 @@ class Centralized(Algorithm):
         n = int(train.y.shape[0])
         batch = opt.batch_size * ctx.num_clients
         params = state["global"].unsqueeze(0).clone()
-        bufs = state["global_buffers"].unsqueeze(0).clone() if self.num_buffers else None
+        bufs = state["global_buffers"].unsqueeze(0).clone() if self.buffers.width else None
         # Every step's indices drawn ahead on the host generator (the same draws in the same
         # order as step by step) and moved to the device once: no host sync inside the loop.
         drawn = [

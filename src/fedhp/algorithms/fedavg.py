@@ -29,7 +29,7 @@ class FedAvg(FlatRounds):
     folds_uploads = True
 
     def train(self, state: State, task: Task) -> Update:
-        w, bufs = task.broadcast["global"], self.received_buffers(state, task)
+        w, bufs = task.broadcast["global"], self.buffers.received(state, task)
         start, work = w.expand(len(task.clients), -1), self.options.work()
         extra, own = self.local_extra_grad(w), self.local_loss_grad(state, task)
         trained = self.ctx.local_sgd(

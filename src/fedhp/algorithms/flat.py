@@ -32,7 +32,7 @@ class FlatRounds(DenseDeviceCost):
     def init_state(self, init_params: torch.Tensor) -> State:
         return {
             "global": init_params.clone(),
-            **self.init_buffer_state(init_params.device),
+            **self.buffers.init_state(init_params.device),
             **self.device_cost_state(),
         }
 

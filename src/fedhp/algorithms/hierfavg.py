@@ -24,7 +24,7 @@ class HierFAVG(Algorithm):
     bills_stragglers = True  # a straggler receives its edge's model in each of the kappa2 rounds
 
     def init_state(self, init_params: torch.Tensor) -> State:
-        return {"global": init_params.clone(), **self.init_buffer_state(init_params.device)}
+        return {"global": init_params.clone(), **self.buffers.init_state(init_params.device)}
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx = self.ctx
@@ -57,7 +57,7 @@ class HierFAVG(Algorithm):
         totals = totals.index_add_(0, seg, weights.to(dtype)).clamp(min=torch.finfo(dtype).tiny)
         late = task.stragglers if task.stragglers is not None else clients[:0]
         late_seg, late_ids = ctx.edge_positions(late, edges), ctx.global_clients(late)
-        chunk = ctx.policy.chunk(edge_models.shape[1] + self.num_buffers, n)
+        chunk = ctx.policy.chunk(edge_models.shape[1] + self.buffers.width, n)
         if ctx.fed.train.noise_std is not None:
             chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
         uplink = ctx.edge_uplink
@@ -66,7 +66,7 @@ class HierFAVG(Algorithm):
         parts = [slice(a, min(a + chunk, n)) for a in range(0, n, chunk)]
         losses = []
         for _ in range(opt.kappa2):
-            sent_bufs = None if edge_bufs is None or self.buffers_local else edge_bufs
+            sent_bufs = None if edge_bufs is None or self.buffers.local else edge_bufs
             message = self.with_buffers(edge_models, sent_bufs)
             down = truncate(message.rows(), ctx.zero_threshold)
             nnz = count_nonzero(down, ctx.zero_threshold)  # one count per edge model
@@ -83,7 +83,7 @@ class HierFAVG(Algorithm):
             for rows in parts:
                 received = message.like(down[seg[rows]])
                 start, recv_bufs = received["model"], received.get("buffers")
-                bufs = self.start_buffers(state, clients[rows], recv_bufs)
+                bufs = self.buffers.start(state, clients[rows], recv_bufs)
                 params, loss_sum[rows], _ = ctx.local_sgd(
                     start,
                     clients[rows],
@@ -103,7 +103,7 @@ class HierFAVG(Algorithm):
                 else:
                     model_sum.index_add_(0, seg[rows], params * w)
                 if bufs is not None:  # uploaded in both modes: the global model is evaluated
-                    self.keep_buffers(state, clients[rows], bufs)  # with them
+                    self.buffers.keep(state, clients[rows], bufs)  # with them
                     if buf_sum is None:
                         buf_sum = torch.zeros(
                             num_edges, bufs.shape[1], dtype=dtype, device=w.device

@@ -11,6 +11,7 @@ from typing import ClassVar
 import torch
 
 from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
@@ -23,29 +24,33 @@ class LocalOnly(Algorithm):
     node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
     personal_on_node = True
 
-    def buffer_node_keys(self) -> dict[str, RowKind]:
-        return {"theta_buffers": "client"}  # the clients' own statistics, in either mode
+    def buffer_policy(self) -> BufferPolicy:
+        model = self.ctx.model  # the clients' own statistics, in either mode; no global model
+        return BufferPolicy(
+            "local",
+            model.num_buffers,
+            self.ctx.num_clients,
+            model.init_buffers,
+            own_key="theta_buffers",
+            shared=False,
+        )
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
         state = {"theta": p.expand(self.ctx.num_clients, -1).clone()}
-        if self.num_buffers:
-            b = self.ctx.model.init_buffers().to(self.ctx.device)
-            state["theta_buffers"] = b.expand(self.ctx.num_clients, -1).clone()
-        return state
+        return {**state, **self.buffers.init_state(self.ctx.device)}
 
     def plan(self, state: State, rnd: int) -> Task:
         return Task(self.ctx.all_clients)
 
     def train(self, state: State, task: Task) -> Update:
         clients = task.clients
-        bufs = state["theta_buffers"][clients].clone() if self.num_buffers else None
+        bufs = self.buffers.start(state, clients, None)
         params, loss_sum, steps = self.ctx.local_sgd(
             state["theta"][clients], clients, self.options.work(), buffers=bufs
         )
         state["theta"][clients] = params
-        if bufs is not None:
-            state["theta_buffers"][clients] = bufs
+        self.buffers.keep(state, clients, bufs)
         return Update(losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
@@ -58,7 +63,7 @@ class LocalOnly(Algorithm):
         return state["theta"]
 
     def personal_buffers(self, state: State) -> torch.Tensor | None:
-        return state.get("theta_buffers")
+        return self.buffers.own(state)
 
 
 @ALGORITHMS.register("local")

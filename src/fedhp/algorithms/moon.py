@@ -92,15 +92,13 @@ class Moon(FedAvg):
     folds_uploads = True  # its train touches only the part's rows of prev
 
     def buffer_node_keys(self) -> dict[str, RowKind]:
-        return {**super().buffer_node_keys(), "prev_buffers": "client"}
+        return {**self.buffers.node_keys(), "prev_buffers": "client"}
 
     def init_state(self, init_params: torch.Tensor) -> State:
         state = super().init_state(init_params)
         state["prev"] = init_params.expand(self.ctx.num_clients, -1).clone()
-        model = self.ctx.model
-        if model.num_buffers:
-            init = model.init_buffers().to(init_params.device)
-            state["prev_buffers"] = init.expand(self.ctx.num_clients, -1).clone()
+        if self.buffers.width:
+            state["prev_buffers"] = self.buffers.fresh_rows(init_params.device)
         return state
 
     def local_loss_grad(self, state: State, task: Task) -> LossGrad | None:

@@ -50,7 +50,7 @@ class Scaffold(Algorithm):
         p = init_params.clone()
         c_local = torch.zeros(self.ctx.num_clients, p.numel(), device=p.device)
         c = torch.zeros_like(p)
-        return {"global": p, "c": c, "c_local": c_local, **self.init_buffer_state(p.device)}
+        return {"global": p, "c": c, "c_local": c_local, **self.buffers.init_state(p.device)}
 
     def plan(self, state: State, rnd: int) -> Task:  # (x, c) down in one message per client
         ctx, clients = self.ctx, self.ctx.sample_clients()
@@ -64,7 +64,7 @@ class Scaffold(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         opt, clients = self.options, task.clients
         x, c, c_local = task.broadcast["global"], task.broadcast["c"], state["c_local"][clients]
-        bufs = self.received_buffers(state, task)
+        bufs = self.buffers.received(state, task)
         corrected = ConstantGrad(c - c_local)  # g_i(y) - c_i + c at every step
         y, loss_sum, steps = self.ctx.local_sgd(
             x.expand(len(clients), -1), clients, opt.work(), corrected, buffers=bufs
