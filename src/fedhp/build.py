@@ -21,6 +21,7 @@ from fedhp.engine.context import RunContext
 from fedhp.engine.experiment import ENGINE_SEED_OFFSET, Experiment
 from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
+from fedhp.engine.participation import Participation
 from fedhp.engine.policy import build_policy
 from fedhp.engine.sampler import BatchSampler
 from fedhp.engine.uplink import safeguards
@@ -191,25 +192,32 @@ def build_experiment(cfg: RunConfig) -> Experiment[Algorithm, AlgorithmOptions]:
     sampler_gen = generator if device.type == "cpu" else torch.Generator(device=device)
     if device.type != "cpu":
         sampler_gen.manual_seed(cfg.seed + ENGINE_SEED_OFFSET + 1)
+    on_device = Topology(topology.edge_of_client.to(device), topology.num_edges)
     ctx = RunContext(
         model=model,
         fed=fed,
-        topology=Topology(topology.edge_of_client.to(device), topology.num_edges),
+        topology=on_device,
         ledger=CommLedger(),
         generator=generator,
         sampler=BatchSampler(
             fed.train.counts, sampler_gen, topo_cfg.sampling == "with_replacement"
         ),
         weighting=topo_cfg.weighting,
-        client_fraction=topo_cfg.client_fraction,
-        edges_per_round=topo_cfg.edges_per_round,
         zero_threshold=cfg.comm.zero_threshold,
-        faults=FaultModel(cfg.faults, cfg.seed, fed.num_clients, topology.num_edges),
+        participation=Participation(
+            on_device,
+            generator,
+            fed.num_clients,
+            fed.train.x.device,
+            client_fraction=topo_cfg.client_fraction,
+            edges_per_round=topo_cfg.edges_per_round,
+            sampling="poisson"
+            if cfg.privacy.enabled and cfg.privacy.sampling == "poisson"
+            else "fixed",
+            faults=FaultModel(cfg.faults, cfg.seed, fed.num_clients, topology.num_edges),
+        ),
         attack=Attack(cfg.faults.attack, malicious, cfg.seed) if malicious.any() else None,
         cloud_rule=level_rule(cfg, "cloud", device),
         edge_rule=level_rule(cfg, "edge", device),
-        client_sampling="poisson"
-        if cfg.privacy.enabled and cfg.privacy.sampling == "poisson"
-        else "fixed",
     )
     return Experiment(cfg, model, options, options.build(ctx), ctx)

@@ -69,7 +69,7 @@ def test_straggler_is_billed_every_edge_model_it_received() -> None:
     opt = HierFAVGOptions(kappa1=1, kappa2=3, lr=0.2, batch_size=6)
     algo = opt.build(ctx)
     state = algo.init_state(init_params())
-    ctx.round_faults = RoundFaults(
+    ctx.participation.round_faults = RoundFaults(
         dropped=torch.tensor([False, False, False, True, False]),
         straggler=torch.tensor([False, True, False, False, False]),
         edge_failed=torch.tensor([False, False]),

@@ -44,8 +44,8 @@ def test_pfedme_round_matches_hand_and_pm_is_theta() -> None:
 
 def test_partial_participation_leaves_other_clients_untouched() -> None:
     ctx = tiny_context(edge_sizes=(2, 2, 2))
-    ctx.client_fraction = 0.5
-    ctx.edges_per_round = 1
+    ctx.participation.client_fraction = 0.5
+    ctx.participation.edges_per_round = 1
     for opt in (PFedMeOptions(K=1, R=1, batch_size=6), HeurFedAMPOptions(local_steps=1)):
         algo = opt.build(ctx)
         state = algo.init_state(init_params())

@@ -63,7 +63,7 @@ def test_round_is_the_unfused_formula_bit_for_bit(
     for _ in range(2):
         ctx = tiny_context(edge_sizes=(5,), zero_threshold=eps, weighting="samples")
         use_policy(ctx.model, cache_floats=cache)
-        ctx.client_fraction = fraction
+        ctx.participation.client_fraction = fraction
         algo = opt.build(ctx)
         assert isinstance(algo, PFedMe)
         state = algo.init_state(init_params())

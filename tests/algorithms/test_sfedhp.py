@@ -288,7 +288,7 @@ def test_straggler_is_billed_every_edge_message_it_received() -> None:
     ctx = tiny_context(edge_sizes=(3, 2), zero_threshold=eps)
     algo = SFedHPOptions(**OPTS, batch_size=6, gamma1=0.05).build(ctx)  # type: ignore[arg-type]
     state = algo.init_state(init_params())
-    ctx.round_faults = RoundFaults(
+    ctx.participation.round_faults = RoundFaults(
         dropped=torch.tensor([False, False, False, True, False]),
         straggler=torch.tensor([False, True, False, False, False]),
         edge_failed=torch.tensor([False, False]),
@@ -353,9 +353,9 @@ def test_fused_round_is_the_unfused_formula_bit_for_bit(
         ctx = tiny_context(**ctx_kw)
         use_policy(ctx.model, cache_floats=cache)
         if layout == "interleaved":  # clients 0, 2, 4 on edge 0: rows must be gathered
-            ctx.topology = Topology(torch.tensor([0, 1, 0, 1, 0]), 2)
+            ctx.topology = ctx.participation.topology = Topology(torch.tensor([0, 1, 0, 1, 0]), 2)
         if layout == "faults":
-            ctx.edges_per_round = 2
+            ctx.participation.edges_per_round = 2
         algo = SFedHPOptions(**{**OPTS, **opt_kw}, batch_size=6).build(ctx)
         assert isinstance(algo, SFedHP)
         state = algo.init_state(init_params())
@@ -369,7 +369,7 @@ def test_fused_round_is_the_unfused_formula_bit_for_bit(
             runs, (SFedHP.train, SFedHP.reference_train), strict=True
         ):
             if layout == "faults":
-                ctx.round_faults = RoundFaults(
+                ctx.participation.round_faults = RoundFaults(
                     dropped=torch.tensor([False, False, False, False, True, False]),
                     straggler=torch.tensor([False, True, False, False, False, False]),
                     edge_failed=torch.tensor([False, False, False]),

@@ -47,11 +47,13 @@ def test_flat_sampling_leaves_out_dropped_and_stragglers() -> None:
     ctx = exp.ctx
     faults = ctx.begin_round(3)
     assert faults is not None
-    clients = ctx.sample_clients()
+    clients = ctx.participation.sample_clients()
     expected = torch.arange(ctx.num_clients)[faults.available]
     assert torch.equal(clients, expected)
-    assert ctx.round_stragglers is not None
-    assert torch.equal(ctx.round_stragglers, torch.arange(ctx.num_clients)[faults.straggler])
+    assert ctx.participation.round_stragglers is not None
+    assert torch.equal(
+        ctx.participation.round_stragglers, torch.arange(ctx.num_clients)[faults.straggler]
+    )
 
 
 def test_hierarchical_sampling_leaves_out_failed_edges() -> None:
@@ -62,11 +64,11 @@ def test_hierarchical_sampling_leaves_out_failed_edges() -> None:
         assert faults is not None
         if bool(faults.edge_failed.all()):
             with pytest.raises(RoundSkipped):
-                ctx.sample_edges()
+                ctx.participation.sample_edges()
             continue
-        edges = ctx.sample_edges()
+        edges = ctx.participation.sample_edges()
         assert not faults.edge_failed[edges].any()
-        clients, seg = ctx.clients_of_edges(edges)
+        clients, seg = ctx.participation.clients_of_edges(edges)
         assert torch.equal(ctx.topology.edge_of_client[clients], edges[seg])
         assert not faults.edge_failed[ctx.topology.edge_of_client[clients]].any()
 
@@ -90,7 +92,7 @@ def test_all_clients_dropped_skips_rounds_and_keeps_the_model(
 
 def test_communication_counts_only_what_was_sent() -> None:
     exp = experiment("faults.client_dropout=0.3", "faults.straggler=0.2", "rounds=1")
-    faults = exp.ctx.faults
+    faults = exp.ctx.participation.faults
     assert faults is not None
     f = faults.draw(0)
     available, stragglers = int(f.available.sum()), int(f.straggler.sum())
@@ -164,8 +166,8 @@ def test_sfedhp_stragglers_are_billed_every_edge_message_once() -> None:
         "faults.straggler=0.3",
         "rounds=1",
     )
-    assert exp.ctx.faults is not None
-    f = exp.ctx.faults.draw(0)
+    assert exp.ctx.participation.faults is not None
+    f = exp.ctx.participation.faults.draw(0)
     available, stragglers = int(f.available.sum()), int(f.straggler.sum())
     assert stragglers > 0 and available > 0
     comm = run_experiment(exp, None)["communication"]

@@ -48,7 +48,7 @@ def test_fedavg_algorithm_round_matches_reference() -> None:
     state = exp.algorithm.init_state(w0)
     exp.algorithm.run_round(state, 0)
     ctx.generator.set_state(rng_state)
-    clients = ctx.sample_clients()
+    clients = ctx.participation.sample_clients()
     draw = ctx.batches(clients, 20)
     batches = [draw() for _ in range(5)]
     reference = reference_fedavg_round(exp.model, w0, batches, 0.05, ctx.client_weights(clients))

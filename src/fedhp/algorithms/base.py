@@ -134,7 +134,7 @@ class Algorithm(MessageRows, ABC):
     def plan_broadcast_global(self, state: State) -> Task:
         """The flat methods' plan: sample clients and send each the global model."""
         ctx = self.ctx
-        clients = ctx.sample_clients()
+        clients = ctx.participation.sample_clients()
         down = self.downlink(state, 1)
         assert down is not None
         received = ctx.broadcast("client_cloud", "down", down.first(), clients)

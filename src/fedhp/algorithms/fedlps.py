@@ -147,7 +147,7 @@ class FedLPS(SizedByCapability):
     def _init_bandits(self, state: State, init_params: torch.Tensor) -> None:
         ctx, opt = self.ctx, self.options
         k = ctx.num_clients
-        xi = exploration_xi(opt.rounds, k, ctx.client_fraction)
+        xi = exploration_xi(opt.rounds, k, ctx.participation.client_fraction)
         max_arms = opt.arms + opt.rounds + 1
         arms = torch.empty(k, max_arms, 5, dtype=torch.float64)
         scalars = torch.empty(k, 4, dtype=torch.float64)
@@ -296,7 +296,9 @@ class FedLPS(SizedByCapability):
         u = torch.rand(len(clients), generator=ctx.generator, dtype=torch.float64)
         for i, c in enumerate(clients.tolist()):
             bandit = self._bandit(1.0, 0.0, 0.0)
-            bandit.xi = exploration_xi(self.options.rounds, ctx.num_clients, ctx.client_fraction)
+            bandit.xi = exploration_xi(
+                self.options.rounds, ctx.num_clients, ctx.participation.client_fraction
+            )
             bandit.load_rows(arms[c], scalars[c])
             state["ratio"][c] = bandit.update(float(acc[i]), float(seconds[i]), float(u[i]))
             arms[c], scalars[c] = bandit.to_rows(arms.shape[1])

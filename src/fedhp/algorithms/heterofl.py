@@ -79,7 +79,7 @@ class HeteroFL(SizedByCapability):
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
         self.redraw_capabilities(state, rnd, opt.capabilities)
-        clients = ctx.sample_clients()
+        clients = ctx.participation.sample_clients()
         caps = state["capability"][clients].cpu().double()
         offset = self.window_offset(rnd)
         _, held = self.held(caps, offset)

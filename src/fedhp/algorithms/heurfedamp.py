@@ -53,7 +53,7 @@ class HeurFedAMP(Algorithm):
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        clients = ctx.sample_clients()
+        clients = ctx.participation.sample_clients()
         xi = attention_weights(state["personal"], clients, opt.alpha, opt.sigma)
         cloud = ctx.send("client_cloud", "down", xi @ state["personal"], clients)
         return Task(clients, per_client={"u": cloud})

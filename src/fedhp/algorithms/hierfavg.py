@@ -28,11 +28,11 @@ class HierFAVG(Algorithm):
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx = self.ctx
-        edges = ctx.sample_edges()
-        clients, _ = ctx.clients_of_edges(edges)
+        edges = ctx.participation.sample_edges()
+        clients, _ = ctx.participation.clients_of_edges(edges)
         down = self.downlink(state, len(edges))
         assert down is not None
-        stragglers = ctx.round_stragglers_under(edges)
+        stragglers = ctx.participation.stragglers_under(edges)
         broadcast = self.received_broadcast(ctx.send("edge_cloud", "down", down, edges).first())
         return Task(clients, edges, broadcast=broadcast, stragglers=stragglers)
 

@@ -101,7 +101,7 @@ class LotteryFL(SizedByCapability):
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
         self.redraw_capabilities(state, rnd, opt.capabilities)
-        clients = ctx.sample_clients()
+        clients = ctx.participation.sample_clients()
         sub = state["global"] * state["mask"][clients]
         start = ctx.send("client_cloud", "down", sub, clients)
         caps = state["capability"][clients].cpu().double()

@@ -95,7 +95,9 @@ class PFedMe(Algorithm):
     def round_local_keys(self) -> frozenset[str]:
         """theta, where every round restarts it for every client."""
         ctx = self.ctx
-        every = ctx.samples_every_client() and not ctx.simulates_failures()
+        every = (
+            ctx.participation.samples_every_client() and not ctx.participation.simulates_failures()
+        )
         return frozenset({"theta"}) if every and self.options.theta_init != "warm" else frozenset()
 
 

@@ -53,7 +53,7 @@ class Scaffold(Algorithm):
         return {"global": p, "c": c, "c_local": c_local, **self.buffers.init_state(p.device)}
 
     def plan(self, state: State, rnd: int) -> Task:  # (x, c) down in one message per client
-        ctx, clients = self.ctx, self.ctx.sample_clients()
+        ctx, clients = self.ctx, self.ctx.participation.sample_clients()
         down = self.downlink(state, len(clients))
         assert down is not None
         down["control"] = state["c"].unsqueeze(0)

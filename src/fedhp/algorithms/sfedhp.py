@@ -75,16 +75,16 @@ class SFedHP(Algorithm):
         ctx, opt = self.ctx, self.options
         eps = ctx.zero_threshold
         self.update_gammas(state, rnd)
-        agg = ctx.sample_edges()
+        agg = ctx.participation.sample_edges()
         edges = agg
         if opt.all_edges_train:
             edges = torch.arange(ctx.topology.num_edges, device=ctx.device)
-        clients, _ = ctx.clients_of_edges(edges)
+        clients, _ = ctx.participation.clients_of_edges(edges)
         w = truncate(state["global"], eps)
         nnz = count_nonzero(w, eps).expand(len(edges))  # one model to every edge: count once
         ctx.ledger.record_counts("edge_cloud", "down", nnz, w.shape[-1], nodes=edges)
         scalars = {"gamma1": float(state["gamma1"]), "gamma2": float(state["gamma2"])}
-        late = ctx.round_stragglers_under(edges)
+        late = ctx.participation.stragglers_under(edges)
         return Task(clients, edges, agg, {"global": w}, scalars=scalars, stragglers=late)
 
     def train(self, state: State, task: Task) -> Update:
@@ -170,7 +170,9 @@ class SFedHP(Algorithm):
         """theta, where every round restarts it for every client and the sparse schedule does not
         read its density before the next round."""
         opt, ctx = self.options, self.ctx
-        every = (opt.all_edges_train or ctx.samples_every_edge()) and not ctx.simulates_failures()
+        every = (
+            opt.all_edges_train or ctx.participation.samples_every_edge()
+        ) and not ctx.participation.simulates_failures()
         if opt.theta_init == "warm" or opt.sparse_schedule or not every:
             return frozenset()
         return frozenset({"theta"})

@@ -1,10 +1,10 @@
-"""What an algorithm sees of the run: model, data, topology, RNG, accounting, sampling, the
-uplink pipelines (:mod:`fedhp.engine.uplink`)."""
+"""What an algorithm sees of the run: model, data, topology, RNG, accounting, who takes part
+(:mod:`fedhp.engine.participation`), the uplink pipelines (:mod:`fedhp.engine.uplink`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, overload
 
 import torch
@@ -12,7 +12,7 @@ import torch
 from fedhp.comm import CommLedger, Message, count_nonzero, truncate
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.attacks import Attack
-from fedhp.engine.faults import FaultModel, RoundFaults, RoundSkipped
+from fedhp.engine.faults import RoundFaults
 from fedhp.engine.federation import Federation
 from fedhp.engine.ops import (
     ExtraGrad,
@@ -21,6 +21,7 @@ from fedhp.engine.ops import (
     sgd_steps,
     weighted_sgd_steps,
 )
+from fedhp.engine.participation import Participation
 from fedhp.engine.policy import ExecutionPolicy
 from fedhp.engine.sampler import BatchSampler, EpochBatches
 from fedhp.engine.uplink import Uplink
@@ -41,24 +42,25 @@ class RunContext:
     generator: torch.Generator
     sampler: BatchSampler
     weighting: Weighting = "uniform"
-    client_fraction: float = 1.0
-    edges_per_round: int | None = None
     zero_threshold: float = 0.0
-    faults: FaultModel | None = None
+    # Who takes part in each round (sampling, failures); not given: every client and edge of
+    # ``topology`` each round, no failures.
+    participation: Participation = None  # type: ignore[assignment]
     attack: Attack | None = None  # malicious clients (None: all honest)
     # The rules of the cloud's and the edges' uplink pipelines (robust rules, DP;
     # :attr:`cloud_uplink`, :attr:`edge_uplink`); None: the weighted mean.
     cloud_rule: LevelRule | None = None
     edge_rule: LevelRule | None = None
-    client_sampling: Literal["fixed", "poisson"] = "fixed"  # poisson: each with client_fraction
     # Global indices of this context's clients and edges where it holds only part of the
     # federation (a Flower node); None: it holds all of it and local indices are global.
     client_ids: torch.Tensor | None = None
     edge_ids: torch.Tensor | None = None
-    # The current round's failures (set by begin_round) and who took part so far this round.
-    round_faults: RoundFaults | None = field(default=None, init=False, repr=False)
-    round_participants: torch.Tensor | None = field(default=None, init=False, repr=False)
-    round_stragglers: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.participation is None:
+            self.participation = Participation(
+                self.topology, self.generator, self.fed.num_clients, self.device
+            )
 
     @property
     def device(self) -> torch.device:
@@ -90,52 +92,13 @@ class RunContext:
         """For each of ``clients``, the position of its edge in the sorted ``edges``."""
         return torch.searchsorted(edges, self.topology.edge_of_client.to(self.device)[clients])
 
-    def simulates_failures(self) -> bool:
-        """Failures (dropouts, stragglers, edge failures) are drawn each round."""
-        return self.faults is not None and self.faults.enabled
-
-    def samples_every_client(self) -> bool:
-        """:meth:`sample_clients` samples all clients (before failures)."""
-        return max(1, round(self.client_fraction * self.num_clients)) >= self.num_clients
-
-    def samples_every_edge(self) -> bool:
-        """:meth:`sample_edges` samples all edges (before failures)."""
-        n = self.topology.num_edges
-        return (self.edges_per_round or n) >= n
-
     def begin_round(self, rnd: int) -> RoundFaults | None:
-        """Draw round ``rnd``'s failures (called by the runner before ``run_round``).
-
-        Until the next call, :meth:`sample_clients`, :meth:`sample_edges` and
-        :meth:`clients_of_edges` leave out dropped and straggling clients and failed edges; if
-        nobody is left they raise :class:`~fedhp.engine.faults.RoundSkipped`."""
-        self.round_participants = None
-        self.round_stragglers = None
+        """Start round ``rnd`` (called by the runner before ``run_round``): the seeded attack
+        and rules draw for it, :attr:`participation` its failures (returned)."""
         for seeded in (self.attack, self.cloud_rule, self.edge_rule):
             if seeded is not None:
                 seeded.begin_round(rnd)
-        if self.faults is None or not self.faults.enabled:
-            self.round_faults = None
-        else:
-            self.round_faults = self.faults.draw(rnd)
-        return self.round_faults
-
-    def _available(self) -> torch.Tensor | None:
-        """[C] bool on the device: clients able to contribute this round (None: no faults)."""
-        if self.round_faults is None:
-            return None
-        return self.round_faults.available.to(self.device)
-
-    def _survivors(self, clients: torch.Tensor) -> torch.Tensor:
-        """``clients`` minus this round's dropped and straggling ones; records who took part."""
-        faults = self.round_faults
-        if faults is None:
-            return clients
-        straggling = clients[faults.straggler.to(self.device)[clients]]
-        kept = clients[faults.available.to(self.device)[clients]]
-        self.round_stragglers = _union(self.round_stragglers, straggling)
-        self.round_participants = _union(self.round_participants, kept)
-        return kept
+        return self.participation.begin_round(rnd)
 
     def client_weights(self, clients: torch.Tensor) -> torch.Tensor:
         """Aggregation weights of ``clients``: 1 each, or their training-sample counts."""
@@ -148,81 +111,24 @@ class RunContext:
         if self.weighting == "samples":
             per_edge = torch.zeros(self.topology.num_edges, device=self.device)
             counts = self.fed.train.counts.float()
-            available = self._available()
+            available = self.participation.available()
             if available is not None:  # only the samples of clients that took part
                 counts = counts * available
             per_edge.index_add_(0, self.topology.edge_of_client.to(self.device), counts)
             return per_edge[edges]
         return torch.ones(len(edges), device=self.device)
 
-    def sample_clients(self) -> torch.Tensor:
-        """Sorted client indices taking part this round (``client_fraction`` of all, at least 1,
-        or under Poisson sampling each client with probability ``client_fraction``), minus this
-        round's dropped and straggling clients."""
-        n = self.num_clients
-        k = max(1, round(self.client_fraction * n))
-        if self.client_sampling == "poisson" and self.client_fraction < 1:
-            drawn = torch.rand(n, generator=self.generator) < self.client_fraction
-            sampled = torch.nonzero(drawn).flatten().to(self.device)
-        elif k >= n:
-            sampled = self.all_clients
-        else:
-            sampled = torch.randperm(n, generator=self.generator)[:k].sort().values.to(self.device)
-        kept = self._survivors(sampled)
-        if len(kept) == 0:
-            raise RoundSkipped("every sampled client dropped out or straggled")
-        return kept
-
-    def sample_edges(self) -> torch.Tensor:
-        """Sorted edge indices aggregated this round (``edges_per_round`` of all, minus failed
-        edges and edges none of whose clients can take part this round)."""
-        n = self.topology.num_edges
-        s = self.edges_per_round or n
-        if s >= n:
-            sampled = torch.arange(n, device=self.device)
-        else:
-            sampled = torch.randperm(n, generator=self.generator)[:s].sort().values.to(self.device)
-        faults = self.round_faults
-        if faults is None:
-            return sampled
-        edge_of = self.topology.edge_of_client.to(self.device)
-        has_clients = torch.zeros(n, dtype=torch.bool, device=self.device)
-        has_clients[edge_of[faults.available.to(self.device)]] = True
-        kept = sampled[(~faults.edge_failed.to(self.device) & has_clients)[sampled]]
-        if len(kept) == 0:
-            raise RoundSkipped("every sampled edge failed or lost all its clients")
-        # The stragglers under the kept edges received the model: record them (and who took part).
-        self._survivors(self.all_clients[torch.isin(edge_of, kept)])
-        return kept
-
-    def clients_of_edges(self, edges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Clients under ``edges`` (sorted) and, for each, the position of its edge in ``edges``.
-
-        This round's dropped and straggling clients, and clients of failed edges, are left out."""
-        edge_of = self.topology.edge_of_client.to(self.device)
-        under = (edge_of.unsqueeze(1) == edges.unsqueeze(0)).any(1)
-        if self.round_faults is not None:  # a failed edge server reaches none of its clients
-            under &= ~self.round_faults.edge_failed.to(self.device)[edge_of]
-        clients = self._survivors(self.all_clients[under])
-        return clients, torch.searchsorted(edges, edge_of[clients])
-
     @property
     def cloud_uplink(self) -> Uplink:
         """The pipeline of what the cloud receives: the run's attack on client uploads, the
         cloud's rule (:mod:`fedhp.engine.uplink`)."""
-        return Uplink("cloud", self.cloud_rule, self.attack, self._poisson_rate())
+        return Uplink("cloud", self.cloud_rule, self.attack, self.participation.poisson_rate())
 
     @property
     def edge_uplink(self) -> Uplink:
         """The pipeline of what the edges receive: the run's attack on client uploads, the
         edges' rule."""
-        return Uplink("edge", self.edge_rule, self.attack, self._poisson_rate())
-
-    def _poisson_rate(self) -> float | None:
-        """``q`` where clients are drawn by Poisson sampling with ``q < 1`` (else None)."""
-        if self.client_sampling == "poisson" and self.client_fraction < 1:
-            return self.client_fraction
-        return None
+        return Uplink("edge", self.edge_rule, self.attack, self.participation.poisson_rate())
 
     @property
     def whole_rounds(self) -> bool:
@@ -278,15 +184,6 @@ class RunContext:
         nnz = count_nonzero(sent, self.zero_threshold)
         self.ledger.record_counts(link, direction, nnz.expand(len(nodes)), sent.shape[-1], nodes)
         return message.like(sent) if isinstance(message, Message) else sent
-
-    def round_stragglers_under(self, edges: torch.Tensor) -> torch.Tensor:
-        """This round's stragglers whose edge is one of ``edges`` (sorted; empty: none)."""
-        stragglers = self.round_stragglers
-        if stragglers is None:
-            return torch.zeros(0, dtype=torch.long, device=self.device)
-        stragglers = stragglers.to(self.device)
-        edge_of = self.topology.edge_of_client.to(self.device)
-        return stragglers[torch.isin(edge_of[stragglers], edges)]
 
     def batches(
         self, clients: torch.Tensor, batch_size: int, drawn: torch.Tensor | None = None
@@ -402,8 +299,3 @@ class RunContext:
             )
         counts = torch.full((len(clients),), work.steps, dtype=torch.int64, device=self.device)
         return params, loss_sum, counts
-
-
-def _union(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
-    """Sorted distinct indices of ``a`` and ``b``."""
-    return b.unique() if a is None else torch.cat((a, b)).unique()

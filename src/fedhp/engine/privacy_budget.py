@@ -8,7 +8,7 @@ metrics.csv on every evaluated round and :meth:`summary` into summary.json, and 
 - ``privacy.sampling=poisson`` (flat methods): each client with probability
   ``q = federation.client_fraction``;
 - ``fixed``, flat methods: ``m = max(1, round(client_fraction · N))`` of the ``N`` clients
-  (``RunContext.sample_clients``);
+  (``Participation.sample_clients``);
 - ``fixed``, hierarchical methods (DP at the edges): ``m = N``, no amplification by sampling.
   HierFAVG trains every client under the sampled edges, and sampling edges
   (``federation.edges_per_round``) is not accounted for: counting every client in every round

@@ -102,7 +102,7 @@ def _round_skipped(rnd: int, why: str) -> None:
 def _charge_stragglers(exp: EngineExperiment, start_state: State) -> None:
     """Stragglers received the round's model before missing the deadline: count that downlink."""
     ctx = exp.ctx
-    stragglers = ctx.round_stragglers
+    stragglers = ctx.participation.round_stragglers
     if exp.algorithm.bills_stragglers:  # the algorithm billed what they received itself
         return
     if stragglers is None or len(stragglers) == 0:
@@ -316,7 +316,7 @@ def run_experiment(
                 if privacy is not None:
                     row["epsilon"] = privacy.epsilon()
                 if cfg.faults.enabled:
-                    participants = ctx.round_participants
+                    participants = ctx.participation.round_participants
                     row["clients_participating"] = 0 if participants is None else len(participants)
                 row.update(
                     {f"round_{k}": v for k, v in round_comm.items() if k.startswith("bytes")}
