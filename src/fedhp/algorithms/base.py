@@ -108,10 +108,7 @@ class Algorithm(MessageRows, ABC):
     def buffer_policy(self) -> BufferPolicy:
         """The run's :class:`BufferPolicy`: the options' ``buffers`` mode over the model's
         statistics (a method whose statistics live elsewhere returns its own)."""
-        model = self.ctx.model
-        return BufferPolicy(
-            self.options.buffers, model.num_buffers, self.ctx.num_clients, model.init_buffers
-        )
+        return BufferPolicy.of_run(self.ctx, self.options.buffers)
 
     @property
     def evaluates_on_nodes(self) -> bool:

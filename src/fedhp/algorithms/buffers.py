@@ -11,7 +11,7 @@ decides where they come from or where they go."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,7 @@ from fedhp.algorithms.options import BufferMode
 if TYPE_CHECKING:
     from fedhp.algorithms.base import RowKind, State
     from fedhp.algorithms.task import Task
+    from fedhp.engine.context import RunContext
 
 
 class BufferPolicy:
@@ -39,6 +40,13 @@ class BufferPolicy:
     ) -> None:
         self.mode, self.width, self.num_clients = mode, width, num_clients
         self.init, self.own_key, self.shared = init, own_key, shared
+
+    @classmethod
+    def of_run(cls, ctx: RunContext, mode: BufferMode, **where: Any) -> BufferPolicy:
+        """The policy of ``ctx``'s model and clients under ``mode`` (``where``: ``own_key``,
+        ``shared``)."""
+        model = ctx.model
+        return cls(mode, model.num_buffers, ctx.num_clients, model.init_buffers, **where)
 
     @property
     def local(self) -> bool:

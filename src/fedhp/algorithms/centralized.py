@@ -29,9 +29,8 @@ class Centralized(Algorithm):
         p = init_params.to(self.ctx.device)
         return {"global": p.clone(), **self.buffers.init_state(p.device)}
 
-    def buffer_policy(self) -> BufferPolicy:
-        model = self.ctx.model  # one model: its statistics are the pooled batches'
-        return BufferPolicy("average", model.num_buffers, self.ctx.num_clients, model.init_buffers)
+    def buffer_policy(self) -> BufferPolicy:  # one model: the pooled batches' statistics
+        return BufferPolicy.of_run(self.ctx, "average")
 
     def plan(self, state: State, rnd: int) -> Task:
         raise NotImplementedError("centralized is not federated: it has no plan/train split")

@@ -24,16 +24,8 @@ class LocalOnly(Algorithm):
     node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
     personal_on_node = True
 
-    def buffer_policy(self) -> BufferPolicy:
-        model = self.ctx.model  # the clients' own statistics, in either mode; no global model
-        return BufferPolicy(
-            "local",
-            model.num_buffers,
-            self.ctx.num_clients,
-            model.init_buffers,
-            own_key="theta_buffers",
-            shared=False,
-        )
+    def buffer_policy(self) -> BufferPolicy:  # the clients' own, in either mode; no global model
+        return BufferPolicy.of_run(self.ctx, "local", own_key="theta_buffers", shared=False)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
