@@ -52,3 +52,14 @@ def test_broadcast_of_a_keyed_message() -> None:
     want = plain.broadcast("client_cloud", "down", message.rows(), nodes)
     assert keyed.ledger.end_round() == plain.ledger.end_round()
     assert list(got) == ["model", "buffers", "control"] and torch.equal(got.rows(), want)
+
+
+def test_multicast_bills_each_receiver_its_senders_row() -> None:
+    """Each edge's row to its clients: billed as sending every receiver its row (``send`` of the
+    gathered rows), the rows returned once per sender, truncated."""
+    message, row_of, nodes = _fields(2), torch.tensor([0, 1, 1, 0, 1]), torch.arange(5)
+    multi, plain = tiny_context(zero_threshold=1e-3), tiny_context(zero_threshold=1e-3)
+    got = multi.multicast("client_edge", "down", message, row_of, nodes)
+    want = plain.send("client_edge", "down", message.rows()[row_of], nodes)
+    assert multi.ledger.end_round() == plain.ledger.end_round()
+    assert got.rows().shape == (2, 11) and torch.equal(got.rows()[row_of], want)

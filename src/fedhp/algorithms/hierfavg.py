@@ -8,7 +8,6 @@ import torch
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
 from fedhp.algorithms.task import Task, Update
-from fedhp.comm import count_nonzero, truncate
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, weighted_mean
 from fedhp.engine.uplink import Uplink
@@ -67,13 +66,12 @@ class HierFAVG(Algorithm):
         losses = []
         for _ in range(opt.kappa2):
             sent_bufs = None if edge_bufs is None or self.buffers.local else edge_bufs
-            message = self.with_buffers(edge_models, sent_bufs)
-            down = truncate(message.rows(), ctx.zero_threshold)
-            nnz = count_nonzero(down, ctx.zero_threshold)  # one count per edge model
-            ctx.ledger.record_counts("client_edge", "down", nnz[seg], down.shape[1], nodes=ids)
+            message = ctx.multicast(
+                "client_edge", "down", self.with_buffers(edge_models, sent_bufs), seg, ids
+            )
             if len(late):  # stragglers receive the edge model too; their replies never arrive
-                late_nnz = nnz[late_seg]
-                ctx.ledger.record_counts("client_edge", "down", late_nnz, down.shape[1], late_ids)
+                ctx.multicast("client_edge", "down", message, late_seg, late_ids)
+            down = message.rows()
             drawn = (
                 None if len(parts) == 1 else ctx.sampler.steps(clients, opt.batch_size, opt.kappa1)
             )

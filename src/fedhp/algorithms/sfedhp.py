@@ -28,7 +28,6 @@ from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, ThetaInit, th
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp_fused import fused_train
 from fedhp.algorithms.task import Task, Update
-from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, segment_mean
@@ -73,16 +72,13 @@ class SFedHP(Algorithm):
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        eps = ctx.zero_threshold
         self.update_gammas(state, rnd)
         agg = ctx.participation.sample_edges()
         edges = agg
         if opt.all_edges_train:
             edges = torch.arange(ctx.topology.num_edges, device=ctx.device)
         clients, _ = ctx.participation.clients_of_edges(edges)
-        w = truncate(state["global"], eps)
-        nnz = count_nonzero(w, eps).expand(len(edges))  # one model to every edge: count once
-        ctx.ledger.record_counts("edge_cloud", "down", nnz, w.shape[-1], nodes=edges)
+        w = ctx.broadcast("edge_cloud", "down", state["global"], edges)
         scalars = {"gamma1": float(state["gamma1"]), "gamma2": float(state["gamma2"])}
         late = ctx.participation.stragglers_under(edges)
         return Task(clients, edges, agg, {"global": w}, scalars=scalars, stragglers=late)
@@ -117,10 +113,8 @@ class SFedHP(Algorithm):
         losses = []
         for r in range(opt.R):
             # edges -> clients: phi_i and w_i, truncated
-            phi_sent, w_sent = truncate(phi_edge, eps), truncate(w_edge, eps)
-            for sent in (phi_sent, w_sent):
-                nnz = count_nonzero(sent, eps)[recv_seg]
-                ctx.ledger.record_counts("client_edge", "down", nnz, sent.shape[1], nodes=recv_ids)
+            phi_sent = ctx.multicast("client_edge", "down", phi_edge, recv_seg, recv_ids)
+            w_sent = ctx.multicast("client_edge", "down", w_edge, recv_seg, recv_ids)
             phi_recv, w_recv = phi_sent[seg], w_sent[seg]
             if opt.theta_init == "reset" or (opt.theta_init == "round" and r == 0):
                 theta = phi_recv.clone()

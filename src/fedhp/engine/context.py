@@ -185,6 +185,38 @@ class RunContext:
         self.ledger.record_counts(link, direction, nnz.expand(len(nodes)), sent.shape[-1], nodes)
         return message.like(sent) if isinstance(message, Message) else sent
 
+    @overload
+    def multicast(
+        self, link: str, direction: str, rows: Message, row_of: torch.Tensor, nodes: torch.Tensor
+    ) -> Message: ...
+
+    @overload
+    def multicast(
+        self,
+        link: str,
+        direction: str,
+        rows: torch.Tensor,
+        row_of: torch.Tensor,
+        nodes: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+    def multicast(
+        self,
+        link: str,
+        direction: str,
+        rows: torch.Tensor | Message,
+        row_of: torch.Tensor,
+        nodes: torch.Tensor,
+    ) -> torch.Tensor | Message:
+        """Bill each of ``nodes`` the row ``row_of`` names of ``rows [S, P]`` (one per sender,
+        e.g. each edge's model to its clients) and return the rows as sent, once per sender:
+        like :meth:`broadcast` per sender, each row's non-zeros counted once."""
+        flat = rows.rows() if isinstance(rows, Message) else rows
+        sent = truncate(flat, self.zero_threshold)
+        nnz = count_nonzero(sent, self.zero_threshold)
+        self.ledger.record_counts(link, direction, nnz[row_of], sent.shape[-1], nodes)
+        return rows.like(sent) if isinstance(rows, Message) else sent
+
     def batches(
         self, clients: torch.Tensor, batch_size: int, drawn: torch.Tensor | None = None
     ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
