@@ -7,6 +7,7 @@ The Python API (docs/api.md)::
     result = fedhp.run("my.yaml", rounds=50, algorithm__lr=0.1)   # like `fedhp run`
     result.metrics, result.summary, result.state, result.out_dir
     fedhp.load_run("runs/a")                                      # a finished run's results
+    fedhp.sweep(grid={"algorithm.lam": [15, 20]}, seeds=[0, 1], out="sweeps/lam")  # fedhp sweep
     fedhp.ALGORITHMS.names()          # the registries: ALGORITHMS, DATASETS, MODELS, PARTITIONERS
 
 ``import fedhp`` is light: torch and the components load on first use of these names.
@@ -46,6 +47,7 @@ __all__ = [
     "load_run",
     "resolve",
     "run",
+    "sweep",
 ]
 
 if TYPE_CHECKING:
@@ -57,6 +59,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "sweep":  # the package fedhp.sweep is callable: fedhp.sweep(...) runs a sweep
+        return importlib.import_module("fedhp.sweep")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'fedhp' has no attribute {name!r}")

@@ -5,6 +5,7 @@ components up in their registries."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -35,8 +36,38 @@ def check_components(cfg: RunConfig) -> None:
     DATASETS.build(cfg.dataset, "dataset")
     PARTITIONERS.build(cfg.partition, "partition")
     MODELS.build(cfg.model, "model")
+    check_sequences(str(cfg.dataset.get("name")), str(cfg.model.get("name")))
     options = ALGORITHMS.build(cfg.algorithm, "algorithm")
     check_adversarial(cfg, options, topology_of(cfg))
+
+
+def _declares(registry: Any, name: str, attr: str, default: bool) -> bool:
+    """A component's class-level flag ``attr`` (``default`` where its class has none)."""
+    try:
+        cls = registry.get(name)
+    except Exception:  # an unknown name: its own validation names it
+        return False
+    return bool(getattr(cls, attr, default))
+
+
+def sequence_models() -> list[str]:
+    """The registered models that take sequences of character indices (options declaring
+    ``takes_sequences = True``; ``lstm``)."""
+    return [n for n in MODELS.names() if _declares(MODELS, n, "takes_sequences", n == "lstm")]
+
+
+def check_sequences(dataset: str, model: str) -> None:
+    """A dataset of character-index sequences (``gives_sequences``; ``shakespeare``) needs a
+    model that takes them: one-line error naming those models, before any data is loaded."""
+    if not _declares(DATASETS, dataset, "gives_sequences", dataset == "shakespeare"):
+        return
+    takes = sequence_models()
+    if model not in takes:
+        raise ConfigError(
+            f"model.name: {model!r} does not take the sequences of character indices that "
+            f"dataset.name={dataset} gives; use model.name={takes[0] if takes else 'lstm'} "
+            f"(the models that do: {', '.join(takes) or 'none registered'})"
+        )
 
 
 def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topology) -> None:

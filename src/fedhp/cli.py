@@ -17,7 +17,7 @@ from fedhp.errors import FedhpError, FedhpWarning
 
 DESCRIPTION = """\
 fedhp run [CONFIG] [--out DIR] [key=value ...]   run one experiment
-fedhp run --resume DIR                            continue an interrupted run
+fedhp run --resume DIR [--from-previous]          continue an interrupted run
 fedhp list                                        algorithms, datasets, models, partitions
 fedhp compare RUN_DIR... --out fig.png            several runs on one figure, and a table
 fedhp reproduce NAME [options] [key=value ...]    a paper's table or figure
@@ -72,7 +72,7 @@ def _positive_int(text: str) -> int:
 
 RESULTS = (
     "config.yaml, metrics.csv, per_client.csv, timings.csv, summary.json, plot.png, "
-    "checkpoint.pt, checkpoint_time.json, final_state.pt"
+    "checkpoint.pt, checkpoint.prev.pt, checkpoint_time.json, final_state.pt"
 )
 
 
@@ -101,6 +101,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedhp.errors import ConfigError
 
     config_path, overrides = split_positionals(args.items)
+    for flag, value in (("--out", args.out), ("--resume", args.resume)):
+        if value is not None and not value.strip():
+            raise ConfigError(
+                f"{flag}: an empty folder name; name a folder"
+                + (
+                    " (or leave --out out for runs/<algorithm>-<dataset>-<time>)"
+                    if flag == "--out"
+                    else ""
+                )
+            )
     if args.resume is not None:
         if args.out or config_path is not None or args.plugin:
             raise ConfigError(
@@ -111,7 +121,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--overwrite: not with --resume (it continues the run in DIR)")
         out = Path(args.resume)
         cfg = _resume_config(out, overrides)
+        from fedhp.engine.checkpoint import check_resume
+
+        check_resume(out, cfg.checkpoint_every, args.from_previous)  # before the data is loaded
     else:
+        if args.from_previous:
+            raise ConfigError("--from-previous: only with --resume DIR")
         cfg = resolve_config(config_path, overrides, plugins=args.plugin)
         out = Path(args.out) if args.out else default_out_dir(cfg)
         check_out_dir(out, args.overwrite, create=False)  # before the data is loaded
@@ -125,6 +140,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if args.resume is None:
         check_out_dir(out, args.overwrite)
+    elif args.from_previous:
+        from fedhp.engine.checkpoint import use_previous
+
+        use_previous(out)  # the damaged checkpoint.pt is kept as checkpoint.set-aside.pt
     try:
         summary = run_built(exp, out, resume=args.resume is not None)
     except KeyboardInterrupt:
@@ -231,8 +250,18 @@ def _plugin_overrides(plugins: Sequence[str]) -> list[str]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from fedhp.compare import compare
+    from fedhp.errors import ConfigError
+    from fedhp.reporting import FIGURE_FORMATS
 
-    compare([Path(d) for d in args.runs], Path(args.out), args.metric, args.x, not args.no_band)
+    out = Path(args.out)
+    kind = out.suffix.lower().lstrip(".")
+    if not args.out.strip() or kind not in FIGURE_FORMATS:
+        raise ConfigError(
+            f"--out {args.out!r}: the figure's name must end in "
+            f"{', '.join('.' + k for k in FIGURE_FORMATS)} (the format it is written in), "
+            f"e.g. --out {out.stem or 'fig'}.png"
+        )
+    compare([Path(d) for d in args.runs], out, args.metric, args.x, not args.no_band)
     return 0
 
 
@@ -353,8 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume",
         metavar="DIR",
-        help="continue the run in DIR from its config.yaml and checkpoint.pt "
+        help="continue the run in DIR from its config.yaml and checkpoint.pt, verified first "
         "(only rounds=N and progress=... may be given)",
+    )
+    run.add_argument(
+        "--from-previous",
+        action="store_true",
+        help="with --resume: continue from checkpoint.prev.pt, the checkpoint before the last "
+        "(when checkpoint.pt is damaged; it is kept as checkpoint.set-aside.pt)",
     )
     run.add_argument(
         "--overwrite",
@@ -382,7 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument(
         "--x", choices=("round", "bytes", "sim_time"), default="round", help="x axis (round)"
     )
-    cmp.add_argument("--out", required=True, help="PNG to write, e.g. fig.png")
+    cmp.add_argument(
+        "--out", required=True, help="figure to write: .png, .pdf or .svg, e.g. fig.png"
+    )
     cmp.add_argument("--no-band", action="store_true", help="no mean ± std band per seed group")
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser(
@@ -445,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--skews", help="fnrfl-table2: comma-separated feature,label,quantity,label+feature,mixed"
     )
     rep.set_defaults(func=cmd_reproduce)
+    from fedhp.sweep.cli import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)  # fedhp sweep (docs/sweep.md)
     from fedhp.flower.deploy_cli import add_parser as add_flower_parser
 
     add_flower_parser(sub)  # fedhp flower certs|keys|app|deploy (docs/flower.md)

@@ -14,7 +14,7 @@ import yaml
 
 from fedhp.errors import ConfigError, FedhpError
 from fedhp.privacy.options import PrivacyOptions
-from fedhp.registry import check_int_range, format_validation_error
+from fedhp.registry import check_int_range, check_no_bools, format_validation_error
 from fedhp.robust import RobustOptions
 
 MAX_ROUNDS = 10**7
@@ -385,6 +385,7 @@ def validate_config(data: Mapping[str, Any]) -> RunConfig:
     register can be named."""
     from fedhp.plugins import load_plugins
 
+    check_no_bools(RunConfig, data, "")  # rounds=true is an error, not 1 round
     try:
         cfg = RunConfig.model_validate(dict(data))
     except pydantic.ValidationError as err:

@@ -9,8 +9,10 @@ fields are its options; it is registered under a name and built from a mapping s
 from __future__ import annotations
 
 import sys
+import types
+import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import pydantic
 
@@ -54,10 +56,56 @@ def check_int_range(value: Any, prefix: str) -> None:
         )
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field of this type accepts true/false as such (bool, Any, a Literal or union
+    naming them), rather than reading them as the numbers 1/0 as pydantic does for int/float."""
+    if annotation is bool or annotation is Any:
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in args)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_bool(a) for a in args)
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _takes_bool(args[0])
+    # int, float, str, containers, models: true/false is not what they mean
+    return not (isinstance(annotation, type) or typing.get_origin(annotation) is not None)
+
+
+def check_no_bools(cls: type[pydantic.BaseModel], data: Mapping[str, Any], prefix: str) -> None:
+    """A one-line :class:`ConfigError` for true/false given to a field that is not a bool
+    (``rounds=true`` would otherwise run 1 round), in ``data`` and its nested sections."""
+    for key, value in data.items():
+        field = cls.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            continue
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        annotation = field.annotation
+        if isinstance(value, bool) and not _takes_bool(annotation):
+            name = getattr(annotation, "__name__", None)
+            kind = {"int": "an integer", "float": "a number", "str": "a string"}.get(
+                str(name), "a value of its type"
+            )
+            example = field.default
+            plain = isinstance(example, int | float | str) and not isinstance(example, bool)
+            raise ConfigError(
+                f"{dotted}: {str(value).lower()} is not {kind} (true/false are not numbers); "
+                f"give {kind}" + (f", e.g. {dotted}={example}" if plain else "")
+            )
+        if (
+            isinstance(value, Mapping)
+            and isinstance(annotation, type)
+            and issubclass(annotation, pydantic.BaseModel)
+        ):
+            check_no_bools(annotation, value, dotted)
+
+
 def validate(cls: type[T], data: Mapping[str, Any], prefix: str) -> T:
     """Build ``cls`` from ``data`` or raise a one-line :class:`ConfigError`."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix}: expected a mapping of options, got {data!r}")
+    if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel):
+        check_no_bools(cls, data, prefix)
     try:
         options = cls.model_validate(dict(data))
     except pydantic.ValidationError as err:

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -257,9 +258,16 @@ def _columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return list(seen)
 
 
+FIGURE_FORMATS = ("png", "pdf", "svg")
+"""The file name extensions a figure may have (``fedhp compare --out``); anything else is PNG."""
+
+
 def _save(fig: Figure, out_png: Path) -> None:
+    """Write ``fig`` in the format its extension names (:data:`FIGURE_FORMATS`, else PNG)."""
     FigureCanvasAgg(fig)
-    _atomic_write(Path(out_png), lambda fh: fig.savefig(fh, format="png", dpi=110))
+    kind = Path(out_png).suffix.lower().lstrip(".")
+    kind = kind if kind in FIGURE_FORMATS else "png"
+    _atomic_write(Path(out_png), lambda fh: fig.savefig(fh, format=kind, dpi=110))
 
 
 @dataclass
@@ -496,6 +504,12 @@ def plot_run(
     unless ``per_edge`` is False), accumulated communication per link on a log axis (so the small
     edge↔cloud traffic shows beside the client↔edge traffic), and the losses.
 
-    Missing, empty or NaN cells are skipped; a panel without data says so.
+    Missing, empty or NaN cells are skipped; a panel without data says so. Thread-safe (runs
+    in lockstep threads, :mod:`fedhp.sweep.lockstep`, plot one at a time: matplotlib's text
+    layout is not).
     """
-    _save(run_figure(metrics_rows, title, per_edge), out_png)
+    with _PLOT_LOCK:
+        _save(run_figure(metrics_rows, title, per_edge), out_png)
+
+
+_PLOT_LOCK = threading.Lock()

@@ -18,7 +18,12 @@ import fedhp.engine.runner as runner
 from fedhp.build import build_experiment
 from fedhp.cli import main
 from fedhp.config import resolve_config
-from fedhp.engine.checkpoint import CHECKPOINT_FILE, CHECKPOINT_TIME_FILE, load_checkpoint
+from fedhp.engine.checkpoint import (
+    CHECKPOINT_FILE,
+    CHECKPOINT_TIME_FILE,
+    load_checkpoint,
+    save_checkpoint_data,
+)
 from fedhp.engine.runner import run_experiment
 
 # Small and fast: MNIST Setting 1, MLR, a few local steps per round.
@@ -278,7 +283,7 @@ def test_checkpoint_keeping_theta_that_this_run_restarts_is_refused(tmp_path: Pa
     run(out, *PFEDME, "rounds=1", "checkpoint_every=1")
     data = load_checkpoint(out / CHECKPOINT_FILE)
     data["state"]["theta"] = torch.zeros(20, data["state"]["global"].numel())
-    torch.save(data, out / CHECKPOINT_FILE)
+    save_checkpoint_data(out / CHECKPOINT_FILE, data)
     with pytest.raises(runner.CheckpointError, match="keeps theta across rounds"):
         run(out, *PFEDME, "rounds=2", "checkpoint_every=1", resume=True)
 

@@ -134,7 +134,8 @@ def test_resume_continues_the_count(tmp_path: Path) -> None:
     old = tmp_path / "old"
     run(old, "rounds=2", "checkpoint_every=1")
     data = load_checkpoint(old / CHECKPOINT_FILE)
-    del data["trained_samples"]
+    del data["trained_samples"], data["digest"]  # as written then: version 1, no digest
+    data["version"] = 1
     torch.save(data, old / CHECKPOINT_FILE)
     unknown = run(old, "rounds=3", "checkpoint_every=1", resume=True)
     assert unknown["train_samples"] is None and unknown["train_flops"] is None

@@ -9,6 +9,7 @@ is Fed-HT with one local step. H_τ is per class column for softmax (``sparsity_
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 import pydantic
@@ -20,6 +21,7 @@ from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.federation import Federation
 from fedhp.engine.ops import LocalWork
+from fedhp.errors import FedhpWarning
 from fedhp.models.base import BatchedModel
 
 
@@ -77,6 +79,13 @@ def client_smoothness(model: BatchedModel, fed: Federation, iters: int = 50) -> 
     return torch.tensor(out)
 
 
+def weighted_layers(model: BatchedModel) -> int:
+    """How many modules of ``model``'s reference hold parameters themselves (1: a linear model)."""
+    return sum(
+        1 for m in model.reference.modules() if next(m.parameters(recurse=False), None) is not None
+    )
+
+
 class FedHT(Algorithm):
     """Fed-HT: dense local SGD, the cloud thresholds the average."""
 
@@ -95,7 +104,22 @@ class FedHT(Algorithm):
         return hard_threshold(params, self.options.tau, self.ctx.model.sparsity_groups)
 
     def init_state(self, init_params: torch.Tensor) -> State:
-        return {"global": torch.zeros_like(init_params)}  # x₀ = 0
+        """x₀ = 0 (the paper's start, for its linear models); a multi-layer model starts from its
+        initialization instead (from zeros every hidden unit stays alike and the run cannot
+        learn), with one warning line."""
+        layers = weighted_layers(self.ctx.model)
+        if layers <= 1:
+            return {"global": torch.zeros_like(init_params)}  # x₀ = 0
+        kind = type(self.options)
+        name = next((n for n in ALGORITHMS.names() if ALGORITHMS.get(n) is kind), "fedht")
+        warnings.warn(
+            f"algorithm.name={name}: the model has {layers} layers, and from x0 = 0 (the paper's "
+            "start, for linear models) their units stay alike and it cannot learn; starting from "
+            "the model's initialization instead (docs/fedht.md)",
+            FedhpWarning,
+            stacklevel=2,
+        )
+        return {"global": init_params.clone()}
 
     def plan(self, state: State, rnd: int) -> Task:
         return self.plan_broadcast_global(state)

@@ -324,12 +324,13 @@ class LabelsPartitioner(_WithValFraction):
                 raise DatasetError(
                     f"partition.{field}: class {k} of {data.name} has {len(pool)} training "
                     f"samples, {need} requested (train_per_class + val_per_class)"
+                    f"{_natural_hint(data)}"
                 )
             test_pool = np.flatnonzero(yte == k)
             if self.test_per_class > len(test_pool):
                 raise DatasetError(
                     f"partition.test_per_class: class {k} of {data.name} has {len(test_pool)} "
-                    f"test samples, {self.test_per_class} requested"
+                    f"test samples, {self.test_per_class} requested{_natural_hint(data)}"
                 )
             pool = rng.permutation(pool)
             test_pool = rng.permutation(test_pool)[: self.test_per_class] + ntr
@@ -609,6 +610,17 @@ class MixedPartitioner(_WithLabelMixTest):
         return self._finish_by_label_mix(data, y, train, k_classes, rng)
 
 
+def _natural_hint(data: DatasetArrays) -> str:
+    """For a dataset that brings its own clients (owners), the partition that uses them."""
+    if data.train_owner is None or data.test_owner is None:
+        return ""
+    clients = int(max(data.train_owner.max(), data.test_owner.max())) + 1
+    return (
+        f"; or use {data.name}'s own clients: partition.name=natural "
+        f"federation.num_clients={clients}"
+    )
+
+
 # --------------------------------------------------------------------------------------- natural
 
 
@@ -628,7 +640,8 @@ class NaturalPartitioner(_WithValFraction):
         found = int(max(owner_tr.max(initial=-1), owner_te.max(initial=-1))) + 1
         if num_clients != found:
             raise ConfigError(
-                f"num_clients: {num_clients} does not match the {found} clients of {data.name}"
+                f"federation.num_clients: {num_clients} does not match the {found} clients of "
+                f"{data.name}; set federation.num_clients={found}"
             )
         rng = np.random.default_rng(seed)
         train, test = rows_by_owner(owner_tr, num_clients), rows_by_owner(owner_te, num_clients)

@@ -3,7 +3,9 @@
 ``checkpoint.pt`` (``torch.save`` of a plain dict; loaded with ``weights_only=True``)::
 
     format    "fedhp-checkpoint"
-    version   1
+    version   2 (1: written before the digest; still read, unverified)
+    digest    "sha256:<hex>" of every other entry (:func:`content_digest`: each tensor's dtype,
+              shape and bytes, every plain value exactly), checked before anything is used
     round     rounds completed (the next round to run is this one, 0-based)
     config    the resolved configuration (plain data) that produced it
     state     the algorithm's state dict, tensors on the CPU
@@ -27,11 +29,29 @@ the checkpoint; a resumed run's reported seconds continue from it (0 if it is mi
 
 Both are written to a temporary file in the same folder, fsynced and renamed over the old file,
 so a crash leaves the previous complete file or the new one, never a partial one.
+
+Before a new checkpoint replaces ``checkpoint.pt``, the old one becomes ``checkpoint.prev.pt``
+(a hard link, or a copy where the file system has none, renamed over the older one): at every
+instant ``checkpoint.pt`` is a complete checkpoint, and a crash between the two writes leaves
+both names on the same, older checkpoint. A checkpoint whose content does not match its digest
+(flipped bits, a truncated file) is never used and never deleted: the one-line error names it
+and the command that resumes from the previous one (``fedhp run --resume DIR --from-previous``,
+:func:`use_previous`, which keeps the damaged file as ``checkpoint.set-aside.pt``). With
+``state_storage: disk`` the per-client rows are part of ``checkpoint.pt`` (``torch.save`` reads
+them from their mapped files), so the digest covers them; the files under ``state/`` are working
+copies that a resume overwrites from the verified checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import secrets
+import shutil
+import struct
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,14 +61,20 @@ import torch
 from fedhp.config import config_to_dict, normalized_config, with_added_defaults
 from fedhp.engine.disk_state import DiskState
 from fedhp.engine.experiment import EngineExperiment
-from fedhp.errors import FedhpError
-from fedhp.reporting import _atomic_write, write_json_atomic
+from fedhp.errors import FedhpError, FedhpWarning
+from fedhp.reporting import _atomic_write, _create_temp, _fsync_dir, write_json_atomic
 
 CHECKPOINT_FILE = "checkpoint.pt"
+PREVIOUS_FILE = "checkpoint.prev.pt"
+SET_ASIDE_FILE = "checkpoint.set-aside.pt"
 CHECKPOINT_TIME_FILE = "checkpoint_time.json"
 FINAL_STATE_FILE = "final_state.pt"
 FORMAT = "fedhp-checkpoint"
-VERSION = 1
+VERSION = 2
+UNVERIFIED_VERSION = 1  # written before the digest: read without one
+DIGEST_KEY = "digest"
+TRAILER_PREFIX = b"fedhp-sha256:"  # the zip comment that ends a checkpoint file
+TRAILER_LEN = len(TRAILER_PREFIX) + 64
 
 Row = dict[str, Any]
 # Config keys a resumed run may change: neither affects the numbers of rounds already run.
@@ -57,6 +83,10 @@ RESUMABLE_KEYS = ("rounds", "progress")
 
 class CheckpointError(FedhpError):
     """A checkpoint is unreadable or does not belong to the run being resumed."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint file that cannot be read or whose content does not match its digest."""
 
 
 @dataclass
@@ -163,8 +193,150 @@ def atomic_torch_save(obj: object, path: Path) -> None:
     _atomic_write(Path(path), lambda fh: torch.save(obj, fh))
 
 
-def save_checkpoint(path: Path, snap: Snapshot, config: dict[str, Any]) -> None:
-    """Write ``snap`` (with the run's resolved ``config``) to ``path`` atomically."""
+def _feed(h: Any, value: object) -> None:
+    """Hash ``value`` into ``h`` unambiguously (a type tag and length before each item)."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    elif isinstance(value, Mapping):
+        h.update(f"D{len(value)};".encode())
+        for key, item in value.items():
+            _feed(h, key)
+            _feed(h, item)
+    elif isinstance(value, list | tuple):
+        h.update(f"{'L' if isinstance(value, list) else 'U'}{len(value)};".encode())
+        for item in value:
+            _feed(h, item)
+    elif isinstance(value, str):
+        data = value.encode("utf-8", "surrogatepass")
+        h.update(f"S{len(data)};".encode())
+        h.update(data)
+    elif isinstance(value, bytes):
+        h.update(f"B{len(value)};".encode())
+        h.update(value)
+    elif isinstance(value, bool) or value is None:
+        h.update(f"{value};".encode())
+    elif isinstance(value, int):
+        h.update(f"i{value};".encode())
+    elif isinstance(value, float):
+        h.update(f"f{value.hex()};".encode())
+    else:  # torch.dtype, torch.device and the like
+        h.update(f"O{type(value).__qualname__}:{value!r};".encode())
+
+
+def content_digest(data: Mapping[str, Any]) -> str:
+    """``"sha256:<hex>"`` of every entry of a checkpoint's dict but the digest itself: each
+    tensor's dtype, shape and bytes, every plain value exactly (independent of how
+    ``torch.save`` lays the file out, so a resaved checkpoint keeps its digest)."""
+    h = hashlib.sha256()
+    _feed(h, {k: v for k, v in data.items() if k != DIGEST_KEY})
+    return f"sha256:{h.hexdigest()}"
+
+
+def seal(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the current version and its :func:`content_digest` (in place)."""
+    data["version"] = VERSION
+    data[DIGEST_KEY] = content_digest(data)
+    return data
+
+
+def _append_trailer(fh: Any) -> None:
+    """End the zip archive ``torch.save`` just wrote to ``fh`` (opened ``r+b``) with a comment
+    holding the sha256 of every byte before it (left without one if the archive does not end
+    in a comment-less end-of-central-directory record)."""
+    size = fh.seek(0, os.SEEK_END)
+    fh.seek(size - 22)
+    end = fh.read(22)
+    if len(end) != 22 or end[:4] != b"PK\x05\x06" or end[20:22] != b"\x00\x00":
+        return
+    fh.seek(size - 2)
+    fh.write(struct.pack("<H", TRAILER_LEN))  # the comment's length, under the digest too
+    fh.seek(0)
+    h = hashlib.sha256()
+    while chunk := fh.read(1 << 20):
+        h.update(chunk)
+    fh.write(TRAILER_PREFIX + h.hexdigest().encode())
+
+
+def _file_digest_matches(path: Path) -> bool | None:
+    """Whether the bytes of ``path`` match the digest in its trailer (None: no trailer)."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size < TRAILER_LEN + 22:
+            return None
+        fh.seek(size - TRAILER_LEN)
+        trailer = fh.read()
+        if not trailer.startswith(TRAILER_PREFIX):
+            return None
+        fh.seek(0)
+        h, left = hashlib.sha256(), size - TRAILER_LEN
+        while left > 0:
+            chunk = fh.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            h.update(chunk)
+            left -= len(chunk)
+    return trailer[len(TRAILER_PREFIX) :] == h.hexdigest().encode()
+
+
+def atomic_checkpoint_save(obj: object, path: Path) -> None:
+    """``torch.save`` of a checkpoint's dict to a temporary file, the file's digest appended
+    (:func:`_append_trailer`), fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = _create_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+        with open(tmp, "r+b") as fh:
+            _append_trailer(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint_data(path: Path, data: dict[str, Any]) -> None:
+    """Seal ``data`` (a checkpoint's dict, e.g. one read with :func:`load_checkpoint` and
+    changed) and write it to ``path`` atomically, with no rotation."""
+    atomic_checkpoint_save(seal(data), path)
+
+
+def _replace_with_link(source: Path, target: Path) -> None:
+    """Make ``target`` the same file as ``source`` (a hard link, or a copy where the file system
+    has none), replacing ``target`` atomically."""
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:  # no hard links here (FAT, some network file systems): copy
+            with open(source, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+def keep_previous(path: Path) -> None:
+    """The checkpoint at ``path`` (if any) becomes ``checkpoint.prev.pt`` too, atomically; the
+    first of a checkpoint's two writes (:func:`save_checkpoint`)."""
+    path = Path(path)
+    if path.is_file():
+        _replace_with_link(path, path.with_name(PREVIOUS_FILE))
+
+
+def save_checkpoint(path: Path, snap: Snapshot, config: dict[str, Any], keep: bool = True) -> None:
+    """Write ``snap`` (with the run's resolved ``config``) to ``path`` atomically, with its
+    digest; ``keep``: the checkpoint it replaces becomes ``checkpoint.prev.pt`` first."""
     data: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -178,20 +350,39 @@ def save_checkpoint(path: Path, snap: Snapshot, config: dict[str, Any]) -> None:
     }
     if snap.privacy is not None:
         data["privacy"] = snap.privacy
-    atomic_torch_save(data, path)
-    write_json_atomic(
-        Path(path).with_name(CHECKPOINT_TIME_FILE), {"round": snap.round, "seconds": snap.seconds}
-    )
+    path = Path(path)
+    timing = _read_time(path)
+    if keep:
+        keep_previous(path)
+    atomic_checkpoint_save(seal(data), path)
+    entry: dict[str, Any] = {"round": snap.round, "seconds": snap.seconds}
+    if keep and isinstance(timing.get("round"), int) and timing["round"] != snap.round:
+        entry["previous"] = {"round": timing["round"], "seconds": timing.get("seconds", 0.0)}
+    write_json_atomic(path.with_name(CHECKPOINT_TIME_FILE), entry)
 
 
-def checkpoint_seconds(path: Path) -> float:
-    """Wall-clock seconds spent up to the checkpoint at ``path`` (its ``checkpoint_time.json``;
-    0 where that is missing or unreadable: timings are reported, never compared)."""
+def _read_time(path: Path) -> dict[str, Any]:
+    """``checkpoint_time.json`` beside ``path`` ({} where missing or unreadable)."""
     try:
         data = json.loads(Path(path).with_name(CHECKPOINT_TIME_FILE).read_text())
-        return float(data["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0.0
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def checkpoint_seconds(path: Path, rnd: int | None = None) -> float:
+    """Wall-clock seconds spent up to the checkpoint at ``path`` (its ``checkpoint_time.json``;
+    ``rnd``: the checkpoint's round, also found under ``previous`` after a resume from
+    ``checkpoint.prev.pt``; 0 where missing or unreadable: timings are reported, never
+    compared)."""
+    data = _read_time(path)
+    for entry in (data, data.get("previous")):
+        if isinstance(entry, dict) and (rnd is None or entry.get("round") == rnd):
+            try:
+                return float(entry["seconds"])
+            except (KeyError, TypeError, ValueError):
+                return 0.0
+    return 0.0
 
 
 def save_final_state(path: Path, state: dict[str, torch.Tensor], rounds: int) -> None:
@@ -201,28 +392,191 @@ def save_final_state(path: Path, state: dict[str, torch.Tensor], rounds: int) ->
     )
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Read and sanity-check a checkpoint, or raise a one-line :class:`CheckpointError`."""
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Read ``path`` and verify its digest, then its format; raises :class:`DamagedCheckpoint`
+    (unreadable, truncated, content that does not match the digest) or a one-line
+    :class:`CheckpointError` (missing, not a fedhp checkpoint, another version)."""
+    path = Path(path)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        whole = _file_digest_matches(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: not found") from None
+    if whole is False:
+        raise DamagedCheckpoint(
+            f"{path}: damaged (its bytes do not match the file's digest: changed on disk)"
+        )
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for corrupt zip/pickle data
-        kind = type(err).__name__
-        raise CheckpointError(
-            f"{path}: unreadable ({kind}; corrupt or truncated?); delete it to restart the run"
+        raise DamagedCheckpoint(
+            f"{path}: damaged (unreadable, {type(err).__name__}: corrupt or truncated)"
         ) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not isinstance(data, dict):
+        raise DamagedCheckpoint(f"{path}: damaged (not the dict a fedhp checkpoint holds)")
+    if DIGEST_KEY in data:
+        if data[DIGEST_KEY] != content_digest(data):
+            raise DamagedCheckpoint(
+                f"{path}: damaged (its content does not match its digest: changed on disk)"
+            )
+    elif data.get("format") == FORMAT and data.get("version") != UNVERIFIED_VERSION:
+        raise DamagedCheckpoint(f"{path}: damaged (its digest is missing)")
+    if whole is None and data.get("version") == VERSION:
+        raise DamagedCheckpoint(f"{path}: damaged (the file's digest is missing: truncated?)")
+    if data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a fedhp checkpoint")
-    if data.get("version") != VERSION:
+    if data.get("version") not in (UNVERIFIED_VERSION, VERSION):
         raise CheckpointError(
-            f"{path}: checkpoint version {data.get('version')!r}; this fedhp reads {VERSION}"
+            f"{path}: checkpoint version {data.get('version')!r}; this fedhp reads "
+            f"{UNVERIFIED_VERSION} and {VERSION}"
         )
     keys = ("round", "config", "state", "rng", "ledger", "rows")
     missing = [k for k in keys if k not in data]
     if missing:
-        raise CheckpointError(f"{path}: incomplete checkpoint (missing {', '.join(missing)})")
+        raise DamagedCheckpoint(
+            f"{path}: damaged (incomplete checkpoint: missing {', '.join(missing)})"
+        )
+    if data.get("version") == UNVERIFIED_VERSION:
+        warnings.warn(
+            f"{path}: written before checkpoints carried a digest; loaded unverified",
+            FedhpWarning,
+            stacklevel=2,
+        )
     return data
+
+
+def restart_command(folder: Path) -> str:
+    """The command that starts the run in ``folder`` again from round 0."""
+    return f"fedhp run {folder / 'config.yaml'} --out {folder} --overwrite"
+
+
+def _previous_round(folder: Path) -> tuple[int | None, str]:
+    """The round of ``folder``'s previous checkpoint (None if it is missing or damaged) and,
+    for None, why."""
+    prev = folder / PREVIOUS_FILE
+    if not prev.is_file():
+        return None, f"{PREVIOUS_FILE} is missing"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FedhpWarning)
+            return int(read_checkpoint(prev)["round"]), ""
+    except CheckpointError as err:
+        return None, f"{PREVIOUS_FILE} is unusable too ({str(err).partition(': ')[2]})"
+
+
+def recovery_hint(path: Path) -> str:
+    """What to do about the damaged checkpoint ``path``: resume from the previous checkpoint
+    (``--from-previous``) or, with none usable, restart the run."""
+    path = Path(path)
+    folder = path.parent
+    if path.name == CHECKPOINT_FILE:
+        rnd, why = _previous_round(folder)
+        if rnd is not None:
+            return (
+                f"the file is kept as it is; resume from the previous checkpoint (round {rnd}) "
+                f"with `fedhp run --resume {folder} --from-previous`"
+            )
+        return f"the file is kept as it is; {why}: restart the run with `{restart_command(folder)}`"
+    return f"the file is kept as it is; restart the run with `{restart_command(folder)}`"
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read, verify (digest) and sanity-check a checkpoint, or raise a one-line
+    :class:`CheckpointError`; a damaged one's message names what to do next
+    (:func:`recovery_hint`)."""
+    try:
+        return read_checkpoint(path)
+    except DamagedCheckpoint as err:
+        raise DamagedCheckpoint(f"{err}; {recovery_hint(Path(path))}") from None
+
+
+def resumable(folder: Path, fall_back: bool = False) -> bool:
+    """Whether ``folder`` holds a checkpoint a resumed run can start from: ``checkpoint.pt``
+    verified (digest, format). With ``fall_back``, a missing or damaged ``checkpoint.pt`` whose
+    ``checkpoint.prev.pt`` verifies is replaced by it (:func:`use_previous`, which keeps the
+    damaged file and warns) and the answer is True. For callers that resume a run when they
+    can (``fedhp reproduce``, ``fedhp sweep``: ``run_built(exp, folder,
+    resume=resumable(folder, fall_back=True))``); the configuration is checked on restore."""
+    folder = Path(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FedhpWarning)
+        try:
+            read_checkpoint(folder / CHECKPOINT_FILE)
+            return True
+        except CheckpointError:
+            if not fall_back or _previous_round(folder)[0] is None:
+                return False
+    use_previous(folder)
+    return True
+
+
+def _set_aside_name(folder: Path) -> Path:
+    """``checkpoint.set-aside.pt``, or ``checkpoint.set-aside.<n>.pt`` if that is taken."""
+    path, n = folder / SET_ASIDE_FILE, 1
+    while path.exists():
+        path, n = folder / f"checkpoint.set-aside.{n}.pt", n + 1
+    return path
+
+
+def use_previous(folder: Path) -> int:
+    """Make ``folder``'s ``checkpoint.prev.pt`` its checkpoint: a ``checkpoint.pt`` that is
+    another file is kept as ``checkpoint.set-aside.pt`` (renamed, never deleted; a warning line
+    says so), then ``checkpoint.pt`` becomes the previous checkpoint (a link or copy). Returns
+    its round; raises a one-line :class:`CheckpointError` if there is no usable one."""
+    folder = Path(folder)
+    current, prev = folder / CHECKPOINT_FILE, folder / PREVIOUS_FILE
+    rnd, why = _previous_round(folder)
+    if rnd is None:
+        raise CheckpointError(
+            f"{folder}: no previous checkpoint to resume from ({why}); "
+            f"restart the run with `{restart_command(folder)}`"
+        )
+    if current.is_file() and not os.path.samefile(current, prev):
+        aside = _set_aside_name(folder)
+        os.replace(current, aside)
+        warnings.warn(
+            f"{current} kept as {aside.name}; resuming from {PREVIOUS_FILE} (round {rnd})",
+            FedhpWarning,
+            stacklevel=2,
+        )
+    _replace_with_link(prev, current)
+    return rnd
+
+
+def check_resume(folder: Path, checkpoint_every: int, from_previous: bool = False) -> int:
+    """Before ``fedhp run --resume``: the round the run in ``folder`` continues from, or a
+    one-line :class:`CheckpointError`: no checkpoint at all (restart with ``--overwrite``),
+    a damaged one (resume ``--from-previous``), or with ``from_previous`` no usable previous
+    one. Changes no file (:func:`use_previous` does, once the run is built)."""
+    folder = Path(folder)
+    current = folder / CHECKPOINT_FILE
+    if from_previous:
+        rnd, why = _previous_round(folder)
+        if rnd is None:
+            raise CheckpointError(
+                f"--from-previous: {folder}: no previous checkpoint ({why}); resume from "
+                f"{CHECKPOINT_FILE} with `fedhp run --resume {folder}`, or restart the run with "
+                f"`{restart_command(folder)}`"
+            )
+        return rnd
+    if not current.is_file():
+        rnd, _ = _previous_round(folder)
+        if rnd is not None:
+            raise CheckpointError(
+                f"--resume {folder}: no {CHECKPOINT_FILE}; resume from the previous checkpoint "
+                f"(round {rnd}) with `fedhp run --resume {folder} --from-previous`"
+            )
+        why = (
+            "checkpoint_every=0 writes none"
+            if checkpoint_every == 0
+            else f"the run stopped before its first one, at round {checkpoint_every}"
+        )
+        raise CheckpointError(
+            f"--resume {folder}: holds no checkpoint to resume from ({why}); restart the run "
+            f"with `{restart_command(folder)}`"
+        )
+    with warnings.catch_warnings():  # (an old checkpoint's warning comes once, on restore)
+        warnings.simplefilter("ignore", FedhpWarning)
+        return int(load_checkpoint(current)["round"])
 
 
 def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
@@ -295,7 +649,7 @@ def restore_checkpoint(
         rng=data["rng"],
         ledger=data["ledger"],
         rows=list(data["rows"]),
-        seconds=checkpoint_seconds(path),
+        seconds=checkpoint_seconds(path, int(data["round"])),
         trained_samples=data.get("trained_samples"),
         privacy=data.get("privacy"),
         shared=frozenset(() if disk is None else disk.snapshot),

@@ -11,6 +11,7 @@ import dataclasses
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ from fedhp.engine.checkpoint import (
     CHECKPOINT_FILE,
     CHECKPOINT_TIME_FILE,
     FINAL_STATE_FILE,
+    PREVIOUS_FILE,
     CheckpointError,
     Snapshot,
     capture,
@@ -90,6 +92,7 @@ RESULT_FILES = (
     "summary.json",
     "plot.png",
     CHECKPOINT_FILE,
+    PREVIOUS_FILE,
     CHECKPOINT_TIME_FILE,
     FINAL_STATE_FILE,
 )
@@ -204,13 +207,16 @@ def run_experiment(
     progress: bool | None = None,
     resume: bool = False,
     driver: RoundDriver | None = None,
+    on_round: Callable[[int], None] | None = None,
 ) -> Row:
     """Run all rounds; write config.yaml, metrics.csv, per_client.csv, timings.csv,
     summary.json, plot.png, checkpoint.pt (every ``checkpoint_every`` rounds) and final_state.pt.
 
-    With ``resume``, continue from ``out_dir``'s checkpoint (from scratch if it has none); the
+    With ``resume``, continue from ``out_dir``'s checkpoint, verified first (from scratch if it
+    has none; a damaged one raises a one-line :class:`CheckpointError` naming the way out); the
     results are bit-identical to an uninterrupted run's (timings aside). With a ``driver``
-    (the Flower backend) the rounds and evaluations run through it.
+    (the Flower backend) the rounds and evaluations run through it. ``on_round(rounds_done)`` is
+    called after every finished round (``fedhp sweep``'s one progress bar).
     """
     cfg, algo, ledger, ctx = exp.cfg, exp.algorithm, exp.ctx.ledger, exp.ctx
     show = cfg.progress if progress is None else progress
@@ -274,6 +280,7 @@ def run_experiment(
     rounds_done = start_round
     error: DivergenceError | None = None
     saved: State | None = None  # the whole state of the last checkpoint, if this round's
+    saved_round = start_round if restored is not None else None  # the last checkpoint's round
     try:
         for rnd in range(start_round, cfg.rounds):
             ctx.begin_round(rnd)
@@ -339,6 +346,8 @@ def run_experiment(
                     {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
                 )
             bar.update(1)
+            if on_round is not None:
+                on_round(rounds_done)
             snap = capture(exp, state, rounds_done, rows, seconds, trained(), budget(), into=into)
             due = cfg.checkpoint_every and (
                 rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
@@ -349,6 +358,8 @@ def run_experiment(
                 saved = _save_checkpoint(
                     exp, out_dir, snap, config, driver, last=rounds_done == cfg.rounds
                 )
+                if saved is not None:
+                    saved_round = rounds_done
     finally:  # every row in the files, also when a round raised
         _flush(writers)
     bar.close()
@@ -373,9 +384,15 @@ def run_experiment(
     if error is not None:
         summary["stopped"] = str(error)
     if out_dir is not None:
-        if error is not None and cfg.checkpoint_every and driver is None:
-            # The last good state (under a driver the nodes are past it: keep the checkpoint
-            # of the last round they were asked for).
+        # The last good state (under a driver the nodes are past it: keep the checkpoint of the
+        # last round they were asked for); not again if it is the last checkpoint, which would
+        # make checkpoint.prev.pt a copy of it.
+        if (
+            error is not None
+            and cfg.checkpoint_every
+            and driver is None
+            and saved_round != snap.round
+        ):
             _write_checkpoint(exp, out_dir, snap, config)
         if error is None:
             save_final_state(out_dir / FINAL_STATE_FILE, final, rounds_done)

@@ -1,0 +1,118 @@
+"""``fedhp.sweep(...)``: the Python face of ``fedhp sweep`` (docs/sweep.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhp.sweep.grid import parse_seeds
+from fedhp.sweep.run import SweepSpec
+
+__all__ = ["SweepResult", "default_sweep_dir", "sweep", "sweep_spec"]
+
+
+@dataclass
+class SweepResult:
+    """A finished sweep: its folder, the manifest (runs, grid, the selected point) and the
+    table's rows (mean ± standard error over seeds per grid point)."""
+
+    out_dir: Path
+    manifest: dict[str, Any]
+    table: list[dict[str, Any]]
+
+    @property
+    def selected(self) -> dict[str, Any] | None:
+        """The grid point chosen on the validation split (``select="val"``), else None."""
+        value: dict[str, Any] | None = self.manifest.get("selected")
+        return value
+
+    def run_dirs(self) -> list[Path]:
+        """Every run folder (open one with :func:`fedhp.load_run`)."""
+        return [self.out_dir / r["out_dir"] for r in self.manifest["runs"]]
+
+
+def default_sweep_dir(base: Sequence[str], plugins: Sequence[str] = ()) -> Path:
+    """``sweeps/<algorithm>-<dataset>-<time>``."""
+    from fedhp.config import resolve_config
+
+    cfg = resolve_config(None, list(base), plugins=plugins)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("sweeps") / f"{cfg.algorithm.get('name')}-{cfg.dataset.get('name')}-{stamp}"
+
+
+def sweep_spec(
+    base: Sequence[str],
+    grid: Mapping[str, Sequence[Any]],
+    *,
+    out: str | Path,
+    seeds: str | Sequence[int] | int | None = None,
+    plugins: Sequence[str] = (),
+    **options: Any,
+) -> SweepSpec:
+    """A checked :class:`~fedhp.sweep.run.SweepSpec`."""
+    spec = SweepSpec(
+        out=Path(out),
+        grid={k: list(v) if not isinstance(v, str) else [v] for k, v in grid.items()},
+        seeds=parse_seeds(seeds),
+        base=list(base),
+        plugins=list(plugins),
+        **options,
+    )
+    spec.check()
+    return spec
+
+
+def sweep(
+    config: str | Path | Mapping[str, Any] | None = None,
+    *,
+    grid: Mapping[str, Sequence[Any]],
+    out: str | Path,
+    seeds: Sequence[int] | str = (0,),
+    select: str | None = None,
+    metric: str | None = None,
+    runs_per_batch: int | None = None,
+    backend: str = "inprocess",
+    address: str | None = None,
+    batching: str = "auto",
+    progress: bool = True,
+    plugins: Sequence[str] = (),
+    **overrides: Any,
+) -> SweepResult:
+    """Run a sweep as ``fedhp sweep`` does and return its :class:`SweepResult`.
+
+    ``config``: a YAML file (its ``sweep:`` section gives defaults for the arguments), a mapping
+    or None (the defaults); ``overrides`` as in :func:`fedhp.run` (``rounds=20``,
+    ``algorithm__lr=0.1``); ``grid``: ``{"algorithm.lam": [15, 20]}``."""
+    from fedhp.api import overrides_from_kwargs
+    from fedhp.sweep.cli import split_sweep_section
+    from fedhp.sweep.report import load_table
+    from fedhp.sweep.run import run_sweep
+
+    section: dict[str, Any] = {}
+    if isinstance(config, Mapping):
+        base = overrides_from_kwargs({k: v for k, v in config.items() if k != "plugins"})
+        plugins = [*(config.get("plugins") or []), *plugins]
+    else:
+        base, section = split_sweep_section(Path(config) if config is not None else None)
+        plugins = [*section.pop("plugins", []), *plugins]
+    base = [*base, *overrides_from_kwargs(overrides)]
+    full_grid = {**(section.pop("grid", None) or {}), **grid}
+    spec = sweep_spec(
+        base,
+        full_grid,
+        out=out,
+        seeds=seeds,
+        plugins=plugins,
+        select=select,
+        metric=metric,
+        runs_per_batch=runs_per_batch,
+        backend=backend,
+        address=address,
+        batching=batching,
+        progress=progress,
+    )
+    manifest = run_sweep(spec)
+    return SweepResult(spec.out, manifest, load_table(spec.out))

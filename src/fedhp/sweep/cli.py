@@ -1,0 +1,151 @@
+"""``fedhp sweep``: a grid of runs (points × seeds) as batches, one progress bar, a table and a
+figure (docs/sweep.md). The same options may come from a ``sweep:`` section of the YAML file."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fedhp.errors import ConfigError
+
+__all__ = ["add_parser", "cmd_sweep", "split_sweep_section"]
+
+SECTION_KEYS = (
+    "grid",
+    "seeds",
+    "out",
+    "select",
+    "metric",
+    "runs_per_batch",
+    "backend",
+    "address",
+    "batching",
+)
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``fedhp sweep`` to the subcommands ``sub``."""
+    from fedhp.plugins import add_plugin_option
+
+    sw = sub.add_parser(
+        "sweep",
+        help="run a grid of runs (hyperparameters x seeds) batched together; table and figure",
+        description="Run every grid point for every seed (runs of one structure share a batch: "
+        "same model, shapes and rounds; seeds and float hyperparameters may differ), then write "
+        "table.md/table.csv (mean ± standard error over seeds) and curves.png. Started again "
+        "with the same arguments, it resumes. Options may also come from a `sweep:` section of "
+        "CONFIG (the flags win). docs/sweep.md.",
+    )
+    sw.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
+    sw.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="a grid axis, e.g. algorithm.lam=15,20,25 (repeat for more axes: their product)",
+    )
+    sw.add_argument("--seeds", help="seeds, e.g. 0,1,2 or 0-4 (default 0)")
+    sw.add_argument("--out", help="the sweep's folder (default sweeps/<algorithm>-<time>)")
+    sw.add_argument(
+        "--select",
+        choices=["val"],
+        help="val: run the grid on the validation split, pick the point with the best mean "
+        "over seeds, re-run that point on the test split and report it",
+    )
+    sw.add_argument(
+        "--metric", help="what --select maximizes (default final_global_acc, else personal)"
+    )
+    sw.add_argument(
+        "--runs-per-batch",
+        type=int,
+        help="runs trained together (default: as many as the memory budget allows)",
+    )
+    sw.add_argument("--backend", choices=["inprocess", "ray"], help="where batches run")
+    sw.add_argument("--address", help="--backend ray: join this Ray cluster (e.g. auto)")
+    sw.add_argument(
+        "--batching",
+        choices=["auto", "lockstep", "sequential"],
+        help="lockstep: a batch's runs train in step, their model kernels fused; sequential: "
+        "one after another in this process; auto (default): lockstep on a GPU, sequential on "
+        "the CPU (docs/sweep.md says why)",
+    )
+    add_plugin_option(sw)
+    sw.set_defaults(func=cmd_sweep)
+
+
+def split_sweep_section(path: Path | None) -> tuple[list[str], dict[str, Any]]:
+    """A YAML file's options as ``key=value`` overrides (plugin paths taken from the file's
+    folder) and its ``sweep:`` section, checked."""
+    from fedhp.api import overrides_from_kwargs
+    from fedhp.config import load_yaml
+    from fedhp.plugins import resolve_plugin
+
+    if path is None:
+        return [], {}
+    data = load_yaml(path)
+    section = data.pop("sweep", None) or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{path}: sweep: must be a mapping of {', '.join(SECTION_KEYS)}")
+    unknown = [k for k in section if k not in SECTION_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"{path}: sweep.{unknown[0]}: unknown; the sweep section takes "
+            f"{', '.join(SECTION_KEYS)}"
+        )
+    plugins = data.pop("plugins", None) or []
+    if plugins and not isinstance(plugins, list):
+        raise ConfigError(f"{path}: plugins: must be a list of files or modules")
+    folder = path.resolve().parent
+    data = dict(data)
+    overrides = overrides_from_kwargs(data)
+    section = dict(section)
+    section["plugins"] = [resolve_plugin(p, folder) if isinstance(p, str) else p for p in plugins]
+    return overrides, section
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``fedhp sweep``."""
+    from fedhp.cli import split_positionals
+    from fedhp.sweep.api import default_sweep_dir, sweep_spec
+    from fedhp.sweep.grid import parse_grid
+    from fedhp.sweep.run import run_sweep
+
+    config_path, overrides = split_positionals(args.items)
+    base, section = split_sweep_section(config_path)
+    grid: dict[str, Any] = dict(section.get("grid") or {})
+    grid.update(parse_grid(args.grid))
+    flags = {
+        "seeds": args.seeds,
+        "out": args.out,
+        "select": args.select,
+        "metric": args.metric,
+        "runs_per_batch": args.runs_per_batch,
+        "backend": args.backend,
+        "address": args.address,
+        "batching": args.batching,
+    }
+    options = {k: v for k, v in section.items() if k not in ("grid", "plugins")}
+    options.update({k: v for k, v in flags.items() if v is not None})
+    plugins = [*section.get("plugins", []), *args.plugin]
+    base = [*base, *overrides]
+    if options.get("out") in (None, ""):
+        if options.get("out") == "":
+            raise ConfigError("--out: empty; name a folder for the sweep")
+        options["out"] = str(default_sweep_dir(base, plugins))
+    spec = sweep_spec(base, grid, plugins=plugins, **options)
+    try:
+        manifest = run_sweep(spec)
+    except KeyboardInterrupt:
+        import sys
+
+        print(
+            "fedhp: interrupted; the same command resumes the sweep (finished runs are kept)",
+            file=sys.stderr,
+        )
+        return 130
+    print((spec.out / "table.md").read_text())
+    runs = len(manifest["runs"])
+    print(f"results: {spec.out}/ (table.md, table.csv, curves.png, sweep.json; {runs} run folders)")
+    return 0

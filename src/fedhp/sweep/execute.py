@@ -1,0 +1,192 @@
+"""Run one batch of a sweep in this process: finished runs kept, interrupted ones resumed from
+their checkpoint, the rest started; one after another (``sequential``) or in lockstep threads
+whose model kernels are fused (``lockstep``, :mod:`fedhp.sweep.lockstep`)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedhp.sweep.plan import RunSpec, run_config
+
+__all__ = ["BatchReport", "choose_batching", "run_batch", "run_status"]
+
+Progress = Callable[[int], None]
+"""Called with 1 after every finished round of any run (the sweep's one progress bar)."""
+
+BATCHINGS = ("auto", "lockstep", "sequential")
+
+
+def run_status(spec: RunSpec) -> str:
+    """``finished`` (summary.json of the same config), ``resume`` (a checkpoint of the same
+    config) or ``new``."""
+    from fedhp.config import config_to_dict, normalized_config
+
+    folder = spec.folder
+    config_path = folder / "config.yaml"
+    if not config_path.is_file():
+        return "new"
+    try:
+        old = normalized_config(yaml.safe_load(config_path.read_text()))
+    except (OSError, yaml.YAMLError):
+        return "new"
+    if old != config_to_dict(run_config(spec)):
+        return "new"
+    if (folder / "summary.json").is_file():
+        return "finished"
+    return "resume" if (folder / "checkpoint.pt").is_file() else "new"
+
+
+def choose_batching(batching: str, device: str) -> str:
+    """``auto``: lockstep on a GPU (its kernels are launch-bound for small federations),
+    sequential on the CPU (its kernels already run at the core's peak: fusing only adds the
+    copies of the rows; docs/benchmarks.md)."""
+    if batching != "auto":
+        return batching
+    return "lockstep" if device.startswith("cuda") else "sequential"
+
+
+@dataclass
+class BatchReport:
+    """What a batch did: each run's summary (in the batch's order), how it ran, fused calls."""
+
+    summaries: list[dict[str, Any]]
+    batching: str
+    fused_calls: int = 0
+    single_calls: int = 0
+
+
+def _summary_of(folder: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((folder / "summary.json").read_text())
+    return data
+
+
+def _run_one(
+    spec: RunSpec, exp: Any, resume: bool, progress: Progress | None, before: Callable[[], None]
+) -> dict[str, Any]:
+    """Run a built experiment into its folder; a diverged run's summary says ``stopped``."""
+    from fedhp.api import run_built
+    from fedhp.errors import DivergenceError
+
+    before()
+    on_round = None if progress is None else (lambda _: progress(1))
+    try:
+        if exp.cfg.backend != "inprocess":
+            return run_built(exp, spec.folder, resume=resume, progress=False)
+        from fedhp.engine.runner import run_experiment
+
+        return run_experiment(exp, spec.folder, progress=False, resume=resume, on_round=on_round)
+    except DivergenceError as err:
+        path = spec.folder / "summary.json"
+        summary = json.loads(path.read_text()) if path.is_file() else {}
+        summary["stopped"] = str(err)
+        return summary
+
+
+def run_batch(
+    runs: Sequence[RunSpec],
+    batching: str = "auto",
+    progress: Progress | None = None,
+    log: Callable[[str], None] | None = None,
+) -> BatchReport:
+    """Run (or keep, or resume) every run of one batch; returns their summaries."""
+    from fedhp.api import prepare
+
+    statuses = [run_status(spec) for spec in runs]
+    summaries: dict[int, dict[str, Any]] = {}
+    todo = []
+    for i, (spec, status) in enumerate(zip(runs, statuses, strict=True)):
+        if status == "finished":
+            summaries[i] = _summary_of(spec.folder)
+            if progress is not None:
+                progress(spec.rounds)
+        else:
+            todo.append(i)
+    if not todo:
+        return BatchReport([summaries[i] for i in range(len(runs))], "kept")
+    first = run_config(runs[todo[0]])
+    mode = choose_batching(batching, first.device)
+    if mode == "lockstep" and (len(todo) == 1 or first.backend != "inprocess"):
+        mode = "sequential"
+    report = BatchReport([], mode)
+    if mode == "sequential":
+        for i in todo:
+            spec = runs[i]
+            exp = prepare(run_config(spec))
+            resume = statuses[i] == "resume"
+            if resume and progress is not None:
+                progress(_rounds_done(spec))
+            spec.folder.mkdir(parents=True, exist_ok=True)
+            summaries[i] = _run_one(spec, exp, resume, progress, lambda: None)
+    else:
+        _lockstep(runs, todo, statuses, summaries, progress, report)
+    report.summaries = [summaries[i] for i in range(len(runs))]
+    return report
+
+
+def _rounds_done(spec: RunSpec) -> int:
+    """Rounds a resumed run had finished (its checkpoint's round; 0 if unreadable)."""
+    try:
+        import torch
+
+        state = torch.load(spec.folder / "checkpoint.pt", map_location="cpu", weights_only=False)
+        return int(state.get("round", 0))
+    except Exception:  # noqa: BLE001 (only the progress bar's start)
+        return 0
+
+
+def _lockstep(
+    runs: Sequence[RunSpec],
+    todo: list[int],
+    statuses: list[str],
+    summaries: dict[int, dict[str, Any]],
+    progress: Progress | None,
+    report: BatchReport,
+) -> None:
+    """The runs ``todo`` in threads whose model kernels meet (:class:`Lockstep`)."""
+    from fedhp.api import prepare
+    from fedhp.sweep.lockstep import Lockstep
+
+    exps = {i: prepare(run_config(runs[i])) for i in todo}
+    step = Lockstep(len(todo))
+    for slot, i in enumerate(todo):
+        step.attach(slot, exps[i].model)
+    errors: dict[int, BaseException] = {}
+    lock = threading.Lock()
+
+    def tick(n: int) -> None:
+        if progress is not None:
+            with lock:
+                progress(n)
+
+    def work(slot: int, i: int) -> None:
+        spec = runs[i]
+        with step.turn():  # (given up only while the run waits for its partners)
+            try:
+                resume = statuses[i] == "resume"
+                if resume:
+                    tick(_rounds_done(spec))
+                spec.folder.mkdir(parents=True, exist_ok=True)
+                summaries[i] = _run_one(spec, exps[i], resume, tick, lambda: None)
+            except BaseException as err:  # noqa: BLE001 (re-raised below, in the caller's thread)
+                errors[i] = err
+            finally:
+                step.finish(slot)
+
+    threads = [
+        threading.Thread(target=work, args=(slot, i), name=f"fedhp-run-{i}", daemon=True)
+        for slot, i in enumerate(todo)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    report.fused_calls, report.single_calls = step.fused_calls, step.single_calls
+    if errors:
+        raise errors[min(errors)]

@@ -1,0 +1,199 @@
+"""Runs in lockstep: S runs of one batch train in S threads, and their model kernels are fused.
+
+Each run keeps everything of its own — its config, data, generators, state, aggregation, ledger,
+checkpoints, divergence guard — exactly as it would alone; only the model's training kernels
+meet. When every live run of the batch has called its model's ``sgd_step`` or ``loss_and_grad``
+(the calls that hold nearly all of a round's arithmetic), the calls that agree in shape and step
+size become ONE call on the rows of all of them (``[S·C, P]``: run s's clients are a block of
+rows), and each run gets its own rows back. Since the clients of a batched model share no
+parameters, row c of the fused call is row c of the run's own call: no sum, mean or
+normalization crosses a run's rows (``tests/sweep/test_lockstep.py`` checks bit equality).
+
+On a GPU this turns S launches of every kernel into one; on a CPU whose kernels already run
+at the core's peak it saves little and copies the rows in and out (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedhp.models.base import BatchedModel
+
+__all__ = ["Lockstep"]
+
+ColumnHook = Callable[[int, int], None]
+
+
+@dataclass
+class _Call:
+    """One run's pending model call."""
+
+    run: int
+    kind: str  # "sgd_step" | "loss_and_grad"
+    model: BatchedModel
+    original: Callable[..., Any]
+    flat: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    lr: float | None = None
+    before: ColumnHook | None = None
+    opts: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+    error: BaseException | None = None
+    done: bool = False
+
+    def group_key(self) -> tuple[Any, ...]:
+        """Calls with equal keys can be fused: same kernel, shapes past the client dimension,
+        dtypes, device, step size and the same optional inputs."""
+        tensors = [self.flat, self.x, self.y, *self.opts.values()]
+        shapes = tuple(
+            (tuple(t.shape[1:]), t.dtype, t.device) if isinstance(t, torch.Tensor) else repr(t)
+            for t in tensors
+        )
+        return (self.kind, shapes, self.lr, self.before is None, tuple(self.opts))
+
+
+class Lockstep:
+    """The rendezvous of ``runs`` threads; :meth:`attach` routes a run's model calls here."""
+
+    def __init__(self, runs: int) -> None:
+        # One lock is both the rendezvous's and the turn: a run thread holds it while it works
+        # and gives it up only while it waits for its partners, so no two runs ever execute at
+        # once (their torch calls do not overlap: each run computes exactly what it computes
+        # alone, whatever the threads' timing).
+        self._cv = threading.Condition(threading.RLock())
+        self._live = runs
+        self._pending: dict[int, _Call] = {}
+        self.fused_calls = 0  # fused kernel calls made (for the log and tests)
+        self.single_calls = 0  # calls that ran alone (no partner of the same shape)
+
+    def attach(self, run: int, model: BatchedModel) -> None:
+        """Route ``model``'s ``sgd_step`` and ``loss_and_grad`` (run ``run``'s) through the
+        rendezvous."""
+        step, grad = model.sgd_step, model.loss_and_grad
+        model.sgd_step = functools.partial(self._sgd_step, run, model, step)  # type: ignore[method-assign]
+        model.loss_and_grad = functools.partial(self._loss_and_grad, run, model, grad)  # type: ignore[method-assign]
+
+    def turn(self) -> threading.Condition:
+        """A run thread's turn: ``with lockstep.turn(): ...`` around the whole run."""
+        return self._cv
+
+    def finish(self, run: int) -> None:
+        """Run ``run`` has ended (or failed): the others no longer wait for it."""
+        with self._cv:
+            self._live -= 1
+            self._pending.pop(run, None)
+            if self._pending and len(self._pending) >= self._live:
+                self._execute()
+            self._cv.notify_all()
+
+    def _sgd_step(
+        self,
+        run: int,
+        model: BatchedModel,
+        original: Callable[..., torch.Tensor],
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        lr: float,
+        before: ColumnHook | None = None,
+    ) -> torch.Tensor:
+        call = _Call(run, "sgd_step", model, original, flat, x, y, lr=lr, before=before)
+        result: torch.Tensor = self._wait(call)
+        return result
+
+    def _loss_and_grad(
+        self,
+        run: int,
+        model: BatchedModel,
+        original: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+        flat: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        **opts: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        opts = {k: v for k, v in opts.items() if v is not None}
+        call = _Call(run, "loss_and_grad", model, original, flat, x, y, opts=opts)
+        result: tuple[torch.Tensor, torch.Tensor] = self._wait(call)
+        return result
+
+    def _wait(self, call: _Call) -> Any:
+        with self._cv:
+            self._pending[call.run] = call
+            if len(self._pending) >= self._live:
+                self._execute()
+                self._cv.notify_all()
+            while not call.done:
+                self._cv.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def _execute(self) -> None:
+        """Run every pending call, fused by group (called with the lock held)."""
+        groups: dict[tuple[Any, ...], list[_Call]] = {}
+        for call in sorted(self._pending.values(), key=lambda c: c.run):
+            groups.setdefault(call.group_key(), []).append(call)
+        self._pending.clear()
+        for group in groups.values():
+            try:
+                if len(group) == 1:
+                    self.single_calls += 1
+                    _alone(group[0])
+                else:
+                    self.fused_calls += 1
+                    _fused(group)
+            except BaseException as err:  # each run raises it in its own thread
+                for call in group:
+                    call.error = err
+            for call in group:
+                call.done = True
+
+
+def _alone(call: _Call) -> None:
+    if call.kind == "sgd_step":
+        call.result = call.original(call.flat, call.x, call.y, call.lr, call.before)
+    else:
+        call.result = call.original(call.flat, call.x, call.y, **call.opts)
+
+
+def _fused(group: list[_Call]) -> None:
+    """One kernel call on the rows of every call of ``group``; each gets its rows back."""
+    sizes = [c.flat.shape[0] for c in group]
+    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    rows = [slice(bounds[i], bounds[i + 1]) for i in range(len(group))]
+    flat = torch.cat([c.flat for c in group])
+    x, y = torch.cat([c.x for c in group]), torch.cat([c.y for c in group])
+    lead = group[0]
+    if lead.kind == "sgd_step":
+        before = None if lead.before is None else _fused_hook(group, flat, rows)
+        loss = lead.original(flat, x, y, lead.lr, before)
+        for call, part in zip(group, rows, strict=True):
+            call.flat.copy_(flat[part])
+            call.result = loss[part]
+        return
+    opts = {k: torch.cat([c.opts[k] for c in group]) for k in lead.opts}
+    loss, grad = lead.original(flat, x, y, **opts)
+    for call, part in zip(group, rows, strict=True):
+        if "buffers" in opts:  # (updated in place by the model: back into each run's rows)
+            call.opts["buffers"].copy_(opts["buffers"][part])
+        call.result = (loss[part], grad[part])
+
+
+def _fused_hook(group: list[_Call], flat: torch.Tensor, rows: list[slice]) -> ColumnHook:
+    """The fused step's column hook: each run's own hook on its own (not yet stepped) rows,
+    then those columns into the fused rows, before the model steps them."""
+
+    def before(lo: int, hi: int) -> None:
+        for call, part in zip(group, rows, strict=True):
+            assert call.before is not None
+            call.before(lo, hi)
+            flat[part, lo:hi].copy_(call.flat[:, lo:hi])
+
+    return before

@@ -1,0 +1,189 @@
+"""Runs in lockstep (their model kernels fused) write what each run writes alone, and a batch
+whose fused call mixed rows across runs is caught."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedhp.sweep import lockstep
+from fedhp.sweep.execute import run_batch
+from fedhp.sweep.grid import parse_grid, points_of
+from fedhp.sweep.plan import plan_runs
+
+BASE = [
+    "rounds=2",
+    "eval_every=1",
+    "progress=false",
+    "threads=1",
+    "subsample.train=600",
+    "subsample.test=300",
+    "partition.train_per_class=30",
+    "partition.test_per_class=15",
+    "federation.num_clients=6",
+    "federation.num_edges=2",
+    "model.name=dnn",
+    "model.hidden=[12]",
+    "checkpoint_every=1",
+]
+
+# method -> (its options, a float option the two grid points differ in)
+METHODS: dict[str, tuple[list[str], str]] = {
+    "fedavg": (["algorithm.local_steps=3"], "algorithm.lr=0.05"),  # (one point: seeds differ)
+    "fedavg-decay": (
+        ["algorithm.name=fedavg", "algorithm.local_steps=3"],
+        "algorithm.weight_decay=0.0,0.001",
+    ),
+    "fedprox": (["algorithm.local_steps=3"], "algorithm.mu=0.01,0.1"),
+    "hierfavg": (["algorithm.kappa1=2", "algorithm.kappa2=2"], "algorithm.lr=0.05"),
+    "pfedme": (["algorithm.K=2", "algorithm.R=2"], "algorithm.lam=15.0,20.0"),
+    "perfedavg": (["algorithm.local_steps=2"], "algorithm.beta=0.05,0.1"),
+    "heurfedamp": (["algorithm.local_steps=2"], "algorithm.alpha=0.1,0.5"),
+    "sfedhp": (["algorithm.K=2", "algorithm.R=2"], "algorithm.lam=15.0,20.0"),
+    "sfedhp-sparse": (
+        [
+            "algorithm.name=sfedhp",
+            "algorithm.K=2",
+            "algorithm.R=2",
+            "algorithm.gamma1=0.001",
+            "algorithm.gamma2=0.001",
+        ],
+        "algorithm.lam=15.0,20.0",
+    ),
+    "scaffold": (["algorithm.local_steps=3"], "algorithm.server_lr=1.0,0.5"),
+    "ditto": (["algorithm.local_steps=2"], "algorithm.lam=0.1,1.0"),
+    "centralized": (["algorithm.local_steps=2"], "algorithm.lr=0.05"),
+}
+
+
+def _runs(method: str, folder: Path) -> list:
+    options, grid = METHODS[method]
+    name = (
+        []
+        if any(o.startswith("algorithm.name=") for o in options)
+        else [f"algorithm.name={method}"]
+    )
+    points = points_of(parse_grid([grid]))
+    return plan_runs([*BASE, *name, *options], points, [0, 1], folder)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.name in ("metrics.csv", "per_client.csv")
+    }
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_lockstep_writes_what_each_run_writes_alone(method: str, tmp_path: Path) -> None:
+    alone = run_batch(_runs(method, tmp_path / "alone"), "sequential", log=lambda _: None)
+    fused = run_batch(_runs(method, tmp_path / "fused"), "lockstep", log=lambda _: None)
+    assert alone.batching == "sequential" and fused.batching == "lockstep"
+    assert fused.fused_calls > 0  # the kernels did meet
+    a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
+    assert len(a) >= 4 and a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+    assert [
+        s["final_global_acc" if "final_global_acc" in s else "final_personal_acc"]
+        for s in alone.summaries
+    ] == [
+        s["final_global_acc" if "final_global_acc" in s else "final_personal_acc"]
+        for s in fused.summaries
+    ]
+
+
+def test_a_fused_call_that_mixes_runs_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plant a crossing: the fused step hands each run the rows of the NEXT run. The equality
+    check above must then fail (the runs' files differ from the runs alone)."""
+    real = lockstep._fused
+
+    def crossed(group: list) -> None:
+        real(group)
+        if len(group) > 1 and group[0].kind == "sgd_step":
+            rows = [c.flat.clone() for c in group]
+            for call, other in zip(group, rows[1:] + rows[:1], strict=True):
+                call.flat.copy_(other)
+
+    alone = run_batch(_runs("sfedhp", tmp_path / "alone"), "sequential", log=lambda _: None)
+    monkeypatch.setattr(lockstep, "_fused", crossed)
+    run_batch(_runs("sfedhp", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
+    assert any(a[name] != b[name] for name in a)
+    assert alone.summaries
+
+
+def test_a_diverged_run_stops_alone(tmp_path: Path) -> None:
+    """A run whose lr blows up stops (its summary says so); its partner in the batch goes on to
+    the last round."""
+    runs = plan_runs(
+        [*BASE, "rounds=4", "algorithm.name=fedavg", "algorithm.local_steps=3", "max_loss=50"],
+        points_of(parse_grid(["algorithm.lr=0.05,80.0"])),
+        [0],
+        tmp_path,
+    )
+    report = run_batch(runs, "lockstep", log=lambda _: None)
+    ok, bad = report.summaries
+    assert "stopped" not in ok and ok["rounds"] == 4
+    assert "stopped" in bad and bad["rounds"] < 4
+
+
+def test_resume_of_a_batch_is_bit_exact(tmp_path: Path) -> None:
+    """Interrupted after 2 of 4 rounds (the checkpoint of round 2 kept, the rest removed), the
+    batch resumes and writes the metrics of an uninterrupted batch."""
+    whole = plan_runs(
+        [*BASE, "rounds=4", "algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=2"],
+        points_of(parse_grid(["algorithm.lam=15.0,20.0"])),
+        [0],
+        tmp_path / "whole",
+    )
+    run_batch(whole, "lockstep", log=lambda _: None)
+    part = plan_runs(
+        [*BASE, "rounds=2", "algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=2"],
+        points_of(parse_grid(["algorithm.lam=15.0,20.0"])),
+        [0],
+        tmp_path / "cut",
+    )
+    run_batch(part, "lockstep", log=lambda _: None)
+    rest = plan_runs(
+        [*BASE, "rounds=4", "algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=2"],
+        points_of(parse_grid(["algorithm.lam=15.0,20.0"])),
+        [0],
+        tmp_path / "cut",
+    )
+    import yaml
+
+    for spec in rest:  # what an interrupted 4-round run leaves: its config and checkpoint
+        cfg = yaml.safe_load((spec.folder / "config.yaml").read_text())
+        cfg["rounds"] = 4
+        (spec.folder / "config.yaml").write_text(yaml.safe_dump(cfg))
+        (spec.folder / "summary.json").unlink()
+    report = run_batch(rest, "lockstep", log=lambda _: None)
+    assert report.batching == "lockstep"
+    for a, b in zip(whole, rest, strict=True):
+        assert (a.folder / "metrics.csv").read_bytes() == (b.folder / "metrics.csv").read_bytes()
+
+
+def test_fused_rows_equal_each_call_alone() -> None:
+    """The kernel-level fact the design rests on: row c of a fused step is row c of its run's
+    own step (bit for bit), for the MLP's fused SGD step and its loss_and_grad."""
+    from fedhp.build import build_experiment
+    from fedhp.config import resolve_config
+
+    exp = build_experiment(resolve_config(None, [*BASE, "algorithm.name=fedavg"]))
+    model = exp.model
+    g = torch.Generator().manual_seed(0)
+    p = [torch.randn(3, model.num_params, generator=g) * 0.1 for _ in range(2)]
+    x = [torch.rand(3, 5, 784, generator=g) for _ in range(2)]
+    y = [torch.randint(0, 10, (3, 5), generator=g) for _ in range(2)]
+    both = torch.cat(p)
+    loss_both = model.sgd_step(both, torch.cat(x), torch.cat(y), 0.1)
+    for i in range(2):
+        loss = model.sgd_step(p[i], x[i], y[i], 0.1)
+        assert torch.equal(p[i], both[3 * i : 3 * i + 3])
+        assert torch.equal(loss, loss_both[3 * i : 3 * i + 3])
