@@ -272,7 +272,9 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
             summary["reused"] = True
             return summary
     exp = prepare(cfg)
-    resume = config_path.is_file() and (folder / "checkpoint.pt").is_file()
+    from fedhp.engine.checkpoint import resumable
+
+    resume = config_path.is_file() and resumable(folder, fall_back=True)
     if resume and normalized_config(yaml.safe_load(config_path.read_text())) != config:
         resume = False
     try:
@@ -315,10 +317,42 @@ def map_runs(
             for fut in as_completed(futures):
                 yield futures[fut], fut.result(), time.perf_counter() - start
         return
+    if run is run_config:
+        yield from _batched_runs(tasks)
+        return
     for overrides, folder in tasks:
         start = time.perf_counter()
         result = run(overrides, folder)
         yield folder, result, time.perf_counter() - start
+
+
+def _write_nodes(spec: Any, exp: Any) -> None:
+    """nodes.json: the accumulated traffic per node of every link."""
+    from fedhp.comm import LINKS
+    from fedhp.reporting import write_json_atomic
+
+    nodes = {link: exp.ctx.ledger.node_totals(link) for link in LINKS}
+    write_json_atomic(spec.folder / "nodes.json", {k: v for k, v in nodes.items() if v})
+
+
+def _batched_runs(
+    tasks: Sequence[tuple[list[str], Path]],
+) -> Iterator[tuple[Path, dict[str, Any], float]]:
+    """The runs of :func:`map_runs` through ``fedhp sweep``'s batches (:mod:`fedhp.sweep`):
+    runs of one structure (seeds, float hyperparameters) share a batch — in lockstep on a GPU,
+    one after another on the CPU —, finished runs are kept and interrupted ones resumed."""
+    from fedhp.sweep.execute import run_batch
+    from fedhp.sweep.plan import make_batches, spec_of
+
+    specs = [spec_of(overrides, folder) for overrides, folder in tasks]
+    for batch in make_batches(specs, None):
+        start = time.perf_counter()
+        report = run_batch(batch, "auto", after=_write_nodes)
+        seconds = (time.perf_counter() - start) / len(batch)
+        for spec, summary, status in zip(batch, report.summaries, report.statuses, strict=True):
+            if status == "finished":
+                summary["reused"] = True
+            yield spec.folder, summary, seconds
 
 
 Key = TypeVar("Key")

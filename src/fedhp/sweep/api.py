@@ -68,24 +68,27 @@ def sweep_spec(
 def sweep(
     config: str | Path | Mapping[str, Any] | None = None,
     *,
-    grid: Mapping[str, Sequence[Any]],
-    out: str | Path,
-    seeds: Sequence[int] | str = (0,),
+    grid: Mapping[str, Sequence[Any]] | None = None,
+    out: str | Path | None = None,
+    seeds: Sequence[int] | str | None = None,
     select: str | None = None,
     metric: str | None = None,
     runs_per_batch: int | None = None,
-    backend: str = "inprocess",
+    backend: str | None = None,
     address: str | None = None,
-    batching: str = "auto",
+    batching: str | None = None,
     progress: bool = True,
     plugins: Sequence[str] = (),
     **overrides: Any,
 ) -> SweepResult:
     """Run a sweep as ``fedhp sweep`` does and return its :class:`SweepResult`.
 
-    ``config``: a YAML file (its ``sweep:`` section gives defaults for the arguments), a mapping
-    or None (the defaults); ``overrides`` as in :func:`fedhp.run` (``rounds=20``,
-    ``algorithm__lr=0.1``); ``grid``: ``{"algorithm.lam": [15, 20]}``."""
+    ``config``: a YAML file (its ``sweep:`` section gives what the arguments leave unset), a
+    mapping (laid over the defaults like a YAML file) or None; ``overrides`` as in
+    :func:`fedhp.run` (``rounds=20``, ``algorithm__lr=0.1``); ``grid``:
+    ``{"algorithm.lam": [15, 20]}``; ``seeds``: ``[0, 1, 2]`` (default ``[0]``); ``out``: the
+    sweep's folder (default ``sweeps/<algorithm>-<dataset>-<time>``); the rest as the command's
+    flags (docs/sweep.md)."""
     from fedhp.api import overrides_from_kwargs
     from fedhp.sweep.cli import split_sweep_section
     from fedhp.sweep.report import load_table
@@ -99,20 +102,21 @@ def sweep(
         base, section = split_sweep_section(Path(config) if config is not None else None)
         plugins = [*section.pop("plugins", []), *plugins]
     base = [*base, *overrides_from_kwargs(overrides)]
-    full_grid = {**(section.pop("grid", None) or {}), **grid}
-    spec = sweep_spec(
-        base,
-        full_grid,
-        out=out,
-        seeds=seeds,
-        plugins=plugins,
-        select=select,
-        metric=metric,
-        runs_per_batch=runs_per_batch,
-        backend=backend,
-        address=address,
-        batching=batching,
-        progress=progress,
-    )
+    given = {
+        "out": out,
+        "seeds": seeds,
+        "select": select,
+        "metric": metric,
+        "runs_per_batch": runs_per_batch,
+        "backend": backend,
+        "address": address,
+        "batching": batching,
+    }
+    options = {k: v for k, v in section.items() if k != "grid"}
+    options.update({k: v for k, v in given.items() if v is not None})
+    if options.get("out") is None:
+        options["out"] = default_sweep_dir(base, plugins)
+    full_grid = {**(section.get("grid") or {}), **(grid or {})}
+    spec = sweep_spec(base, full_grid, plugins=plugins, progress=progress, **options)
     manifest = run_sweep(spec)
     return SweepResult(spec.out, manifest, load_table(spec.out))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,9 @@ def run_status(spec: RunSpec) -> str:
         return "new"
     if (folder / "summary.json").is_file():
         return "finished"
-    return "resume" if (folder / "checkpoint.pt").is_file() else "new"
+    from fedhp.engine.checkpoint import resumable
+
+    return "resume" if resumable(folder, fall_back=True) else "new"
 
 
 def choose_batching(batching: str, device: str) -> str:
@@ -60,6 +62,7 @@ class BatchReport:
     batching: str
     fused_calls: int = 0
     single_calls: int = 0
+    statuses: list[str] = field(default_factory=list)  # finished / resume / new, before it ran
 
 
 def _summary_of(folder: Path) -> dict[str, Any]:
@@ -67,26 +70,45 @@ def _summary_of(folder: Path) -> dict[str, Any]:
     return data
 
 
+After = Callable[[RunSpec, Any], None]
+"""Called with a run and its experiment after the run (e.g. to write the ledger's per-node
+totals, ``fedhp reproduce``'s nodes.json)."""
+
+
 def _run_one(
-    spec: RunSpec, exp: Any, resume: bool, progress: Progress | None, before: Callable[[], None]
+    spec: RunSpec, exp: Any, resume: bool, progress: Progress | None, after: After | None
 ) -> dict[str, Any]:
     """Run a built experiment into its folder; a diverged run's summary says ``stopped``."""
     from fedhp.api import run_built
     from fedhp.errors import DivergenceError
 
-    before()
     on_round = None if progress is None else (lambda _: progress(1))
     try:
         if exp.cfg.backend != "inprocess":
-            return run_built(exp, spec.folder, resume=resume, progress=False)
-        from fedhp.engine.runner import run_experiment
+            summary = run_built(exp, spec.folder, resume=resume, progress=False)
+        else:
+            from fedhp.engine.runner import run_experiment
 
-        return run_experiment(exp, spec.folder, progress=False, resume=resume, on_round=on_round)
+            summary = run_experiment(
+                exp, spec.folder, progress=False, resume=resume, on_round=on_round
+            )
     except DivergenceError as err:
         path = spec.folder / "summary.json"
         summary = json.loads(path.read_text()) if path.is_file() else {}
         summary["stopped"] = str(err)
-        return summary
+    if after is not None:
+        after(spec, exp)
+    return summary
+
+
+def lockstep_refusal(cfg: Any) -> str | None:
+    """Why the runs of ``cfg``'s batch cannot train in lockstep (None: they can): a model that
+    draws from torch's global generator (dropout) would draw from it in the threads' order."""
+    if cfg.backend != "inprocess":
+        return f"backend {cfg.backend} runs its own rounds"
+    if float(cfg.model.get("dropout", 0) or 0) > 0:
+        return "the model's dropout draws from torch's global generator"
+    return None
 
 
 def run_batch(
@@ -94,6 +116,7 @@ def run_batch(
     batching: str = "auto",
     progress: Progress | None = None,
     log: Callable[[str], None] | None = None,
+    after: After | None = None,
 ) -> BatchReport:
     """Run (or keep, or resume) every run of one batch; returns their summaries."""
     from fedhp.api import prepare
@@ -109,12 +132,17 @@ def run_batch(
         else:
             todo.append(i)
     if not todo:
-        return BatchReport([summaries[i] for i in range(len(runs))], "kept")
+        return BatchReport([summaries[i] for i in range(len(runs))], "kept", statuses=statuses)
     first = run_config(runs[todo[0]])
     mode = choose_batching(batching, first.device)
-    if mode == "lockstep" and (len(todo) == 1 or first.backend != "inprocess"):
+    refusal = lockstep_refusal(first)
+    if mode == "lockstep" and refusal is not None:
+        if log is not None:
+            log(f"not in lockstep ({refusal}): one after another")
         mode = "sequential"
-    report = BatchReport([], mode)
+    if mode == "lockstep" and len(todo) == 1:
+        mode = "sequential"
+    report = BatchReport([], mode, statuses=statuses)
     if mode == "sequential":
         for i in todo:
             spec = runs[i]
@@ -123,21 +151,20 @@ def run_batch(
             if resume and progress is not None:
                 progress(_rounds_done(spec))
             spec.folder.mkdir(parents=True, exist_ok=True)
-            summaries[i] = _run_one(spec, exp, resume, progress, lambda: None)
+            summaries[i] = _run_one(spec, exp, resume, progress, after)
     else:
-        _lockstep(runs, todo, statuses, summaries, progress, report)
+        _lockstep(runs, todo, statuses, summaries, progress, report, after)
     report.summaries = [summaries[i] for i in range(len(runs))]
     return report
 
 
 def _rounds_done(spec: RunSpec) -> int:
-    """Rounds a resumed run had finished (its checkpoint's round; 0 if unreadable)."""
+    """Rounds a resumed run had finished (its checkpoint's, from checkpoint_time.json; 0 if
+    unknown): where the progress bar starts."""
     try:
-        import torch
-
-        state = torch.load(spec.folder / "checkpoint.pt", map_location="cpu", weights_only=False)
-        return int(state.get("round", 0))
-    except Exception:  # noqa: BLE001 (only the progress bar's start)
+        done = json.loads((spec.folder / "checkpoint_time.json").read_text()).get("round", 0)
+        return int(done)
+    except (OSError, ValueError, TypeError, AttributeError):
         return 0
 
 
@@ -148,6 +175,7 @@ def _lockstep(
     summaries: dict[int, dict[str, Any]],
     progress: Progress | None,
     report: BatchReport,
+    after: After | None,
 ) -> None:
     """The runs ``todo`` in threads whose model kernels meet (:class:`Lockstep`)."""
     from fedhp.api import prepare
@@ -173,7 +201,7 @@ def _lockstep(
                 if resume:
                     tick(_rounds_done(spec))
                 spec.folder.mkdir(parents=True, exist_ok=True)
-                summaries[i] = _run_one(spec, exps[i], resume, tick, lambda: None)
+                summaries[i] = _run_one(spec, exps[i], resume, tick, after)
             except BaseException as err:  # noqa: BLE001 (re-raised below, in the caller's thread)
                 errors[i] = err
             finally:

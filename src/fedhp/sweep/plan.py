@@ -13,7 +13,15 @@ from typing import Any
 from fedhp.errors import ConfigError, FedhpError
 from fedhp.sweep.grid import GridPoint, batch_key
 
-__all__ = ["MANIFEST", "RunSpec", "make_batches", "plan_runs", "read_manifest", "run_config"]
+__all__ = [
+    "MANIFEST",
+    "RunSpec",
+    "make_batches",
+    "plan_runs",
+    "read_manifest",
+    "run_config",
+    "spec_of",
+]
 
 MANIFEST = "sweep.json"
 
@@ -97,6 +105,26 @@ def plan_runs(
                 )
             )
     return runs
+
+
+def spec_of(overrides: Sequence[str], folder: Path, plugins: Sequence[str] = ()) -> RunSpec:
+    """A run given by its overrides and folder alone (``fedhp reproduce``'s runs): its point is
+    its folder's name."""
+    from fedhp.config import config_to_dict
+
+    spec = RunSpec(folder.name, {}, 0, "test", list(overrides), str(folder), plugins=list(plugins))
+    cfg = run_config(spec)
+    return RunSpec(
+        spec.point,
+        {},
+        cfg.seed,
+        cfg.eval_split,
+        spec.overrides,
+        spec.out_dir,
+        rounds=cfg.rounds,
+        key=batch_key(config_to_dict(cfg)),
+        plugins=list(plugins),
+    )
 
 
 def make_batches(runs: Sequence[RunSpec], runs_per_batch: int | None) -> list[list[RunSpec]]:

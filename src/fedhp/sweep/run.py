@@ -188,14 +188,15 @@ def _execute(
 ) -> list[dict[str, Any]]:
     """Run ``runs`` in batches; their summaries in order."""
     per_batch = spec.runs_per_batch
-    if per_batch is None and runs and len(runs) > 1:
+    if per_batch is None and spec.backend == "ray" and run_config(runs[0]).device == "cpu":
+        per_batch = 1  # CPU runs gain nothing from sharing a batch: spread them over the workers
+    elif per_batch is None and runs and len(runs) > 1:
         per_batch = runs_per_batch_of(runs[0])
     batches = make_batches(runs, per_batch)
     reports: list[BatchReport]
     if spec.backend == "ray":
         from fedhp.sweep.ray_backend import run_batches_ray
 
-        log(f"{len(runs)} runs in {len(batches)} batches on Ray")
         reports = run_batches_ray(batches, spec.batching, spec.address, bar, log)
     else:
         reports = []
