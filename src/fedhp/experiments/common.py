@@ -287,6 +287,9 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     return summary
 
 
+_RUN_CONFIG = run_config
+
+
 def _die_with_parent() -> None:
     """Worker initializer: on Linux the kernel sends the worker SIGTERM when the process that
     started it exits, so a killed ``fedhp reproduce --jobs N`` leaves no orphan runs behind
@@ -317,7 +320,7 @@ def map_runs(
             for fut in as_completed(futures):
                 yield futures[fut], fut.result(), time.perf_counter() - start
         return
-    if run is run_config:
+    if run is _RUN_CONFIG:  # (not a stand-in: tests replace run_config)
         yield from _batched_runs(tasks)
         return
     for overrides, folder in tasks:
@@ -343,9 +346,13 @@ def _batched_runs(
     one after another on the CPU —, finished runs are kept and interrupted ones resumed."""
     from fedhp.sweep.execute import run_batch
     from fedhp.sweep.plan import make_batches, spec_of
+    from fedhp.sweep.plan import run_config as run_config_of
+    from fedhp.sweep.run import runs_per_batch_of
 
     specs = [spec_of(overrides, folder) for overrides, folder in tasks]
-    for batch in make_batches(specs, None):
+    gpu = bool(specs) and str(run_config_of(specs[0]).device).startswith("cuda")
+    per_batch = runs_per_batch_of(specs[0]) if gpu and len(specs) > 1 else None
+    for batch in make_batches(specs, per_batch):
         start = time.perf_counter()
         report = run_batch(batch, "auto", after=_write_nodes)
         seconds = (time.perf_counter() - start) / len(batch)
