@@ -47,8 +47,10 @@ $(DATA_STAMP): $(STAMP) $(SHAKESPEARE_STAMP)
 
 data: $(DATA_STAMP)
 
+# make run: the default experiment into runs/default, replacing the previous `make run`'s results
+# there (--overwrite), so it can be run again; `fedhp run` without --out picks a new folder.
 run: $(DATA_STAMP)
-	$(BIN)/fedhp run --out runs/default
+	$(BIN)/fedhp run --out runs/default --overwrite
 
 # make test: everything but the long end-to-end cases (marked `slow`), within ~10 minutes on 2
 # cores; make test-slow: those; make test-all: both (CI runs test, then test-slow).
@@ -62,10 +64,11 @@ test-slow: $(DATA_STAMP)
 test-all: $(DATA_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(DATA_STAMP)  # the engine against the per-client loop, then the scale runs
+bench: $(DATA_STAMP)  # the engine against the per-client loop, the scale runs, then the sweep
 	$(BIN)/python benchmarks/bench_engine.py --device $(DEVICE)
 	$(BIN)/python benchmarks/bench_lstm.py
 	$(BIN)/python benchmarks/bench_scale.py --device $(DEVICE)
+	$(BIN)/python benchmarks/bench_sweep.py --device $(DEVICE)
 
 bench-scale: $(DATA_STAMP)
 	$(BIN)/python benchmarks/bench_scale.py --device $(DEVICE)

@@ -209,3 +209,13 @@ def test_list_has_no_placeholders_or_cut_sentences(capsys: pytest.CaptureFixture
             summary = summary_of(registry.get(name).__doc__)
             assert summary.endswith((".", ".)")), (name, summary)
             assert " ".join(summary.split()[:4]) in " ".join(out.split()), name
+
+
+def test_reproduce_help_names_every_quick(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: no word broken at a hyphen
+    assert main(["reproduce", "--help"]) == 0
+    (quick,) = [line for line in capsys.readouterr().out.splitlines() if "--quick" in line][-1:]
+    for name in ("fnrfl-table2", "fedlps-*", "robust", "dp", "leaf-shakespeare"):
+        assert f"{name}: " in quick, name

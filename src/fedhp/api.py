@@ -22,14 +22,14 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fedhp.errors import ConfigError, FedhpWarning
+from fedhp.errors import ConfigError, DivergenceError, FedhpWarning
 
 if TYPE_CHECKING:
     import torch
@@ -198,17 +198,70 @@ def check_out_dir(
         ) from None
 
 
+class FreshFolder:
+    """The results folder of a new run, removed again when the start fails (an error, a crash,
+    Ctrl-C; not a divergence, whose results are kept) before its first round finishes, so the
+    same command works once the cause is fixed. Only what the failed start wrote goes: a folder
+    it created is removed (with the folders above it that it created, where they stayed empty),
+    a folder that was empty before is emptied again, any other folder is left as it is. Make it
+    before :func:`check_out_dir` creates the folder; pass :meth:`on_round` to
+    :func:`run_built`."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.rounds = 0
+        top: Path | None = None  # the highest folder of the path that does not exist yet
+        path = out.absolute()
+        while not path.exists() and path != path.parent:
+            top, path = path, path.parent
+        self.top = top
+        self.was_empty = out.is_dir() and not any(out.iterdir())
+
+    def on_round(self, rounds_done: int) -> None:
+        """Called after every finished round."""
+        self.rounds = rounds_done
+
+    def discard(self) -> bool:
+        """Remove what the start wrote if no round finished (the folder itself where the start
+        created it); whether it did."""
+        if self.rounds > 0 or not self.out.is_dir():
+            return False
+        if self.top is None:
+            if not self.was_empty:
+                return False
+            for entry in self.out.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+            return not any(self.out.iterdir())
+        shutil.rmtree(self.out, ignore_errors=True)
+        path = self.out.absolute()
+        while path != self.top:
+            path = path.parent
+            try:
+                path.rmdir()  # (only while empty)
+            except OSError:
+                break
+        return not self.out.exists()
+
+
 def run_built(
-    exp: Experiment, out_dir: Path | None, resume: bool = False, progress: bool | None = None
+    exp: Experiment,
+    out_dir: Path | None,
+    resume: bool = False,
+    progress: bool | None = None,
+    on_round: Callable[[int], None] | None = None,
 ) -> Row:
-    """Run a built experiment on its configured backend; returns the summary (``fedhp run``)."""
+    """Run a built experiment on its configured backend; returns the summary (``fedhp run``).
+    ``on_round(rounds_done)`` is called after every finished round."""
     if exp.cfg.backend == "flower-sim":
         from fedhp.flower.simulation import run_flower_sim
 
-        return run_flower_sim(exp, out_dir, progress=progress, resume=resume)
+        return run_flower_sim(exp, out_dir, progress=progress, resume=resume, on_round=on_round)
     from fedhp.engine.runner import run_experiment
 
-    return run_experiment(exp, out_dir, progress=progress, resume=resume)
+    return run_experiment(exp, out_dir, progress=progress, resume=resume, on_round=on_round)
 
 
 def default_out_dir(cfg: RunConfig) -> Path:
@@ -285,10 +338,8 @@ def run(
     messages."""
     cfg = resolve(config, plugins, **overrides)
     folder = Path(out) if out is not None else default_out_dir(cfg)
-    if save:
-        check_out_dir(folder, overwrite, flag="out")
-    exp = prepare(cfg)
     if not save:
+        exp = prepare(cfg)
         tmp = Path(tempfile.mkdtemp(prefix="fedhp-run-"))
         try:
             run_built(exp, tmp)
@@ -298,5 +349,13 @@ def run(
             return result
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    run_built(exp, folder)
+    fresh = FreshFolder(folder)
+    check_out_dir(folder, overwrite, flag="out")
+    try:
+        run_built(prepare(cfg), folder, on_round=fresh.on_round)
+    except DivergenceError:
+        raise  # (its results are kept)
+    except BaseException:
+        fresh.discard()  # a failed start leaves no folder that blocks the next try
+        raise
     return load_run(folder)

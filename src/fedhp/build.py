@@ -25,7 +25,7 @@ from fedhp.engine.federation import Federation
 from fedhp.engine.participation import Participation
 from fedhp.engine.policy import build_policy
 from fedhp.engine.sampler import BatchSampler
-from fedhp.engine.uplink import safeguards
+from fedhp.engine.uplink import client_level, safeguards
 from fedhp.errors import ConfigError
 from fedhp.models import MODELS
 from fedhp.topology import Topology
@@ -76,14 +76,23 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
     preconditions."""
     name = cfg.algorithm.get("name")
     fed, attack, privacy = cfg.federation, cfg.faults.attack, cfg.privacy
+    momentum = client_momentum_of(options)
     uses = (
         attack.enabled
         or privacy.enabled
+        or momentum > 0
         or any(r.name != "mean" for r in (cfg.robust.cloud, cfg.robust.edge))
     )
     if uses and cfg.backend != "inprocess":
-        raise ConfigError("backend: attacks, robust rules and privacy need backend=inprocess")
+        raise ConfigError(
+            "backend: attacks, robust rules, client momentum and privacy need backend=inprocess"
+        )
     acts = safeguards_of(options)
+    if momentum > 0 and options.uploads.get(client_level(options.hierarchical)) != "model":
+        raise ConfigError(
+            f"algorithm.client_momentum: {name} does not upload the models its clients trained, "
+            "so there is no update to keep a momentum of; use 0"
+        )
     if attack.enabled and attack.name in UPDATE_ATTACKS and not acts["attack"]:
         ready = ", ".join(
             n for n in ALGORITHMS.names() if safeguards_of(ALGORITHMS.get(n))["attack"]
@@ -106,6 +115,19 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
             raise ConfigError(
                 f"robust.{level}.name: {name} has no {level} mean a robust rule can replace "
                 "(use mean)"
+            )
+        if rule.centred and level not in options.keeps_centres:
+            keeps = ", ".join(
+                n for n in ALGORITHMS.names() if level in ALGORITHMS.get(n).keeps_centres
+            )
+            raise ConfigError(
+                f"robust.{level}.name: {rule.name} measures from the previous aggregate, which "
+                f"{name} does not keep at the {level} ({keeps or 'none'} do); use clip"
+            )
+        if rule.bucket > rows[level]:
+            raise ConfigError(
+                f"robust.{level}.bucket: buckets of {rule.bucket} rows but the {level} receives "
+                f"{rows[level]}; use bucket <= {rows[level]}"
             )
         rule.check(-(-rows[level] // rule.bucket), f"robust.{level}")  # rows after bucketing
     if cfg.state_storage == "disk" and (cfg.backend != "inprocess" or cfg.device != "cpu"):
@@ -147,6 +169,11 @@ def safeguards_of(options: AlgorithmOptions | type[AlgorithmOptions]) -> dict[st
         return safeguards(cls.uploads, cls.hierarchical)
     except ValueError as err:
         raise ConfigError(f"algorithm: {cls.__name__}.{err}") from None
+
+
+def client_momentum_of(options: AlgorithmOptions) -> float:
+    """β of the clients' momentum (``algorithm.client_momentum``; 0 where a method has none)."""
+    return float(getattr(options, "client_momentum", 0.0))
 
 
 def level_rule(cfg: RunConfig, level: str, device: torch.device) -> LevelRule | None:
@@ -250,5 +277,7 @@ def build_experiment(cfg: RunConfig) -> Experiment[Algorithm, AlgorithmOptions]:
         attack=Attack(cfg.faults.attack, malicious, cfg.seed) if malicious.any() else None,
         cloud_rule=level_rule(cfg, "cloud", device),
         edge_rule=level_rule(cfg, "edge", device),
+        client_momentum=client_momentum_of(options),
+        client_level=client_level(options.hierarchical),
     )
     return Experiment(cfg, model, options, options.build(ctx), ctx)

@@ -96,9 +96,9 @@ def _resume_config(folder: Path, overrides: list[str]) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedhp.api import check_out_dir, default_out_dir, prepare, run_built
+    from fedhp.api import FreshFolder, check_out_dir, default_out_dir, prepare, run_built
     from fedhp.config import resolve_config
-    from fedhp.errors import ConfigError
+    from fedhp.errors import ConfigError, DivergenceError
 
     config_path, overrides = split_positionals(args.items)
     for flag, value in (("--out", args.out), ("--resume", args.resume)):
@@ -138,17 +138,37 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"clients, {exp.ctx.topology.num_edges} edges, {exp.model.num_params:,} parameters"
         )
         return 0
+    fresh: FreshFolder | None = None
     if args.resume is None:
+        fresh = FreshFolder(out)  # removed again if the start fails before its first round
         check_out_dir(out, args.overwrite)
     elif args.from_previous:
         from fedhp.engine.checkpoint import use_previous
 
         use_previous(out)  # the damaged checkpoint.pt is kept as checkpoint.set-aside.pt
     try:
-        summary = run_built(exp, out, resume=args.resume is not None)
+        summary = run_built(
+            exp,
+            out,
+            resume=args.resume is not None,
+            on_round=fresh.on_round if fresh is not None else None,
+        )
     except KeyboardInterrupt:
-        print(f"fedhp: interrupted; continue with: fedhp run --resume {out}", file=sys.stderr)
+        if fresh is not None and fresh.discard():
+            print(
+                "fedhp: interrupted before the first round finished; nothing kept (run the "
+                "same command again)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"fedhp: interrupted; continue with: fedhp run --resume {out}", file=sys.stderr)
         return 130
+    except DivergenceError:
+        raise  # (its results are kept)
+    except BaseException:
+        if fresh is not None:
+            fresh.discard()  # a failed start leaves no folder that blocks the re-run
+        raise
     parts = [
         f"{k}={summary[k]:.4f}" for k in ("final_global_acc", "final_personal_acc") if k in summary
     ]
@@ -473,7 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick",
         action="store_true",
         help="fnrfl-table2: a short CPU run (data subset, E = 2); fedlps-*: 30 rounds of 1 epoch; "
-        "robust: 10 rounds, sign flip and ALIE at 20%% only; dp: 40 rounds",
+        "robust: 10 rounds, sign flip and ALIE at 20%% only; dp: 40 rounds; leaf-shakespeare: "
+        "17 roles, 40-character windows, LSTM 32, 20 local steps, 30 rounds (CPU-sized; the "
+        "paper's scale needs a GPU)",
     )
     rep.add_argument(
         "--leak", action="store_true", help="fnrfl-table2: the authors' protocol (D_pub = test set)"

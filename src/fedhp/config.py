@@ -74,7 +74,7 @@ class SubsampleConfig(pydantic.BaseModel):
     test: int | None = pydantic.Field(None, gt=0, description="test samples kept (all)")
 
 
-AttackName = Literal["none", "sign_flip", "gaussian", "boost", "label_flip", "alie"]
+AttackName = Literal["none", "sign_flip", "gaussian", "boost", "label_flip", "alie", "ipm"]
 
 
 class AttackConfig(pydantic.BaseModel):
@@ -96,6 +96,12 @@ class AttackConfig(pydantic.BaseModel):
     boost: float = pydantic.Field(10.0, gt=0, description="boost: upload k * update")
     z: float | None = pydantic.Field(
         None, gt=0, description="alie: mean - z std of the benign updates (null: Baruch's z_max)"
+    )
+    epsilon: float = pydantic.Field(
+        0.1,
+        gt=0,
+        description="ipm: upload -epsilon times the mean of the benign updates (Xie et al. 2019; "
+        "0.1 as in Karimireddy et al.'s code)",
     )
 
     @property

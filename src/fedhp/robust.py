@@ -11,7 +11,12 @@ from pydantic_core import PydanticCustomError
 
 from fedhp.errors import ConfigError
 
-RobustName = Literal["mean", "median", "trimmed_mean", "krum", "multi_krum", "clip"]
+RobustName = Literal[
+    "mean", "median", "trimmed_mean", "krum", "multi_krum", "clip", "cclip", "geomed"
+]
+
+CENTRED_RULES = frozenset({"cclip"})
+"""The rules that keep the previous round's aggregate as their centre (state across rounds)."""
 
 
 class RobustOptions(pydantic.BaseModel):
@@ -23,7 +28,9 @@ class RobustOptions(pydantic.BaseModel):
     name: RobustName = pydantic.Field(
         "mean",
         description="mean (weighted, FedAvg's), median (coordinate-wise, unweighted), "
-        "trimmed_mean (beta per side), krum / multi_krum (f attackers), or clip (norm clip_norm)",
+        "trimmed_mean (beta per side), krum / multi_krum (f attackers), clip (norm clip_norm), "
+        "cclip (centered clipping: tau, clip_iters) or geomed (geometric median: max_iter, nu, "
+        "tol)",
     )
     beta: float = pydantic.Field(
         0.1, description="trimmed_mean: fraction of the rows dropped per side, in [0, 0.5)"
@@ -38,6 +45,28 @@ class RobustOptions(pydantic.BaseModel):
         None,
         validate_default=True,
         description="clip: the norm bound S > 0 on each update (required by clip)",
+    )
+    tau: float = pydantic.Field(
+        10.0,
+        description="cclip: the clipping radius around the centre (the previous aggregate), in "
+        "the units of the updates; > 0 (default 10: Karimireddy et al. 2022's code)",
+    )
+    clip_iters: int = pydantic.Field(
+        3, ge=1, description="cclip: clipping iterations L (default 3: Karimireddy et al. 2022)"
+    )
+    max_iter: int = pydantic.Field(
+        4, ge=1, description="geomed: Weiszfeld iterations at most (default 4: RFA's)"
+    )
+    nu: float = pydantic.Field(
+        1e-5,
+        gt=0,
+        description="geomed: smoothing nu, distances below it count as nu (default 1e-5: RFA's)",
+    )
+    tol: float = pydantic.Field(
+        1e-6,
+        ge=0,
+        description="geomed: stop when the objective decreases by less than tol times itself "
+        "(default 1e-6: RFA's)",
     )
     bucket: int = pydantic.Field(
         1,
@@ -59,6 +88,15 @@ class RobustOptions(pydantic.BaseModel):
             )
         return value
 
+    @pydantic.field_validator("tau")
+    @classmethod
+    def _tau_positive(cls, value: float) -> float:
+        if value <= 0:
+            raise PydanticCustomError(
+                "robust_tau", "a radius tau <= 0 clips every update to the centre; use tau > 0"
+            )
+        return value
+
     @pydantic.field_validator("clip_norm")
     @classmethod
     def _clip_norm_positive(
@@ -76,6 +114,11 @@ class RobustOptions(pydantic.BaseModel):
                 "a norm bound S <= 0 discards every update; use a positive value",
             )
         return value
+
+    @property
+    def centred(self) -> bool:
+        """Whether the rule keeps the previous round's aggregate as its centre (``cclip``)."""
+        return self.name in CENTRED_RULES
 
     def keep(self, n: int) -> int:
         """Rows Multi-Krum averages among ``n``: ``m``, or ``n − f`` when unset."""

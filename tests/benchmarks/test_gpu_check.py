@@ -119,3 +119,89 @@ def test_lstm_bench_lines_are_parsed_per_size(tmp_path: Path) -> None:
     assert "| batched LSTM 20x256 vs per-client loop | 2 | > 1 | yes |" in rows
     assert "| LEAF FedAvg round, 1 epoch + eval, seconds | — | — | n/a |" in rows
     assert not any("VGG" in r for r in rows)  # only the rows of the issue whose pieces ran
+
+
+def test_issue_40_sweep_piece_runs_at_smoke_sizes_and_fills_its_rows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--issue 40``'s λ sweep piece (``bench_sweep.py --inprocess``, 2 runs of 1 round on the
+    CPU): sequential and lockstep batch seconds and their ratio reach the table."""
+    import gpu_check
+
+    code = gpu_check.main(["--device", "cpu", "--smoke", "--only", "sweep-lam", "--scale", "4"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| λ sweep, 15 runs"))
+    assert float(row.split("|")[2]) > 0 and "| >= 10 |" in row
+    assert "| λ sweep: lockstep batch seconds |" in out
+    assert "| fedhp run device=cuda (250 rounds) seconds | — | <= 10 | n/a |" in out  # issue 40's
+    assert "LSTM" not in out and "VGG" in out  # issue 40's must-shows only
+
+
+@pytest.mark.slow
+def test_issue_40b_table1_pieces_run_at_smoke_sizes_and_keep_their_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--issue 40b``: ``fedhp reproduce sfedhp-table1`` one method a piece (2 seeds × 2 rounds
+    of DNN-100 on the CPU); each method's seconds and accuracy reach the table, and ``--keep``
+    holds its table.json."""
+    import gpu_check
+
+    only = ["--only", "reproduce:sfedhp", "reproduce:local"]
+    argv = ["--device", "cpu", "--smoke", *only, "--scale", "4", "--keep", str(tmp_path)]
+    code = gpu_check.main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for method in ("sfedhp", "local"):
+        seconds = next(ln for ln in out.splitlines() if ln.startswith(f"| Table I {method}: sec"))
+        assert float(seconds.split("|")[2]) > 0, seconds
+        acc = next(ln for ln in out.splitlines() if ln.startswith(f"| Table I {method}: final"))
+        assert 0 < float(acc.split("|")[2]) <= 100, acc
+        assert (tmp_path / f"reproduce-{method}" / "table.json").is_file()
+    assert "| Table I hierfavg: seconds (3 seeds, start-up included) | — | — | n/a |" in out
+
+
+def test_table1_outputs_and_a_cut_off_method_are_parsed(tmp_path: Path) -> None:
+    """A Table I piece's numbers from its table.json; a method cut off: the rounds its slowest
+    seed reached and the round loop they project to."""
+    import json
+
+    import gpu_check
+
+    for seed, (done, seconds) in enumerate([(300, 30.0), (200, 21.0)]):
+        run = tmp_path / "runs" / "sfedhp" / f"seed{seed}"
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text("seed: 0\nrounds: 800\neval_every: 10\n")
+        (run / "timings.csv").write_text(f"round,seconds\n10,1.0\n{done},{seconds}\n")
+    values = gpu_check.parse("reproduce:sfedhp", "", tmp_path)
+    assert values == {"rounds_done": 200.0, "projected_run_s": 84.0}
+    row = {"final_global_acc": {"mean": 0.9, "std": 0.0}, "seconds": {"mean": 80.0, "std": 1}}
+    (tmp_path / "table.json").write_text(json.dumps({"rows": [row]}))
+    values = gpu_check.parse("reproduce:sfedhp", "", tmp_path)
+    assert values["run_s"] == 80.0 and values["final_pct"] == pytest.approx(90.0)
+    local = {"final_personal_acc": {"mean": 0.5}, "seconds": {"mean": 1.0}}
+    (tmp_path / "table.json").write_text(json.dumps({"rows": [local]}))
+    assert gpu_check.parse("reproduce:local", "", tmp_path)["final_pct"] == pytest.approx(50.0)
+
+
+def test_sweep_lines_are_parsed_and_a_cut_off_sequential_line_counts(tmp_path: Path) -> None:
+    import gpu_check
+
+    seq = "bench sweep-inprocess sequential_s=41.5 sequential_train_s=36 repeat=1"
+    assert gpu_check.parse("sweep-lam", f"noise\n{seq}\n", tmp_path)["sequential_s"] == 41.5
+    final = (
+        "bench sweep-inprocess speedup=5.2 train_speedup=6 sequential_s=41.5 lockstep_s=7.98 "
+        "runs=15 rounds=20 threads=1 repeats=1 torch=2.13.0+cu128 device=cuda"
+    )
+    values = gpu_check.parse("sweep-lam", f"{seq}\n{final}\n", tmp_path)
+    assert values["speedup"] == 5.2 and values["lockstep_s"] == 7.98 and "torch" not in values
+    rows = gpu_check.table({"sweep-lam": gpu_check.Piece("sweep-lam", "ok", 1.0, values)}, "40")
+    assert "| λ sweep, 15 runs: sequential / lockstep, one process | 5.2 | >= 10 | NO |" in rows
+
+
+def test_issue_40b_time_boxes_fit_its_deadline_and_call_a_fits_8_minutes() -> None:
+    import gpu_check
+
+    assert sum(gpu_check.BUDGET[p] for p in gpu_check.ISSUE_PIECES["40"]) <= 480
+    assert gpu_check.ISSUE_DEADLINE["40b"] <= 480
+    assert gpu_check.ISSUE_PIECES["40b"][:2] == ["reproduce:sfedhp", "reproduce:hierfavg"]

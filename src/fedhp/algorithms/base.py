@@ -104,6 +104,7 @@ class Algorithm(MessageRows, ABC):
         """The state entries held below the cloud: ``node_keys`` plus buffer rows."""
         if self.buffers.width:
             self.held_keys.update(self.buffer_node_keys())
+        self.held_keys.update(self.uplink_node_keys())
 
     def buffer_policy(self) -> BufferPolicy:
         """The run's :class:`BufferPolicy`: the options' ``buffers`` mode over the model's

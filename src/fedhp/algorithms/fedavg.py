@@ -18,6 +18,7 @@ import torch
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.algorithms.device_cost import CapabilityMode, capabilities_field
 from fedhp.algorithms.flat import FlatRounds
+from fedhp.algorithms.options import client_momentum_field
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ExtraGrad, LossGrad, prox_grad
 
@@ -60,9 +61,11 @@ class FedAvgOptions(LocalWorkOptions):
     """FedAvg: ``local_steps`` SGD steps (or ``local_epochs`` epochs), then the average."""
 
     capabilities: CapabilityMode = capabilities_field()
+    client_momentum: float = client_momentum_field()
 
     supports_buffers = True
     uploads = {"cloud": "model"}
+    keeps_centres = frozenset({"cloud"})
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedAvg(self, ctx)

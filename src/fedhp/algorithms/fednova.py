@@ -102,6 +102,7 @@ class FedNovaOptions(FedAvgOptions):
     averaging by each client's real step count (plain SGD: a_i = τ_i)."""
 
     uploads = {"cloud": "own"}  # its own normalized fold, not a weighted mean of models
+    keeps_centres = frozenset()
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedNova(self, ctx)

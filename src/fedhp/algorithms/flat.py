@@ -4,9 +4,10 @@ received global model), this base does the rest.
 
 * ``plan`` (cloud): the sampled clients receive the global model (and, with BatchNorm under
   ``buffers=average``, its running statistics), billed as one broadcast;
-* ``aggregate`` (cloud): each client's uploaded model (forged where malicious) is billed and
-  folded into the sample- or uniformly-weighted mean part by part (:class:`UploadFold`, streamed
-  rounds), or aggregated by the cloud's rule (robust, DP) over the whole round;
+* ``aggregate`` (cloud): each client's uploaded model (``start`` + its momentum under
+  ``client_momentum``; forged where malicious) is billed and folded into the sample- or
+  uniformly-weighted mean part by part (:class:`UploadFold`, streamed rounds), or aggregated by
+  the cloud's rule (robust, DP) over the whole round;
 * FedLPS's device model when asked (``capabilities``, :class:`DenseDeviceCost`).
 """
 
@@ -18,6 +19,7 @@ from fedhp.algorithms.base import State
 from fedhp.algorithms.device_cost import DenseDeviceCost
 from fedhp.algorithms.options import LocalWorkOptions
 from fedhp.algorithms.task import Task, Update, UploadFold
+from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY
 
 
 class FlatRounds(DenseDeviceCost):
@@ -34,6 +36,7 @@ class FlatRounds(DenseDeviceCost):
             "global": init_params.clone(),
             **self.buffers.init_state(init_params.device),
             **self.device_cost_state(),
+            **self.uplink_state(init_params),
         }
 
     def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
@@ -51,15 +54,20 @@ class FlatRounds(DenseDeviceCost):
         return self.close_fold(state, task, fold)
 
     def open_fold(self, state: State, task: Task) -> UploadFold:
-        """The round's means, or the cloud's uplink (robust rule, DP) over the uploaded models."""
+        """The round's means, or the cloud's uplink (robust rule, DP) over the uploaded models
+        (a centred rule from its previous aggregate, kept in the state)."""
         ctx = self.ctx
         start = {"global": task.broadcast["global"]}
         weights = ctx.client_weights(task.clients)
-        return UploadFold(weights, ctx.cloud_uplink, start, ctx.num_clients)
+        centre = state.get(CENTRE_KEYS["cloud"])
+        centres = {"global": centre} if centre is not None else None
+        return UploadFold(weights, ctx.cloud_uplink, start, ctx.num_clients, centres)
 
     def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
-        """Bill the part's uploads and add them to the sample- or uniformly-weighted means."""
-        up = self.send_up(update, part.clients, part.broadcast["global"])
+        """Bill the part's uploads (with client momentum: ``start`` + the clients' momenta) and
+        add them to the sample- or uniformly-weighted means."""
+        start = part.broadcast["global"]
+        up = self.send_up(update, part.clients, start, momenta=state.get(MOMENTUM_KEY))
         fold.add({"global": up["model"], "global_buffers": up.get("buffers")}, update)
 
     def close_fold(self, state: State, task: Task, fold: UploadFold) -> dict[str, float]:

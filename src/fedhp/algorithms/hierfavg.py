@@ -6,11 +6,11 @@ import pydantic
 import torch
 
 from fedhp.algorithms.base import Algorithm, State
-from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, client_momentum_field
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, weighted_mean
-from fedhp.engine.uplink import Uplink
+from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY, Uplink
 
 
 class HierFAVG(Algorithm):
@@ -23,7 +23,11 @@ class HierFAVG(Algorithm):
     bills_stragglers = True  # a straggler receives its edge's model in each of the kappa2 rounds
 
     def init_state(self, init_params: torch.Tensor) -> State:
-        return {"global": init_params.clone(), **self.buffers.init_state(init_params.device)}
+        return {
+            "global": init_params.clone(),
+            **self.buffers.init_state(init_params.device),
+            **self.uplink_state(init_params),
+        }
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx = self.ctx
@@ -40,7 +44,10 @@ class HierFAVG(Algorithm):
         the minibatches the whole round would draw, drawn ahead) and adds each part's uploads
         into its edges' sums in client order (``segment_mean``'s additions), so no more than a
         part of the client models is held, and the result is that of the whole round, bit for
-        bit. Each edge's model is counted once and billed to each of its receivers."""
+        bit. Each edge's model is counted once and billed to each of its receivers. Under
+        ``client_momentum`` every edge round advances each trained client's momentum once (its
+        update from the edge model it received), and it uploads the edge model plus its
+        momentum."""
         ctx, opt = self.ctx, self.options
         clients, edges = task.clients, task.edges
         assert edges is not None
@@ -60,6 +67,7 @@ class HierFAVG(Algorithm):
         if ctx.fed.train.noise_std is not None:
             chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
         uplink = ctx.edge_uplink
+        momenta, centres = state.get(MOMENTUM_KEY), state.get(CENTRE_KEYS["edge"])
         if ctx.whole_rounds:
             chunk = n  # the edges' rule (or the attack) reads all of an edge's uploads at once
         parts = [slice(a, min(a + chunk, n)) for a in range(0, n, chunk)]
@@ -89,6 +97,7 @@ class HierFAVG(Algorithm):
                     buffers=bufs,
                     drawn=None if drawn is None else drawn[:, rows],
                 )
+                params = uplink.accumulate(params, start, momenta, clients[rows])
                 params = uplink.forge(params, ids[rows], start)
                 up = ctx.send("client_edge", "up", self.with_buffers(params, bufs), ids[rows])
                 params, bufs = up["model"], up.get("buffers")
@@ -96,7 +105,7 @@ class HierFAVG(Algorithm):
                 if not uplink.folds:  # (one part: the whole round)
                     sent_models = message.like(down)["model"]
                     model_sum = self.edge_aggregates(
-                        uplink, params, weights, seg, sent_models, edges
+                        uplink, params, weights, seg, sent_models, edges, centres
                     )
                 else:
                     model_sum.index_add_(0, seg[rows], params * w)
@@ -124,16 +133,23 @@ class HierFAVG(Algorithm):
         seg: torch.Tensor,
         sent: torch.Tensor,
         edges: torch.Tensor,
+        centres: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Each edge's ``uplink`` (robust rule, DP) over its clients' uploads ``params [n, P]`` with
         their ``weights`` (``seg``: each row's position in ``edges``), from the model it sent
-        them (``sent [E', P]``)."""
+        them (``sent [E', P]``); a centred rule (``cclip``) from each edge's previous aggregate
+        update, its row of ``centres [E, P]``, which is then replaced by this one's."""
         ctx = self.ctx
         out = torch.empty_like(sent)
         sizes = torch.bincount(ctx.topology.edge_of_client.cpu(), minlength=ctx.topology.num_edges)
         for e, edge in enumerate(edges.tolist()):
             mine = seg == e
-            out[e] = uplink.aggregate(params[mine], weights[mine], sent[e], int(sizes[edge]))
+            centre = None if centres is None else centres[edge]
+            out[e] = uplink.aggregate(
+                params[mine], weights[mine], sent[e], int(sizes[edge]), centre
+            )
+            if centres is not None:
+                centres[edge] = out[e] - sent[e]
         return out
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
@@ -145,7 +161,10 @@ class HierFAVG(Algorithm):
         up = ctx.send("edge_cloud", "up", message, edges)
         edge_models, edge_bufs = up["model"], up.get("buffers")
         weights = ctx.edge_weights(edges)
-        state["global"] = ctx.cloud_uplink.aggregate(edge_models, weights, state["global"])
+        start, centre = state["global"], state.get(CENTRE_KEYS["cloud"])
+        state["global"] = ctx.cloud_uplink.aggregate(edge_models, weights, start, centre=centre)
+        if centre is not None:  # the next round's centre: this aggregate's update
+            state[CENTRE_KEYS["cloud"]] = state["global"] - start
         if edge_bufs is not None:
             state["global_buffers"] = weighted_mean(edge_bufs, weights)
         loss_total = 0.0
@@ -162,10 +181,12 @@ class HierFAVGOptions(AlgorithmOptions):
 
     kappa1: int = pydantic.Field(5, gt=0, description="local SGD steps per edge aggregation")
     kappa2: int = pydantic.Field(4, gt=0, description="edge aggregations per cloud aggregation")
+    client_momentum: float = client_momentum_field()
 
     hierarchical = True
     supports_buffers = True
     uploads = {"edge": "model", "cloud": "model"}
+    keeps_centres = frozenset({"edge", "cloud"})
 
     def gradient_evaluations(self) -> int:
         return self.kappa1 * self.kappa2

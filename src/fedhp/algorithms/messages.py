@@ -12,6 +12,7 @@ import torch
 from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.algorithms.task import Task, Update
 from fedhp.comm import Message
+from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY
 
 if TYPE_CHECKING:
     from fedhp.algorithms.base import RowKind, State
@@ -36,6 +37,34 @@ class MessageRows:
         """Node-held buffer entries of the state (used only when the model has buffers)."""
         return self.buffers.node_keys()
 
+    def uplink_node_keys(self) -> dict[str, RowKind]:
+        """The entries of :meth:`uplink_state` held below the cloud: the clients' momenta and
+        the edges' centres."""
+        ctx, out = self.ctx, {}
+        if ctx.client_momentum > 0:
+            out[MOMENTUM_KEY] = "client"
+        if ctx.edge_uplink.centred:
+            out[CENTRE_KEYS["edge"]] = "edge"
+        return out  # type: ignore[return-value]
+
+    def uplink_state(self, init_params: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What the uplink pipelines keep across rounds (issue 41), zeros at the start: the
+        clients' momenta ``[C, P]`` (``algorithm.client_momentum`` > 0, :data:`MOMENTUM_KEY`)
+        and, at each level whose rule is centred (``cclip``), its previous aggregate update
+        (:data:`CENTRE_KEYS`: ``[P]`` at the cloud, ``[E, P]`` at the edges). Empty without
+        them, so such runs have the state they always had. For the methods that honour them
+        (``AlgorithmOptions.keeps_centres``, the clients' models uploaded)."""
+        ctx, out = self.ctx, {}
+        width = init_params.shape[-1]
+        zeros = init_params.new_zeros
+        if ctx.client_momentum > 0:
+            out[MOMENTUM_KEY] = zeros(ctx.num_clients, width)
+        if ctx.cloud_uplink.centred:
+            out[CENTRE_KEYS["cloud"]] = zeros(width)
+        if ctx.edge_uplink.centred:
+            out[CENTRE_KEYS["edge"]] = zeros(ctx.topology.num_edges, width)
+        return out
+
     def client_update(
         self,
         state: State,
@@ -56,17 +85,24 @@ class MessageRows:
         return Update(per_client=per_client, losses=loss_sum.unsqueeze(0), steps=steps)
 
     def send_up(
-        self, update: Update, clients: torch.Tensor, start: torch.Tensor, *extra: str
+        self,
+        update: Update,
+        clients: torch.Tensor,
+        start: torch.Tensor,
+        *extra: str,
+        momenta: torch.Tensor | None = None,
     ) -> Message:
         """The uploads of ``clients`` (an :meth:`client_update`'s rows) as the cloud receives
-        them: one message per client of the fields ``"model"`` (its ``params``, forged where
-        malicious by the cloud's uplink, :meth:`~fedhp.engine.uplink.Uplink.forge`; ``start``:
-        the model they started from), ``"buffers"`` where present and its ``extra`` rows
-        (``[n, P]`` each, under their own names), billed on the client-cloud uplink."""
+        them: one message per client of the fields ``"model"`` (its ``params`` — with
+        ``momenta``, the state's ``[C, P]`` momenta, ``start`` + each client's momentum,
+        :meth:`~fedhp.engine.uplink.Uplink.accumulate` —, forged where malicious by the cloud's
+        uplink, :meth:`~fedhp.engine.uplink.Uplink.forge`; ``start``: the model they started
+        from), ``"buffers"`` where present and its ``extra`` rows (``[n, P]`` each, under their
+        own names), billed on the client-cloud uplink."""
         ctx = self.ctx
-        params = ctx.cloud_uplink.forge(
-            update.per_client["params"], ctx.global_clients(clients), start
-        )
+        uplink = ctx.cloud_uplink
+        params = uplink.accumulate(update.per_client["params"], start, momenta, clients)
+        params = uplink.forge(params, ctx.global_clients(clients), start)
         message = self.with_buffers(params, update.per_client.get("buffers"))
         message.update((k, update.per_client[k]) for k in extra)
         return ctx.send("client_cloud", "up", message, clients)

@@ -51,6 +51,9 @@ class AlgorithmOptions(pydantic.BaseModel):
     (:data:`fedhp.engine.uplink.UPLOAD_KINDS`: ``"model"``, ``"estimate"``, ``"own"``; a level
     not named: ``"own"``). Where the run's attack, robust rules and DP can act follows from it
     (:func:`fedhp.engine.uplink.safeguards`)."""
+    keeps_centres: ClassVar[frozenset[str]] = frozenset()
+    """The levels at which the method keeps a centred rule's previous aggregate in its state and
+    passes it to the uplink (``cclip``; :data:`fedhp.engine.uplink.CENTRE_KEYS`)."""
 
     def build(self, ctx: RunContext) -> Algorithm:
         """The algorithm object for one run."""
@@ -125,6 +128,19 @@ class LocalWorkOptions(AlgorithmOptions):
 
 
 ALGORITHMS: Registry[AlgorithmOptions] = Registry("algorithm")
+
+
+def client_momentum_field() -> Any:
+    """The ``client_momentum`` option (issue 41) of the methods whose clients upload the models
+    they trained (FedAvg's family, HierFAVG): step 0 of the uplink pipeline."""
+    return pydantic.Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="beta of each client's momentum of its updates, m <- beta m + (1 - beta) "
+        "(upload - start), kept across rounds; the robust rule, the attack and DP then act on "
+        "start + m (0: off; not the local optimizer's momentum)",
+    )
 
 ThetaInit = Literal["round", "warm", "reset"]
 """Where a personalized model theta starts (pFedMe, sFedHP); see :func:`theta_init_field`."""

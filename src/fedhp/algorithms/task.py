@@ -11,7 +11,7 @@ import torch
 
 from fedhp.engine.ops import normalized
 from fedhp.engine.sampler import EpochBatches
-from fedhp.engine.uplink import Uplink
+from fedhp.engine.uplink import CENTRE_KEYS, Uplink
 
 
 @dataclass
@@ -65,7 +65,9 @@ class UploadFold:
     (the model the clients started from, by key) are kept instead and aggregated by it in
     :meth:`result` (``population``: the clients they were drawn from, for DP's denominator; the
     rounds are then not streamed: ``RunContext.whole_rounds``); the other keys (BatchNorm
-    statistics) are still averaged."""
+    statistics) are still averaged. ``centres``: for a centred rule (``cclip``), the previous
+    aggregate update of a kept key (by key, one key); :meth:`result` then also returns the new
+    one under the level's :data:`~fedhp.engine.uplink.CENTRE_KEYS` entry."""
 
     def __init__(
         self,
@@ -73,6 +75,7 @@ class UploadFold:
         uplink: Uplink | None = None,
         start: dict[str, torch.Tensor] | None = None,
         population: int | None = None,
+        centres: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.raw_weights = weights
         self.weights = normalized(weights)
@@ -85,6 +88,8 @@ class UploadFold:
         self.start = start if self.uplink is not None and start is not None else {}
         self.population = population
         self._kept: dict[str, list[torch.Tensor]] = {key: [] for key in self.start}
+        centred = self.uplink is not None and self.uplink.centred
+        self.centres = centres if centred and centres is not None else {}
 
     def add(
         self, rows: dict[str, torch.Tensor | None], update: Update, count: int | None = None
@@ -113,10 +118,13 @@ class UploadFold:
         out = dict(self.sums)
         for key, parts in self._kept.items():
             if parts:
-                assert self.uplink is not None
+                uplink = self.uplink
+                assert uplink is not None
                 rows = torch.cat(parts)
-                start = self.start[key]
-                out[key] = self.uplink.aggregate(rows, self.raw_weights, start, self.population)
+                start, centre = self.start[key], self.centres.get(key)
+                out[key] = uplink.aggregate(rows, self.raw_weights, start, self.population, centre)
+                if centre is not None:  # the next round's centre: this aggregate's update
+                    out[CENTRE_KEYS[uplink.level]] = out[key] - start
         return out
 
     def update(self) -> Update:

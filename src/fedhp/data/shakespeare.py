@@ -36,7 +36,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from fedhp.data.sources import DATASETS, ENV_DATA_DIR, DatasetSource
+from fedhp.data.sources import (
+    DATASETS,
+    DatasetSource,
+    env_data_dir,
+    given_dir,
+    note_fallback,
+)
 from fedhp.data.types import DatasetArrays
 from fedhp.errors import ConfigError, DatasetError
 
@@ -473,19 +479,22 @@ def resolve_data_dir(data_dir: str | None) -> Path:
     """``data_dir``, else ``$FEDHP_DATA_DIR`` (or its ``shakespeare/``) when it holds play
     files, else :func:`default_data_dir`; a one-line error naming ``dataset.data_dir``."""
     if data_dir is not None:
-        for d in (Path(data_dir), Path(data_dir) / "shakespeare"):
+        given = given_dir(data_dir)
+        for d in (given, given / "shakespeare"):
             if _has_plays(d):
                 return d.resolve()
         raise ConfigError(
             f"dataset.data_dir: no Shakespeare play files (*{SUFFIX}) in {data_dir}; {INSTALL_HINT}"
         )
-    env = os.environ.get(ENV_DATA_DIR)
-    if env:
+    env = env_data_dir()
+    if env is not None:
         for d in (Path(env), Path(env) / "shakespeare"):
             if _has_plays(d):
                 return d.resolve()
     default = default_data_dir()
     if _has_plays(default):
+        if env is not None:
+            note_fallback("Shakespeare", env, f"play files (*{SUFFIX})", str(default))
         return default.resolve()
     raise DatasetError(
         f"dataset.data_dir: Shakespeare not installed (no *{SUFFIX} in {default}); {INSTALL_HINT}"

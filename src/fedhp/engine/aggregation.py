@@ -68,16 +68,21 @@ class LevelRule:
         weights: torch.Tensor,
         start: torch.Tensor | None = None,
         denominator: float | None = None,
+        centre: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The aggregate ``[W]`` of ``rows [n, W]`` with ``weights [n]``; ``start`` (``[W]``):
-        the model the rows' senders started from (the DP and ``clip`` rules measure updates
-        from it); ``denominator``: the DP average's (see the module; default: ``n``)."""
+        the model the rows' senders started from (the DP, ``clip``, ``cclip`` and ``geomed``
+        rules measure updates from it); ``denominator``: the DP average's (see the module;
+        default: ``n``); ``centre`` (``[W]``, an update): ``cclip``'s, the level's previous
+        aggregate update (None: 0)."""
         if self.folds:
             return weighted_mean(rows, weights)
         if not self.private:
             if self.robust.bucket > 1:
                 rows, weights = bucketed(rows, weights, self.robust.bucket, self.generator)
-            return aggregate(self.robust, rows, weights, reference=start, field=self.label)
+            return aggregate(
+                self.robust, rows, weights, reference=start, field=self.label, centre=centre
+            )
         p = self.privacy
         assert p is not None
         if start is None:

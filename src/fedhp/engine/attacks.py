@@ -15,6 +15,10 @@ update, a malicious client uploads:
   of the benign updates sent in the same aggregation (Baruch et al., "A Little Is Enough", 2019;
   ``z`` defaults to their ``z_max = Φ⁻¹((n − s)/n)``, ``s = ⌊n/2 + 1⌋ − f``), every malicious
   client the same upload;
+* ``ipm``: ``start − ε·ū``, ``ū`` the plain mean of the benign updates sent in the same
+  aggregation (inner-product manipulation: Xie, Koyejo and Gupta, "Fall of Empires: Breaking
+  Byzantine-tolerant SGD by Inner Product Manipulation", UAI 2019; ``ε = 0.1`` by default, as in
+  Karimireddy, He and Jaggi's code), every malicious client the same upload;
 * ``label_flip``: trains honestly on its data with every label ``y`` replaced by ``K − 1 − y``.
 
 Noise (``gaussian``) comes from a stream seeded by ``(seed, round)`` (like the failures), so a
@@ -34,7 +38,7 @@ from fedhp.config import AttackConfig
 from fedhp.engine.federation import ClientTensors
 
 ATTACK_SEED_OFFSET = 3_000_017
-UPDATE_ATTACKS = frozenset({"sign_flip", "gaussian", "boost", "alie"})
+UPDATE_ATTACKS = frozenset({"sign_flip", "gaussian", "boost", "alie", "ipm"})
 """The attacks that change an upload (and so need the model the client started from)."""
 
 
@@ -84,8 +88,9 @@ class Attack:
 
     @property
     def needs_whole_rounds(self) -> bool:
-        """ALIE reads the benign updates of the whole aggregation: uploads must come at once."""
-        return self.on_uploads and self.cfg.name == "alie"
+        """ALIE and IPM read the benign updates of the whole aggregation: uploads must come at
+        once."""
+        return self.on_uploads and self.cfg.name in ("alie", "ipm")
 
     def begin_round(self, rnd: int) -> None:
         """Re-seed the noise stream for round ``rnd``."""
@@ -111,6 +116,9 @@ class Attack:
         elif name == "gaussian":
             noise = torch.randn(update.shape, generator=self.generator, dtype=update.dtype)
             forged = noise.to(update.device).mul_(cfg.noise_std)
+        elif name == "ipm":
+            benign = messages[~bad] - start[~bad] if bool((~bad).any()) else update
+            forged = benign.mean(0).mul_(-cfg.epsilon).expand_as(update)
         else:  # alie
             benign = messages[~bad] - start[~bad] if bool((~bad).any()) else update
             mean = benign.mean(0)

@@ -51,6 +51,10 @@ class RunContext:
     # :attr:`cloud_uplink`, :attr:`edge_uplink`); None: the weighted mean.
     cloud_rule: LevelRule | None = None
     edge_rule: LevelRule | None = None
+    # β of the clients' momentum (``algorithm.client_momentum``, step 0 of the pipeline of
+    # ``client_level``, where the clients upload: ``"cloud"`` for flat methods, ``"edge"``).
+    client_momentum: float = 0.0
+    client_level: str = "cloud"
     # Global indices of this context's clients and edges where it holds only part of the
     # federation (a Flower node); None: it holds all of it and local indices are global.
     client_ids: torch.Tensor | None = None
@@ -120,15 +124,27 @@ class RunContext:
 
     @property
     def cloud_uplink(self) -> Uplink:
-        """The pipeline of what the cloud receives: the run's attack on client uploads, the
-        cloud's rule (:mod:`fedhp.engine.uplink`)."""
-        return Uplink("cloud", self.cloud_rule, self.attack, self.participation.poisson_rate())
+        """The pipeline of what the cloud receives: the clients' momentum and the run's attack on
+        client uploads, the cloud's rule (:mod:`fedhp.engine.uplink`)."""
+        return Uplink(
+            "cloud",
+            self.cloud_rule,
+            self.attack,
+            self.participation.poisson_rate(),
+            self.client_momentum if self.client_level == "cloud" else 0.0,
+        )
 
     @property
     def edge_uplink(self) -> Uplink:
-        """The pipeline of what the edges receive: the run's attack on client uploads, the
-        edges' rule."""
-        return Uplink("edge", self.edge_rule, self.attack, self.participation.poisson_rate())
+        """The pipeline of what the edges receive: the clients' momentum and the run's attack on
+        client uploads, the edges' rule."""
+        return Uplink(
+            "edge",
+            self.edge_rule,
+            self.attack,
+            self.participation.poisson_rate(),
+            self.client_momentum if self.client_level == "edge" else 0.0,
+        )
 
     @property
     def whole_rounds(self) -> bool:

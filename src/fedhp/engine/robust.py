@@ -14,10 +14,17 @@ the rows. Which rules use the weights:
 * ``krum`` — the row with the lowest Krum score (Blanchard et al. 2017); unweighted;
 * ``multi_krum`` — the weighted mean of the ``m`` rows with the lowest Krum scores;
 * ``clip`` — each update ``x_i − reference`` scaled to norm ≤ S (never up), then the weighted
-  mean, added back to ``reference``.
+  mean, added back to ``reference``;
+* ``cclip`` — centered clipping (Karimireddy, He and Jaggi, ICML 2021): ``L`` times
+  ``v ← v + Σ w_i clip_τ(u_i − v) / Σ w_i`` from the ``centre`` ``v`` (the previous round's
+  aggregate update; 0 in the first round), ``u_i = x_i − reference``; ``clip`` is its ``L = 1``
+  case with the centre at 0 (the round's start model) and ``τ = S``;
+* ``geomed`` — the weighted geometric median by the smoothed Weiszfeld algorithm (RFA, Pillutla,
+  Kakade and Harchaoui, IEEE TSP 2022).
 
-``reference [P]`` (optional) is what the rows' updates are measured from: only ``clip`` needs it
-(clipping models instead of updates is rarely what one wants); the other rules are
+``reference [P]`` (optional) is what the rows' updates are measured from: ``clip`` and ``cclip``
+need it (clipping models instead of updates is rarely what one wants), ``geomed`` works on the
+updates for precision (it is translation-equivariant); the other rules are
 translation-equivariant, so it changes their result by rounding only and they ignore it.
 
 All rules hold the ``n`` rows at once (a round that uses one cannot be folded part by part, see
@@ -189,6 +196,66 @@ def clipped_mean(
     return mean_update if reference is None else reference + mean_update
 
 
+def centered_clip(
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    tau: float,
+    iterations: int,
+    centre: torch.Tensor | None = None,
+    reference: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Centered clipping → ``[P]`` (Karimireddy, He and Jaggi, ICML 2021, "Learning from History
+    for Byzantine Robust Optimization"): from ``v = centre`` (an update ``[P]``; None: 0),
+    ``iterations`` times ``v ← v + Σ w̄_i c_i (u_i − v)`` with ``w̄ = w / Σ w``, ``u_i = x_i −
+    reference`` (the rows themselves without a reference) and ``c_i = min(1, τ/‖u_i − v‖)``
+    (:func:`clip_scale`); returns ``reference + v``. With ``τ = ∞`` one iteration is the weighted
+    mean (up to rounding); with ``centre = 0`` and one iteration it is :func:`clipped_mean` with
+    ``S = τ``. One ``[n, P]`` temporary (``u − v``) per iteration, O(LnP)."""
+    _check_shapes(rows, weights, reference)
+    if centre is not None and centre.shape != rows.shape[1:]:
+        raise ValueError(f"centre must be [{rows.shape[1]}], got {tuple(centre.shape)}")
+    updates = rows if reference is None else rows - reference
+    w = weights.to(rows.dtype)
+    w = w / w.sum()
+    v = torch.zeros_like(rows[0]) if centre is None else centre.to(rows.dtype).clone()
+    for _ in range(iterations):
+        diff = updates - v
+        v = v + (w * clip_scale(diff, tau)) @ diff
+    return v if reference is None else reference + v
+
+
+def geometric_median(
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    max_iter: int,
+    nu: float,
+    tol: float,
+    reference: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weighted geometric median → ``[P]``, ``argmin_z Σ α_i ‖z − x_i‖`` with ``α = w / Σ w``,
+    by the smoothed Weiszfeld algorithm as in RFA (Pillutla, Kakade and Harchaoui, "Robust
+    Aggregation for Federated Learning", IEEE TSP 2022): from the weighted mean ``z``, at most
+    ``max_iter`` times ``β_i = α_i / max(ν, ‖z − x_i‖)``, ``z ← Σ β_i x_i / Σ β_i``, stopping once
+    the objective falls by less than ``tol`` times itself. Works on the updates ``x_i −
+    reference`` when a reference is given (float32 distances between whole models would lose
+    digits) and adds it back. One ``[n, P]`` temporary per iteration, O(max_iter · nP)."""
+    _check_shapes(rows, weights, reference)
+    points = rows if reference is None else rows - reference
+    alpha = weights.to(rows.dtype)
+    alpha = alpha / alpha.sum()
+    z = alpha @ points
+    dist = torch.linalg.vector_norm(points - z, dim=1)
+    objective = float(alpha @ dist)
+    for _ in range(max_iter):
+        beta = alpha / dist.clamp_min(nu)
+        z = (beta / beta.sum()) @ points
+        dist = torch.linalg.vector_norm(points - z, dim=1)
+        previous, objective = objective, float(alpha @ dist)
+        if abs(previous - objective) < tol * objective:
+            break
+    return z if reference is None else reference + z
+
+
 def bucketed(
     rows: torch.Tensor, weights: torch.Tensor, size: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,9 +280,11 @@ def aggregate(
     weights: torch.Tensor,
     reference: torch.Tensor | None = None,
     field: str = "robust",
+    centre: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The aggregate ``[P]`` of ``rows [n, P]`` with ``weights [n]`` under ``options.name``;
-    ``reference [P]`` is used by ``clip`` only (see the module docstring). Raises a one-line
+    ``reference [P]`` is used by ``clip``, ``cclip`` and ``geomed`` (see the module docstring),
+    ``centre [P]`` (an update; None: 0) by ``cclip`` only. Raises a one-line
     :class:`~fedhp.errors.ConfigError` naming ``field`` when the rule cannot take ``n`` rows
     (:meth:`RobustOptions.check`)."""
     _check_shapes(rows, weights, reference)
@@ -231,5 +300,11 @@ def aggregate(
         return krum(rows, options.f)
     if options.name == "multi_krum":
         return multi_krum(rows, weights, options.f, options.keep(n))
+    if options.name == "cclip":
+        return centered_clip(rows, weights, options.tau, options.clip_iters, centre, reference)
+    if options.name == "geomed":
+        return geometric_median(
+            rows, weights, options.max_iter, options.nu, options.tol, reference
+        )
     assert options.clip_norm is not None  # the validator requires it for clip
     return clipped_mean(rows, weights, options.clip_norm, reference)

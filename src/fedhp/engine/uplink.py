@@ -4,6 +4,10 @@ One :class:`Uplink` per level, owned by the engine (``RunContext.edge_uplink`` a
 ``RunContext.cloud_uplink``, made of the run's attack and the level's rule), applies to every
 upload of that level, in this order:
 
+0. **client momentum** (``algorithm.client_momentum`` β > 0, issue 41; where the clients upload):
+   each client that trained keeps the momentum of its updates, ``m_i ← β m_i + (1 − β)(x_i −
+   start)``, and uploads ``start + m_i`` (:meth:`Uplink.accumulate`), so every later step acts on
+   the momenta; the momenta live in the method's state (:data:`MOMENTUM_KEY`);
 1. **attack** (:mod:`fedhp.engine.attacks`): where the clients upload (the edges in a hierarchy,
    else the cloud), the malicious clients' models are forged (:meth:`Uplink.forge`, before the
    message is billed);
@@ -13,6 +17,10 @@ upload of that level, in this order:
    (:meth:`Uplink.aggregate`); with neither configured, the plain weighted mean
    (:func:`~fedhp.engine.ops.weighted_mean`), which methods may fold part by part
    (:attr:`Uplink.folds`).
+
+A centred rule (``cclip``) also needs the level's previous aggregate: the method keeps it in its
+state (:data:`CENTRE_KEYS`, an update ``[P]`` at the cloud, ``[E, P]`` at the edges) and passes it
+to :meth:`Uplink.aggregate`.
 
 An algorithm declares what it uploads at each level (``AlgorithmOptions.uploads``, one of
 :data:`UPLOAD_KINDS`), and :func:`safeguards` derives from it where the run's attack, robust rules
@@ -40,6 +48,11 @@ UPLOAD_KINDS = {
     "own": "rows the pipeline does not touch (control variates, normalized steps, masks)",
 }
 """What a level may receive (``AlgorithmOptions.uploads``) and what the pipeline does to it."""
+MOMENTUM_KEY = "client_momentum"
+"""The state entry of the clients' momenta ``[C, P]`` (``algorithm.client_momentum`` > 0)."""
+CENTRE_KEYS = {"cloud": "cclip_centre", "edge": "cclip_centre_edge"}
+"""The state entries of a centred rule's previous aggregate update, by level: ``[P]`` at the
+cloud, one row per edge ``[E, P]`` at the edges."""
 
 
 def client_level(hierarchical: bool) -> str:
@@ -78,6 +91,14 @@ class Uplink:
     rule: LevelRule | None = None
     attack: Attack | None = None
     poisson_rate: float | None = None
+    momentum: float = 0.0
+    """β of the client momentum (step 0) at this level; 0: none (the uploads as trained)."""
+
+    @property
+    def centred(self) -> bool:
+        """Whether the level's rule measures from the previous aggregate (``cclip``): the caller
+        keeps it (:data:`CENTRE_KEYS`) and passes it to :meth:`aggregate`."""
+        return self.rule is not None and not self.rule.private and self.rule.robust.centred
 
     @property
     def folds(self) -> bool:
@@ -103,6 +124,27 @@ class Uplink:
             return None
         return self.poisson_rate * population
 
+    def accumulate(
+        self,
+        rows: torch.Tensor,
+        start: torch.Tensor,
+        memory: torch.Tensor | None,
+        clients: torch.Tensor,
+    ) -> torch.Tensor:
+        """Step 0, client momentum: for the models ``rows [n, P]`` that clients ``clients``
+        (their rows of ``memory``, the momenta ``[C, P]`` of the state's :data:`MOMENTUM_KEY`)
+        trained from ``start`` (``[P]`` or ``[n, P]``), ``m_i ← β m_i + (1 − β)(row_i − start_i)``
+        written into ``memory``; returns ``start + m_i``, what they upload. ``rows`` itself when
+        β = 0 (or no memory): nothing is computed, so such runs are unchanged bit for bit."""
+        beta = self.momentum
+        if beta == 0 or memory is None:
+            return rows
+        start = start.expand_as(rows)
+        index = clients.to(memory.device)
+        m = memory[index].to(rows.device).mul_(beta).add_(rows - start, alpha=1 - beta)
+        memory[index] = m.to(memory.device)
+        return start + m
+
     def forge(self, rows: torch.Tensor, senders: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Step 1: the models ``rows [n, P]`` of clients ``senders`` (global ids) as they upload
         them, the malicious ones' forged; ``start`` (``[P]`` or ``[n, P]``): what each started
@@ -118,14 +160,20 @@ class Uplink:
         weights: torch.Tensor,
         start: torch.Tensor,
         population: int | None = None,
+        centre: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Steps 2–3: the level's aggregate ``[P]`` of the ``rows [n, P]`` that arrived, with
         ``weights [n]``: their weighted mean, or the robust rule's, or the DP mean of the clipped
         updates from ``start`` plus noise (``population``: the clients the senders were drawn
-        from, for the Poisson denominator)."""
+        from, for the Poisson denominator). ``centre`` (``[P]``): a centred rule's previous
+        aggregate update (:attr:`centred`; None: 0); the caller keeps ``result − start`` as the
+        next one."""
         if self.rule is None or self.rule.folds:
             return weighted_mean(rows, weights)
-        return self.rule(rows, weights.to(rows.dtype), start, self.denominator(population))
+        denominator = self.denominator(population)
+        if centre is None or not self.centred:
+            return self.rule(rows, weights.to(rows.dtype), start, denominator)
+        return self.rule(rows, weights.to(rows.dtype), start, denominator, centre)
 
     def __call__(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +121,12 @@ def serve(
     progress: bool | None = None,
     stop: threading.Event | None = None,
     resume: bool = False,
+    on_round: Callable[[int], None] | None = None,
 ) -> tuple[Row, FlowerDriver]:
     """Run ``exp`` with its rounds executed on the grid's nodes; returns the summary and the
     driver. ``stop``: set when the runtime is gone (the simulation launcher's), ends the run.
-    ``resume``: continue from ``out_dir``'s checkpoint (the nodes get their rows of it)."""
+    ``resume``: continue from ``out_dir``'s checkpoint (the nodes get their rows of it).
+    ``on_round(rounds_done)``: called after every finished round."""
     cfg = exp.cfg
     hierarchical = exp.options.hierarchical
     check_flower_config(cfg, exp.options)
@@ -133,7 +136,9 @@ def serve(
     transport = GridTransport(grid, dict(enumerate(node_ids)), cfg.flower.timeout, stop)
     log_line(f"flower: {nodes} nodes, shards of {[len(s.clients) for s in shards]} clients")
     driver = FlowerDriver(exp, transport, shards, out_dir)
-    summary = run_experiment(exp, out_dir, progress=progress, resume=resume, driver=driver)
+    summary = run_experiment(
+        exp, out_dir, progress=progress, resume=resume, driver=driver, on_round=on_round
+    )
     return summary, driver
 
 
@@ -168,6 +173,7 @@ def make_server_app(
     progress: bool | None = None,
     stop: threading.Event | None = None,
     resume: bool = False,
+    on_round: Callable[[int], None] | None = None,
 ) -> ServerApp:
     """A ServerApp serving an already built experiment (the simulation launcher's); the summary
     and driver land in ``result``."""
@@ -175,7 +181,9 @@ def make_server_app(
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
-        result["summary"], result["driver"] = serve(grid, exp, out_dir, progress, stop, resume)
+        result["summary"], result["driver"] = serve(
+            grid, exp, out_dir, progress, stop, resume, on_round
+        )
 
     return server
 

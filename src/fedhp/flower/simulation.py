@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,15 @@ def backend_config(exp: Experiment) -> dict[str, Any]:
 
 
 def run_flower_sim(
-    exp: Experiment, out_dir: Path | None, progress: bool | None = None, resume: bool = False
+    exp: Experiment,
+    out_dir: Path | None,
+    progress: bool | None = None,
+    resume: bool = False,
+    on_round: Callable[[int], None] | None = None,
 ) -> Row:
     """Run ``exp`` on Flower's simulation engine; results in ``out_dir`` as in-process runs.
-    ``resume``: continue from ``out_dir``'s checkpoint (which holds the nodes' state too)."""
+    ``resume``: continue from ``out_dir``'s checkpoint (which holds the nodes' state too);
+    ``on_round(rounds_done)``: called after every finished round."""
     import warnings
 
     from flwr.simulation import run_simulation
@@ -53,7 +59,7 @@ def run_flower_sim(
     check_flower_config(exp.cfg, exp.options)
     result: dict[str, Any] = {}
     stop = threading.Event()
-    server = make_server_app(exp, out_dir, result, progress, stop, resume)
+    server = make_server_app(exp, out_dir, result, progress, stop, resume, on_round)
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level

@@ -64,6 +64,19 @@ class BatchReport:
     single_calls: int = 0
     statuses: list[str] = field(default_factory=list)  # finished / resume / new, before it ran
 
+    def carried(self) -> str:
+        """What the batch took over from an earlier, interrupted sweep, for its log line:
+        ``"; 1 kept (finished before), 1 resumed from its checkpoint"`` ("" if nothing, or if
+        every run was kept: the log line says that already)."""
+        if self.batching == "kept":
+            return ""
+        kept, resumed = self.statuses.count("finished"), self.statuses.count("resume")
+        parts = [f"{kept} kept (finished before)"] if kept else []
+        if resumed:
+            where = "its checkpoint" if resumed == 1 else "their checkpoints"
+            parts.append(f"{resumed} resumed from {where}")
+        return f"; {', '.join(parts)}" if parts else ""
+
 
 def _summary_of(folder: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((folder / "summary.json").read_text())

@@ -82,10 +82,11 @@ def _work(batch: Sequence[RunSpec], batching: str) -> _Outcome:
 
 def _how(report: BatchReport) -> str:
     if report.batching == "lockstep":
-        return f"in lockstep ({report.fused_calls} fused model calls)"
-    return {"kept": "all finished before: kept", "sequential": "one after another"}.get(
+        return f"in lockstep ({report.fused_calls} fused model calls){report.carried()}"
+    how = {"kept": "all finished before: kept", "sequential": "one after another"}.get(
         report.batching, report.batching
     )
+    return how + report.carried()
 
 
 def _describe(i: int, batches: Sequence[Sequence[RunSpec]]) -> str:

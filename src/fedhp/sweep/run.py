@@ -106,10 +106,10 @@ class _Log:
     def __init__(self, path: Path, quiet: bool) -> None:
         self.path, self.quiet = path, quiet
 
-    def __call__(self, text: str) -> None:
+    def __call__(self, text: str, echo: bool = True) -> None:
         with self.path.open("a") as f:
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
-        if not self.quiet:
+        if echo and not self.quiet:
             tqdm.write(f"fedhp sweep: {text}", file=sys.stderr)
 
 
@@ -210,7 +210,7 @@ def _execute(
                 "sequential": "one after another (their kernels are not fused)",
             }[report.batching]
             log(
-                f"batch {i + 1}/{len(batches)}: {len(batch)} runs {how}, "
+                f"batch {i + 1}/{len(batches)}: {len(batch)} runs {how}{report.carried()}, "
                 f"{time.perf_counter() - start:.1f}s"
             )
     by_dir: dict[str, dict[str, Any]] = {}
@@ -253,6 +253,10 @@ def run_sweep(spec: SweepSpec) -> dict[str, Any]:
             _execute(spec, tests, log, bar.update)
         manifest = _manifest(spec, all_runs, metric, selected)
         _write_manifest(spec, manifest)
+    except KeyboardInterrupt:
+        # (in the log only: `fedhp sweep` says it on stderr)
+        log("interrupted: the same command resumes (finished runs kept, the others go on)", False)
+        raise
     finally:
         bar.close()
     from fedhp.sweep.report import write_report
