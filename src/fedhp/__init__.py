@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from fedhp.data import DATASETS, PARTITIONERS
     from fedhp.models import MODELS
     from fedhp.plugins import load_plugins
+    from fedhp.sweep.api import sweep  # (at run time the callable package fedhp.sweep)
 
 
 def __getattr__(name: str) -> Any:

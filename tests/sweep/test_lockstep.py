@@ -187,3 +187,44 @@ def test_fused_rows_equal_each_call_alone() -> None:
         loss = model.sgd_step(p[i], x[i], y[i], 0.1)
         assert torch.equal(p[i], both[3 * i : 3 * i + 3])
         assert torch.equal(loss, loss_both[3 * i : 3 * i + 3])
+
+
+CNN2 = [
+    *(o for o in BASE if not o.startswith("model.")),
+    *["model.name=cnn2", "algorithm.name=fedavg", "algorithm.local_steps=2", "rounds=1"],
+]
+
+
+def test_a_model_whose_step_calls_its_loss_and_grad_runs_in_lockstep(tmp_path: Path) -> None:
+    """The generic ``sgd_step`` (conv models) calls ``self.loss_and_grad``, routed too: inside
+    the fused call it must run directly, not wait for partners again (it deadlocked)."""
+    import threading
+
+    reports = {}
+
+    def run(mode: str) -> None:
+        grid = points_of(parse_grid(["algorithm.lr=0.05"]))
+        reports[mode] = run_batch(plan_runs(CNN2, grid, [0, 1], tmp_path / mode), mode)
+
+    for mode in ("sequential", "lockstep"):
+        worker = threading.Thread(target=run, args=(mode,), daemon=True)
+        worker.start()
+        worker.join(timeout=300)
+        assert not worker.is_alive(), f"{mode}: the batch hangs"
+    assert reports["lockstep"].batching == "lockstep" and reports["lockstep"].fused_calls > 0
+    a, b = _files(tmp_path / "sequential"), _files(tmp_path / "lockstep")
+    assert len(a) == 4 and a == b
+
+
+def test_a_dropout_grid_is_not_run_in_lockstep(tmp_path: Path) -> None:
+    """A grid ``model.dropout=0.0,0.5`` shares one batch (floats); its first run has no dropout
+    but the second draws from torch's global generator: the whole batch runs one after
+    another."""
+    said: list[str] = []
+    grid = points_of(parse_grid(["model.dropout=0.0,0.5"]))
+    report = run_batch(plan_runs(CNN2, grid, [0], tmp_path), "lockstep", log=said.append)
+    assert report.batching == "sequential"
+    assert said == [
+        "not in lockstep (the model's dropout draws from torch's global generator): "
+        "one after another"
+    ]

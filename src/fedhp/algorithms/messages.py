@@ -40,12 +40,13 @@ class MessageRows:
     def uplink_node_keys(self) -> dict[str, RowKind]:
         """The entries of :meth:`uplink_state` held below the cloud: the clients' momenta and
         the edges' centres."""
-        ctx, out = self.ctx, {}
+        ctx = self.ctx
+        out: dict[str, RowKind] = {}
         if ctx.client_momentum > 0:
             out[MOMENTUM_KEY] = "client"
         if ctx.edge_uplink.centred:
             out[CENTRE_KEYS["edge"]] = "edge"
-        return out  # type: ignore[return-value]
+        return out
 
     def uplink_state(self, init_params: torch.Tensor) -> dict[str, torch.Tensor]:
         """What the uplink pipelines keep across rounds (issue 41), zeros at the start: the

@@ -142,6 +142,7 @@ def client_momentum_field() -> Any:
         "start + m (0: off; not the local optimizer's momentum)",
     )
 
+
 ThetaInit = Literal["round", "warm", "reset"]
 """Where a personalized model theta starts (pFedMe, sFedHP); see :func:`theta_init_field`."""
 

@@ -53,6 +53,12 @@ class LevelRule:
         return p is not None and (p.noise_multiplier > 0 or math.isfinite(p.clip_norm))
 
     @property
+    def centred(self) -> bool:
+        """Whether the level's rule measures from the previous aggregate (``cclip``; not with
+        DP, which is refused beside a robust rule anyway)."""
+        return self.robust.centred and not self.private
+
+    @property
     def folds(self) -> bool:
         """Whether the level's aggregate is the weighted mean (can be folded part by part)."""
         return self.robust.name == "mean" and not self.private

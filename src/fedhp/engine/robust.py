@@ -303,8 +303,6 @@ def aggregate(
     if options.name == "cclip":
         return centered_clip(rows, weights, options.tau, options.clip_iters, centre, reference)
     if options.name == "geomed":
-        return geometric_median(
-            rows, weights, options.max_iter, options.nu, options.tol, reference
-        )
+        return geometric_median(rows, weights, options.max_iter, options.nu, options.tol, reference)
     assert options.clip_norm is not None  # the validator requires it for clip
     return clipped_mean(rows, weights, options.clip_norm, reference)

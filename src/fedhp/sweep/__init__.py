@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["sweep"]
 
+if TYPE_CHECKING:  # (the signature for type checkers; importing fedhp.sweep stays light)
+    from fedhp.sweep.api import sweep
+else:
 
-def sweep(*args: Any, **kwargs: Any) -> Any:
-    """:func:`fedhp.sweep.api.sweep`."""
-    from fedhp.sweep.api import sweep as run
+    def sweep(*args: Any, **kwargs: Any) -> Any:
+        """:func:`fedhp.sweep.api.sweep`."""
+        from fedhp.sweep.api import sweep as run
 
-    return run(*args, **kwargs)
+        return run(*args, **kwargs)
 
 
 class _CallableModule(types.ModuleType):

@@ -47,7 +47,9 @@ def add_parser(sub: Any) -> None:
         help="a grid axis, e.g. algorithm.lam=15,20,25 (repeat for more axes: their product)",
     )
     sw.add_argument("--seeds", help="seeds, e.g. 0,1,2 or 0-4 (default 0)")
-    sw.add_argument("--out", help="the sweep's folder (default sweeps/<algorithm>-<time>)")
+    sw.add_argument(
+        "--out", help="the sweep's folder (default sweeps/<algorithm>-<dataset>-<time>)"
+    )
     sw.add_argument(
         "--select",
         choices=["val"],

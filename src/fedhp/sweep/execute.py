@@ -148,7 +148,9 @@ def run_batch(
         return BatchReport([summaries[i] for i in range(len(runs))], "kept", statuses=statuses)
     first = run_config(runs[todo[0]])
     mode = choose_batching(batching, first.device)
-    refusal = lockstep_refusal(first)
+    # (every run's: a float grid over model.dropout shares a batch with dropout-free runs)
+    refusals = (lockstep_refusal(run_config(runs[i])) for i in todo)
+    refusal = next((why for why in refusals if why is not None), None)
     if mode == "lockstep" and refusal is not None:
         if log is not None:
             log(f"not in lockstep ({refusal}): one after another")

@@ -70,6 +70,10 @@ class Lockstep:
         self._cv = threading.Condition(threading.RLock())
         self._live = runs
         self._pending: dict[int, _Call] = {}
+        # The thread running the pending calls (in :meth:`_execute`), None between: a model's
+        # kernel that calls another routed kernel (the generic ``sgd_step`` calls
+        # ``self.loss_and_grad``) calls it directly, not through the rendezvous again.
+        self._executing: threading.Thread | None = None
         self.fused_calls = 0  # fused kernel calls made (for the log and tests)
         self.single_calls = 0  # calls that ran alone (no partner of the same shape)
 
@@ -104,6 +108,8 @@ class Lockstep:
         lr: float,
         before: ColumnHook | None = None,
     ) -> torch.Tensor:
+        if self._executing is threading.current_thread():
+            return original(flat, x, y, lr, before)
         call = _Call(run, "sgd_step", model, original, flat, x, y, lr=lr, before=before)
         result: torch.Tensor = self._wait(call)
         return result
@@ -118,6 +124,8 @@ class Lockstep:
         y: torch.Tensor,
         **opts: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._executing is threading.current_thread():
+            return original(flat, x, y, **opts)
         opts = {k: v for k, v in opts.items() if v is not None}
         call = _Call(run, "loss_and_grad", model, original, flat, x, y, opts=opts)
         result: tuple[torch.Tensor, torch.Tensor] = self._wait(call)
@@ -141,19 +149,23 @@ class Lockstep:
         for call in sorted(self._pending.values(), key=lambda c: c.run):
             groups.setdefault(call.group_key(), []).append(call)
         self._pending.clear()
-        for group in groups.values():
-            try:
-                if len(group) == 1:
-                    self.single_calls += 1
-                    _alone(group[0])
-                else:
-                    self.fused_calls += 1
-                    _fused(group)
-            except BaseException as err:  # each run raises it in its own thread
+        self._executing = threading.current_thread()
+        try:
+            for group in groups.values():
+                try:
+                    if len(group) == 1:
+                        self.single_calls += 1
+                        _alone(group[0])
+                    else:
+                        self.fused_calls += 1
+                        _fused(group)
+                except BaseException as err:  # each run raises it in its own thread
+                    for call in group:
+                        call.error = err
                 for call in group:
-                    call.error = err
-            for call in group:
-                call.done = True
+                    call.done = True
+        finally:
+            self._executing = None
 
 
 def _alone(call: _Call) -> None:
