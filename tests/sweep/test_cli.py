@@ -130,6 +130,7 @@ def test_two_axes_make_their_product_and_a_structural_axis_splits_batches(
         (["--seeds", "0,1,0"], "a seed is repeated"),
         (["--seeds", "x"], "--seeds 'x': expected integers"),
         (["--runs-per-batch", "0"], "--runs-per-batch 0"),
+        (["--select", "val"], "no validation data; set partition.val_per_class"),
     ],
     ids=[
         "unknown-key",
@@ -140,6 +141,7 @@ def test_two_axes_make_their_product_and_a_structural_axis_splits_batches(
         "seed-twice",
         "seeds-x",
         "runs-per-batch-0",
+        "select-val-without-val-data",
     ],
 )
 def test_bad_grids_are_one_line_errors(

@@ -91,6 +91,8 @@ def plan_runs(
             except FedhpError as err:
                 where = f"grid point {point.id}" if point.values else "the sweep's base config"
                 raise ConfigError(f"{where}: {err}") from None
+            if split == "val":
+                _check_val_split(config, point)
             runs.append(
                 RunSpec(
                     spec.point,
@@ -105,6 +107,19 @@ def plan_runs(
                 )
             )
     return runs
+
+
+def _check_val_split(config: dict[str, Any], point: GridPoint) -> None:
+    """``--select val`` needs validation data: a one-line error now (not once the first run
+    loads its data, with the sweep's folder written) where the partition's options give none."""
+    partition = config.get("partition") or {}
+    sizes = [partition[k] for k in ("val_per_class", "val_fraction") if k in partition]
+    if sizes and not any(sizes):
+        where = f" (grid point {point.id})" if point.values else ""
+        raise ConfigError(
+            f"--select val: the runs{where} have no validation data; set "
+            "partition.val_per_class (or partition.val_fraction) above 0"
+        )
 
 
 def spec_of(overrides: Sequence[str], folder: Path, plugins: Sequence[str] = ()) -> RunSpec:
