@@ -25,6 +25,25 @@ the others still run):
   ``full_run_h``, 40 rounds × 20 epochs × ``round_s`` (an upper bound of the paper's FedAvg run:
   it counts the evaluation 20 times a round).
 
+``--issue 40`` (batched runs, Call A) runs these (about 7.5 minutes of time boxes):
+
+* ``sweep-lam``: ``bench_sweep.py --device cuda --inprocess``: the 15-run λ sweep (sFedHP
+  defaults, λ ∈ {15, ..., 35} × seeds {0, 1, 2}, 20 rounds) in one process, start-up excluded
+  (one warm-up batch first): the batch one run after another, then in lockstep (their model
+  kernels fused); ``speedup`` = sequential seconds / lockstep seconds (target ≥ 10);
+* ``run`` (above; target ≤ 10 s), then the earlier GPU issue's open rows: the FedAvg 10k and
+  sFedHP 1k rows, ``tests``, VGG-11-BN at fp32 and bf16.
+
+``--issue 40b`` (Call B): ``fedhp reproduce sfedhp-table1 --dataset mnist --setting 1 --model
+dnn-500-200 --rounds 800 --seeds 3 device=cuda``, one piece per method (``reproduce:<method>``,
+sFedHP and HierFAVG first; its 3 seeds batched), as many as the 470 s deadline holds;
+``method_s`` is the piece's wall time (start-up included), ``run_s`` a seed's round loop
+(summary.json ``seconds``), ``final_pct`` the table's final accuracy (the global model's, else
+the personalized one's). A method cut off reports the rounds its runs reached (timings.csv) and
+the round loop they project to.
+``--keep DIR`` copies each piece's small result files (tables, summaries, metrics, logs) into
+``DIR/<piece>`` (the tables of Call B are the results to commit).
+
 The last lines are the table: each must-show with its measured value and target.
 ``--device cpu --smoke`` runs every piece at tiny sizes on the CPU (tests/benchmarks check it).
 """
@@ -35,6 +54,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,7 +81,34 @@ ISSUE_PIECES = {
         "run",
     ],
     "32": ["lstm", "leaf-round"],
+    "40": [
+        "sweep-lam",
+        "run",
+        "table:fedavg-dnn100-10k",
+        "table:sfedhp-dnn100-1k",
+        "tests",
+        "table:vgg11-bn-10",
+        "bf16:vgg11-bn-10",
+    ],
 }
+REPRODUCE_METHODS = (
+    "sfedhp",
+    "hierfavg",
+    "fedavg",
+    "fedprox",
+    "pfedme",
+    "pfedgp",
+    "centralized",
+    "local",
+)
+"""``--issue 40b``'s methods of ``sfedhp-table1``, in the order they run (the paper model's rows
+the issue asks for first)."""
+ISSUE_PIECES["40b"] = [f"reproduce:{m}" for m in REPRODUCE_METHODS]
+ISSUE_DEADLINE = {"40b": 470.0}
+"""An issue's default ``--deadline`` (its time boxes add up to more than its call may take)."""
+TABLE1 = ["--dataset", "mnist", "--setting", "1", "--model", "dnn-500-200", "--rounds", "800"]
+TABLE1_SEEDS = 3
+SMOKE_TABLE1 = ["--dataset", "mnist", "--setting", "1", "--model", "dnn", "--rounds", "2"]
 LEAF_ROUNDS, LEAF_EPOCHS = 40, 20
 """The FedProx paper's Shakespeare run: rounds and local epochs (``leaf-round`` extrapolates)."""
 # piece -> seconds it may take on the GPU host (sum 480 s = 8 min). Sized from an H100 run of
@@ -80,11 +127,20 @@ BUDGET = {
     "run": 50,
     "lstm": 90,
     "leaf-round": 300,
+    # issue 40 (Call A: 445 s with the rows above). On the H100 the default run took 30.7 s
+    # for 250 rounds: the 15 x 20 rounds one after another ~40-60 s, the warm-up and the
+    # lockstep batch less; the sequential batch prints its line first (kept if cut off).
+    "sweep-lam": 150,
+    # issue 40b (Call B, a 470 s deadline): ~100 s per 800-round run unbatched on the H100
+    # (the issue's estimate), 3 seeds batched; sFedHP (100 gradient evaluations a round) first.
+    "reproduce:sfedhp": 300,
+    "reproduce:hierfavg": 200,
+    **{f"reproduce:{m}": 150 for m in REPRODUCE_METHODS[2:]},
 }
 SMOKE_RUN = ["rounds=2", "eval_every=1", "algorithm.R=1", "algorithm.K=1"]
 
 # (what, piece, key, target, "<=" or ">=") — the issue's must-shows
-MUST_SHOW = [
+MUST_SHOW: list[tuple[str, str, str, float | None, str]] = [
     ("test_gpu.py passed (issue: 47 or more)", "tests", "passed", 47, ">="),
     ("test_gpu.py failed", "tests", "failed", 0, "<="),
     ("FedAvg DNN-100 10k s/round", "table:fedavg-dnn100-10k", "s_per_round", 0.02, "<="),
@@ -116,7 +172,18 @@ MUST_SHOW = [
         None,
         "",
     ),
+    ("λ sweep, 15 runs: sequential / lockstep, one process", "sweep-lam", "speedup", 10, ">="),
+    ("λ sweep: sequential batch seconds", "sweep-lam", "sequential_s", None, ""),
+    ("λ sweep: lockstep batch seconds", "sweep-lam", "lockstep_s", None, ""),
+    ("λ sweep: round loops, sequential / lockstep", "sweep-lam", "train_speedup", None, ""),
 ]
+for _m in REPRODUCE_METHODS:
+    _piece = f"reproduce:{_m}"
+    MUST_SHOW += [
+        (f"Table I {_m}: seconds (3 seeds, start-up included)", _piece, "method_s", None, ""),
+        (f"Table I {_m}: a seed's round loop, seconds", _piece, "run_s", None, ""),
+        (f"Table I {_m}: final accuracy % (GM, else PM)", _piece, "final_pct", None, ""),
+    ]
 
 
 @dataclass
@@ -156,6 +223,35 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
             f"device={device}",
             "eval_every=1",
             *scale,
+        ]
+    if name == "sweep-lam":
+        sizes = ["--runs", "2", "--rounds", "1"] if smoke else []
+        return [
+            py,
+            str(HERE / "bench_sweep.py"),
+            "--device",
+            device,
+            "--inprocess",
+            *sizes,
+            "--json",
+            str(out / "bench_sweep.json"),
+        ]
+    if name.startswith("reproduce:"):
+        seeds = "2" if smoke else str(TABLE1_SEEDS)
+        return [
+            py,
+            "-m",
+            "fedhp.cli",
+            "reproduce",
+            "sfedhp-table1",
+            f"device={device}",
+            *(SMOKE_TABLE1 + ["--eval-every", "1"] if smoke else TABLE1),
+            "--seeds",
+            seeds,
+            "--methods",
+            name.split(":", 1)[1],
+            "--out",
+            str(out),
         ]
     if name == "run":
         extra = SMOKE_RUN if smoke else []
@@ -212,6 +308,14 @@ def parse(name: str, output: str, out: Path) -> dict[str, float]:
                 values["round_s"] = seconds[-1] - seconds[-2]
                 values["full_run_h"] = LEAF_ROUNDS * LEAF_EPOCHS * values["round_s"] / 3600
         return values
+    if name == "sweep-lam":
+        for line in output.splitlines():
+            if line.startswith("bench sweep-inprocess "):
+                for key, value in re.findall(r"(\w+)=([-+0-9.e]+)(?:\s|$)", line):
+                    values[key] = float(value)
+        return values
+    if name.startswith("reproduce:"):
+        return parse_table1(out)
     if name == "run":
         summary = out / "summary.json"
         if summary.exists():
@@ -224,7 +328,69 @@ def parse(name: str, output: str, out: Path) -> dict[str, float]:
     return values
 
 
-def run_piece(name: str, device: str, smoke: bool, budget: float) -> Piece:
+def parse_table1(out: Path) -> dict[str, float]:
+    """A ``reproduce:<method>`` piece's numbers: from its table.json a seed's round loop
+    (``run_s``, the mean summary.json ``seconds``) and the final accuracy in % (``final_pct``:
+    the global model's, else the personalized one's); from its runs' timings.csv the rounds
+    the slowest seed reached (``rounds_done``) and, projected to every round, its seconds
+    (``projected_run_s``; what a cut-off piece still tells)."""
+    values: dict[str, float] = {}
+    table = out / "table.json"
+    if table.exists():
+        data = json.loads(table.read_text())
+        row = data["rows"][0] if data.get("rows") else {}
+        seconds = row.get("seconds")
+        if isinstance(seconds, dict):
+            values["run_s"] = float(seconds["mean"])
+        for key in ("final_global_acc", "final_personal_acc"):
+            acc = row.get(key)
+            if isinstance(acc, dict):
+                values["final_pct"] = 100 * float(acc["mean"])
+                break
+    reached: list[tuple[int, float]] = []
+    for timings in sorted((out / "runs").glob("*/seed*/timings.csv")):
+        rows = timings.read_text().splitlines()[1:]
+        if rows:
+            last = rows[-1].split(",")
+            reached.append((int(last[0]), float(last[1])))
+    config = next(iter(sorted((out / "runs").glob("*/seed*/config.yaml"))), None)
+    if reached:
+        done, seconds = min(reached)
+        values["rounds_done"] = float(done)
+        total = _rounds_of(config) if config is not None else None
+        if total and done:
+            values["projected_run_s"] = seconds * total / done
+    return values
+
+
+def _rounds_of(config: Path) -> int | None:
+    """A run's ``rounds`` from its config.yaml (without a YAML parser: the GPU host's
+    interpreter may lack one)."""
+    match = re.search(r"^rounds: (\d+)$", config.read_text(), re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+KEEP_SUFFIXES = (".md", ".json", ".csv", ".log", ".yaml", ".txt")
+KEEP_MAX_BYTES = 2_000_000
+
+
+def keep_results(name: str, out: Path, keep: Path) -> None:
+    """Copy piece ``name``'s small result files (tables, summaries, metrics, logs) from
+    ``out`` into ``keep/<name>`` (``:`` written ``-``)."""
+    if not out.is_dir():
+        return
+    dest = keep / name.replace(":", "-")
+    for path in sorted(out.rglob("*")):
+        small = path.is_file() and path.stat().st_size <= KEEP_MAX_BYTES
+        if small and path.suffix in KEEP_SUFFIXES:
+            target = dest / path.relative_to(out)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+
+
+def run_piece(
+    name: str, device: str, smoke: bool, budget: float, keep: Path | None = None
+) -> Piece:
     """Run one piece in a subprocess cut off after ``budget`` seconds."""
     env = {
         **os.environ,
@@ -246,12 +412,25 @@ def run_piece(name: str, device: str, smoke: bool, budget: float) -> Piece:
             stdout, stderr, code = _text(cut.stdout), _text(cut.stderr), None
         wall = time.perf_counter() - start
         values = parse(name, stdout + stderr, out)
+        if name.startswith("reproduce:") and code == 0:
+            values["method_s"] = wall
+        if keep is not None:
+            keep_results(name, out, keep)
+            log = keep / name.replace(":", "-") / "piece.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(stdout + stderr)
     lines = [ln for ln in stdout.splitlines() if ln.strip()]
     print(f"## {name} ({wall:.1f} s, exit {'cut off' if code is None else code})", flush=True)
     for ln in lines[-12:]:
         print(f"   {ln}", flush=True)
     if code is None:
-        return Piece(name, "timeout", wall, values, f"> {budget:.0f} s")
+        note = f"> {budget:.0f} s"
+        if "projected_run_s" in values:
+            note += (
+                f"; its runs reached round {values['rounds_done']:.0f}, "
+                f"{values['projected_run_s']:.0f} s projected for a seed's round loop"
+            )
+        return Piece(name, "timeout", wall, values, note)
     failed = code != 0 or " failed: " in stdout
     if name == "tests" and code == 5:  # pytest: nothing collected/all deselected
         failed = False
@@ -276,10 +455,14 @@ def verdict(value: float | None, target: float | None, op: str) -> str:
     return "yes" if ok else "NO"
 
 
-def table(pieces: dict[str, Piece]) -> list[str]:
-    """The final table: every piece's status and time, then the must-shows of the issues whose
-    pieces ran (those of their pieces that did not run: ``n/a``)."""
-    shown = {n for names in ISSUE_PIECES.values() if set(names) & set(pieces) for n in names}
+def table(pieces: dict[str, Piece], issue: str | None = None) -> list[str]:
+    """The final table: every piece's status and time, then the must-shows of ``issue``'s
+    pieces and of the pieces that ran (None: of the issues whose pieces ran; those of their
+    pieces that did not run: ``n/a``)."""
+    if issue is not None:
+        shown = set(ISSUE_PIECES[issue]) | set(pieces)
+    else:
+        shown = {n for names in ISSUE_PIECES.values() if set(names) & set(pieces) for n in names}
     rows = ["| piece | status | seconds | note |", "|---|---|---|---|"]
     rows += [f"| {p.name} | {p.status} | {p.seconds:.1f} | {p.note} |" for p in pieces.values()]
     rows += ["", "| must-show | measured | target | met |", "|---|---|---|---|"]
@@ -297,7 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU check)")
-    parser.add_argument("--issue", choices=sorted(ISSUE_PIECES), default="35", help="whose checks")
+    parser.add_argument(
+        "--issue",
+        choices=sorted(ISSUE_PIECES),
+        default=None,
+        help="whose checks (default 35, or the issue of the --only pieces)",
+    )
     parser.add_argument(
         "--only", nargs="*", default=None, help="pieces to run (default: the issue's)"
     )
@@ -307,29 +495,38 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="seconds for the whole script: a piece gets at most what is left, and is skipped "
-        "when under 10 s is left",
+        "when under 10 s is left (default: the issue's, --issue 40b: 470; none with --smoke)",
+    )
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="copy each piece's result files into this folder"
     )
     args = parser.parse_args(argv)
-    names = args.only or ISSUE_PIECES[args.issue]
+    issue = args.issue or next(
+        (i for i, ns in ISSUE_PIECES.items() if args.only and set(args.only) <= set(ns)), "35"
+    )
+    names = args.only or ISSUE_PIECES[issue]
     unknown = [n for n in names if n not in BUDGET]
     if unknown:
         parser.error(f"unknown piece(s) {unknown}; choose from {list(BUDGET)}")
+    deadline = args.deadline
+    if deadline is None and not args.smoke:
+        deadline = ISSUE_DEADLINE.get(issue)
     start = time.perf_counter()
     pieces: dict[str, Piece] = {}
     for name in names:
         budget = BUDGET[name] * args.scale
-        if args.deadline is not None:
-            budget = min(budget, args.deadline - (time.perf_counter() - start))
+        if deadline is not None:
+            budget = min(budget, deadline - (time.perf_counter() - start))
         if budget < 10:
             pieces[name] = Piece(name, "skipped", 0.0, {}, "deadline reached")
             continue
-        pieces[name] = run_piece(name, args.device, args.smoke, budget)
+        pieces[name] = run_piece(name, args.device, args.smoke, budget, args.keep)
     print(
         f"# gpu_check: device={args.device} smoke={args.smoke} "
         f"total={time.perf_counter() - start:.1f} s",
         flush=True,
     )
-    for row in table(pieces):
+    for row in table(pieces, issue):
         print(row, flush=True)
     return 0 if all(p.status == "ok" for p in pieces.values()) else 1
 

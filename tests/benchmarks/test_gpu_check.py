@@ -138,7 +138,6 @@ def test_issue_40_sweep_piece_runs_at_smoke_sizes_and_fills_its_rows(
     assert "LSTM" not in out and "VGG" in out  # issue 40's must-shows only
 
 
-@pytest.mark.slow
 def test_issue_40b_table1_pieces_run_at_smoke_sizes_and_keep_their_tables(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -99,3 +99,279 @@ def test_unknown_method_or_dataset_is_one_line_error(capsys: pytest.CaptureFixtu
         assert main(["reproduce", "robust", *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and text in err
+
+
+# ---------------------------------------------------------------- --heterogeneity (issue 41)
+
+HET_LINE = re.compile(
+    r"^robust-het (val|test) (iid|dir0\.5|dir0\.1|shards2) (fedavg|hierfavg) (\S+) "
+    r"(none|sign_flip|alie|ipm) acc=([0-9.]+)( diverged)?$"
+)
+
+
+def parse(overrides: list[str]) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in overrides)
+
+
+def fake_het_run(overrides: list[str], folder: Path) -> dict[str, Any]:
+    """Accuracies made up so that FedAvg's best worst case (Multi-Krum, s = 2, β = 0.9) costs 3
+    points without attackers and cclip (τ = 1·S, β = 0.9, no buckets) is chosen; HierFAVG's
+    cclip at the edges wins there; the mean collapses (below the trivial baseline) under sign
+    flip; one geomed run diverges."""
+    o = parse(overrides)
+    alg, attack = o["algorithm.name"], o.get("faults.attack.name", "none")
+    rule = o.get("robust.cloud.name", o.get("robust.edge.name", "mean"))
+    momentum = float(o.get("algorithm.client_momentum", 0))
+    bucket = int(o.get("robust.cloud.bucket", o.get("robust.edge.bucket", 1)))
+    seed = int(o["seed"])
+    clean = {"mean": 0.90, "multi_krum": 0.87, "cclip": 0.89}.get(rule, 0.80)
+    hit = {"mean": 0.09, "multi_krum": 0.885, "cclip": 0.88}.get(rule, 0.60)
+    if rule == "multi_krum" and not (bucket == 2 and momentum):
+        hit = 0.70
+    if rule == "cclip":
+        tau = float(o.get("robust.cloud.tau", o.get("robust.edge.tau", 0)))
+        right = {"fedavg": 0.4, "hierfavg": 0.3}[alg]
+        if abs(tau - right) > 1e-9 or not momentum or bucket != 1:
+            hit = 0.75
+        if alg == "hierfavg" and "robust.cloud.name" in o:  # cclip at the edges only wins
+            hit = 0.74
+    stopped = {}
+    if rule == "geomed" and attack == "ipm" and bucket == 2:
+        stopped = {"stopped": "round 7: non-finite loss"}
+        hit = 0.95  # its last accuracy: would win if a diverged run counted
+    acc = clean if attack == "none" else hit
+    if o["eval_split"] == "test":
+        acc += 0.002 * (seed - 1)
+    return {"final_global_acc": acc, "seconds": 0.25, **stopped}
+
+
+def test_heterogeneity_grid_sizes_keys_and_checks() -> None:
+    opts = ReproOptions(dataset="mnist")
+    fed = robust.fedavg_configs(opts)
+    # mean × 2 momenta + (median, trimmed mean, Multi-Krum, geomed + cclip × 3 τ) × 2 × 2
+    assert len(fed) == 2 + 7 * 4 and len(set(fed)) == len(fed)
+    assert len({c.folder for c in fed}) == len(fed)
+    assert robust.het_partitions(opts) == ("iid", "dir0.5", "dir0.1", "shards2")
+    assert len(robust.het_partitions(opts)) * len(fed) * len(robust.HET_ATTACKS) == 480
+    hier = robust.hierfavg_configs([("cclip", 1.0), ("multi_krum", None)])
+    assert len(hier) == 2 + 2 * 3 * 2 * 2 and len({c.folder for c in hier}) == len(hier)
+    quick = ReproOptions(dataset="mnist", quick=True)
+    assert len(robust.fedavg_configs(quick)) == 2 + 5 * 4
+    assert robust.het_partitions(quick) == ("shards2",)
+    assert list(robust.het_test_seeds(opts)) == [0, 1, 2]
+    assert list(robust.het_test_seeds(quick)) == [0]
+    # f after bucketing: the attackers (20), capped by n > 2f + 2 on the bucket rows
+    assert [robust.krum_f("fedavg", "cloud", s) for s in (1, 2)] == [20, 20]
+    assert [robust.krum_f("hierfavg", lvl, s) for lvl in ("edge", "cloud") for s in (1, 2)] == [
+        3,
+        1,
+        3,
+        1,
+    ]
+    for part in robust.het_partitions(opts):
+        for cfg in fed:
+            for attack in robust.HET_ATTACKS:
+                if part != "shards2" and attack not in ("none", "ipm"):
+                    continue  # (every partition with two attacks; the rest is the same code)
+                over = robust.het_overrides(opts, "fedavg", part, cfg, attack, "val", 0)
+                conf = resolve_config(None, over)
+                check_components(conf)
+                cloud = conf.robust.cloud
+                assert cloud.name == cfg.rule and cloud.bucket == cfg.bucket
+                assert conf.algorithm.get("client_momentum", 0.0) == cfg.momentum
+                assert conf.eval_split == "val" and conf.rounds == 50
+                assert conf.partition["val_fraction"] == 0.1
+                n = -(-100 // cfg.bucket)
+                if cfg.rule == "multi_krum":
+                    cloud.check(n)  # the f the engine will check, on the bucket rows
+                    assert cloud.f == 20 and cloud.keep(n) == n - 20
+                if cfg.rule == "trimmed_mean":
+                    assert cloud.beta * n == pytest.approx(20)
+                if cfg.rule == "cclip":
+                    assert cloud.tau == pytest.approx(0.4 * (cfg.tau or 0))
+                if attack != "none":
+                    assert conf.faults.attack.name == attack
+                    assert conf.faults.attack.fraction == 0.2
+    for cfg in hier:
+        over = robust.het_overrides(opts, "hierfavg", "shards2", cfg, "alie", "test", 2)
+        conf = resolve_config(None, over)
+        check_components(conf)
+        assert conf.eval_split == "test" and conf.seed == 2
+        edge, cloud = conf.robust.edge, conf.robust.cloud
+        at_edge = cfg.rule != "mean" and cfg.placement in ("edge", "both")
+        at_cloud = cfg.rule != "mean" and cfg.placement in ("cloud", "both")
+        assert edge.name == (cfg.rule if at_edge else "mean")
+        assert cloud.name == (cfg.rule if at_cloud else "mean")
+        for level, on in ((edge, at_edge), (cloud, at_cloud)):
+            if on:
+                n = -(-10 // cfg.bucket)
+                assert level.bucket == cfg.bucket
+                if cfg.rule == "multi_krum":
+                    level.check(n)
+        if at_edge and cfg.rule == "cclip":
+            assert edge.tau == pytest.approx(0.3)
+        if at_cloud and cfg.rule == "cclip":
+            assert cloud.tau == pytest.approx(0.13)
+
+
+def entry(acc: float, stopped: bool = False) -> dict[str, Any]:
+    return {"acc": acc, "std": 0.0, "stopped": ["nan"] if stopped else [], "trivial": acc <= 0.1135}
+
+
+def test_selection_needs_the_clean_condition() -> None:
+    """The configuration with the best worst case (and the best mean over attacks) loses 2.5
+    points without attackers: not chosen; a diverged run never wins."""
+    ref = robust.REFERENCE
+    best = robust.Config("multi_krum", bucket=2, momentum=0.9)
+    good = robust.Config("cclip", 1.0, 1, 0.9)
+    broke = robust.Config("geomed")
+    table = {
+        ref: (0.900, 0.09, 0.85, 0.86),
+        best: (0.875, 0.89, 0.89, 0.89),
+        good: (0.881, 0.80, 0.82, 0.81),
+        broke: (0.900, 0.95, 0.95, 0.95),
+    }
+    val = {
+        ("fedavg", "shards2", cfg, attack): entry(acc, stopped=(cfg == broke and attack == "alie"))
+        for cfg, accs in table.items()
+        for attack, acc in zip(robust.HET_ATTACKS, accs, strict=True)
+    }
+    ranking = robust.select("fedavg", list(table), val)
+    assert [r["config"] for r in ranking] == [good, ref, broke, best]
+    assert ranking[0]["eligible"] and ranking[0]["worst"] == pytest.approx(0.80)
+    assert not ranking[-1]["eligible"] and ranking[-1]["worst"] == pytest.approx(0.89)
+    assert ranking[2]["worst"] == 0.0  # the diverged ALIE run counts as 0
+    # exactly 2 points below is still within 2 points
+    val[("fedavg", "shards2", best, "none")] = entry(0.880)
+    assert robust.select("fedavg", list(table), val)[0]["config"] == best
+    assert robust.best_families(ranking, 2) == [("cclip", 1.0), ("geomed", None)]
+
+
+def het_main(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    assert main(["reproduce", "robust", "--heterogeneity", "--out", str(out), *args]) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
+def test_heterogeneity_full_with_fake_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[tuple[list[str], Path]] = []
+
+    def fake(overrides: list[str], folder: Path) -> dict[str, Any]:
+        calls.append((overrides, folder))
+        return fake_het_run(overrides, folder)
+
+    monkeypatch.setattr(common, "run_config", fake)
+    out = tmp_path / "out"
+    lines = het_main([], out, capsys)
+    # FedAvg 4 partitions × 30 × 4 attacks; HierFAVG (2 + 2 rules × 12) × 4; test 2 × 2 × 4 × 3
+    assert len(calls) == 480 + 104 + 48 == len({folder for _, folder in calls})
+    over = [parse(o) for o, _ in calls]
+    assert sum(o["eval_split"] == "test" for o in over) == 48
+    assert {o["seed"] for o in over if o["eval_split"] == "val"} == {"0"}
+    hier_val = [o for o in over if o["algorithm.name"] == "hierfavg" and o["eval_split"] == "val"]
+    assert len(hier_val) == 104
+    # the second stage: FedAvg's two best rules (cclip with its τ, then Multi-Krum), at the
+    # edges, the cloud and both
+    rules = {(o.get("robust.edge.name"), o.get("robust.cloud.name")) for o in hier_val}
+    assert rules == {
+        (None, None),
+        ("cclip", None),
+        (None, "cclip"),
+        ("cclip", "cclip"),
+        ("multi_krum", None),
+        (None, "multi_krum"),
+        ("multi_krum", "multi_krum"),
+    }
+    assert {o.get("robust.edge.tau") for o in hier_val} == {None, "0.3"}
+    assert all(o["partition.name"] == "shards" for o in hier_val)
+    assert "robust-het chosen fedavg cclip-t1-s1-m0.9" in lines
+    assert "robust-het chosen hierfavg cclip-t1-s1-m0.9-edge" in lines
+    results = [x for x in lines if not x.startswith("robust-het chosen")]
+    assert all(HET_LINE.match(x) for x in results), [x for x in results if not HET_LINE.match(x)]
+    assert len(results) == (480 + 104) + 48 // 3
+    assert "robust-het val shards2 fedavg geomed-s2-m0 ipm acc=0.9500 diverged" in lines
+    data = json.loads((out / "table.json").read_text())
+    assert data["chosen"]["fedavg"]["label"] == "cclip τ=1S β=0.9"
+    assert data["test_seeds"] == 3 and data["rounds"] == 50
+    assert data["must_show"]["fedavg"]["holds"] is True  # 88 % under attack, 90 % clean mean
+    gaps = data["must_show"]["fedavg"]["gaps"]
+    assert gaps["ipm"] == pytest.approx(-0.02) and gaps["none"] == pytest.approx(-0.01)
+    assert data["levels"]["fedavg-cloud-s2"] == {"rows": 50, "f": 20, "tau": [0.1, 0.4, 1.0]}
+    assert data["levels"]["hierfavg-edge-s2"]["f"] == 1
+    fed_rank = data["selection"]["fedavg"]
+    mk = next(r for r in fed_rank if r["config"]["label"] == "multi_krum s=2 β=0.9")
+    assert mk["worst"] > fed_rank[0]["worst"] and not mk["eligible"]
+    flagged = [r for r in data["results"] if r["trivial"]]
+    assert {(r["config"]["rule"], r["attack"]) for r in flagged} == {
+        ("mean", a) for a in ("sign_flip", "alie", "ipm")
+    }
+    table = (out / "table.md").read_text()
+    for title in ("core grid", "the selection", "Rule parameters", "on the test set"):
+        assert title in table
+    assert "9.00 ▼" in table and "| **cclip τ=1S β=0.9** |" in table
+    assert "95.00 †" in table
+    assert (out / "heterogeneity.png").stat().st_size > 0
+    # --methods fedavg: FedAvg's grid and its test runs only (no HierFAVG stage)
+    calls.clear()
+    het_main(["--methods", "fedavg"], tmp_path / "again", capsys)
+    assert len(calls) == 480 + 2 * 4 * 3
+
+
+def test_heterogeneity_quick_sizes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[list[str]] = []
+
+    def fake(overrides: list[str], folder: Path) -> dict[str, Any]:
+        calls.append(overrides)
+        return fake_het_run(overrides, folder)
+
+    monkeypatch.setattr(common, "run_config", fake)
+    lines = het_main(["--quick"], tmp_path / "q", capsys)
+    over = [parse(o) for o in calls]
+    # FedAvg 22 configurations × 4 attacks on 2 shards; HierFAVG (2 + 1 rule × 12) × 4; test
+    # 2 algorithms × (chosen + mean) × 4 attacks × 1 seed
+    assert len(calls) == 88 + 56 + 16
+    assert {o["rounds"] for o in over} == {"10"}
+    assert {o["partition.name"] for o in over} == {"shards"}
+    assert {o["robust.cloud.tau"] for o in over if "robust.cloud.tau" in o} <= {"0.4", "0.13"}
+    assert "robust-het chosen fedavg cclip-t1-s1-m0.9" in lines
+
+
+def test_heterogeneity_bad_options_are_one_line_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv, text in (
+        (["reproduce", "dp", "--heterogeneity"], "--heterogeneity"),
+        (["reproduce", "robust", "--heterogeneity", "--methods", "hierfavg"], "--methods"),
+        (["reproduce", "robust", "--heterogeneity", "--dataset", "cifar10"], "--dataset"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and text in err
+
+
+def test_heterogeneity_tiny_real_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real runs through the CLI, the grid cut to the mean (± momentum) and the median on
+    buckets of 2 with client momentum (2 rounds; 12 validation and at most 8 test runs)."""
+    monkeypatch.setattr(robust, "HET_RULES", ("mean", "median"))
+    monkeypatch.setattr(robust, "BUCKETS", (2,))
+    monkeypatch.setattr(robust, "MOMENTA", (0.9,))
+    out = tmp_path / "tiny"
+    argv = ["--quick", "--rounds", "2", "--methods", "fedavg", "--eval-every", "2"]
+    lines = het_main(argv, out, capsys)
+    assert sum(x.startswith("robust-het val") for x in lines) == 12
+    chosen = [x for x in lines if x.startswith("robust-het chosen fedavg")]
+    assert len(chosen) == 1
+    data = json.loads((out / "table.json").read_text())
+    accs = [r["acc"] for r in data["results"]]
+    assert len(accs) in (16, 20) and all(0.0 < a <= 1.0 for a in accs)
+    summary = json.loads(
+        (out / "runs/fedavg/val/shards2/median-s2-m0.9/ipm/seed0/summary.json").read_text()
+    )
+    config = (out / "runs/fedavg/val/shards2/median-s2-m0.9/ipm/seed0/config.yaml").read_text()
+    assert summary["rounds"] == 2 and "eval_split: val" in config and "bucket: 2" in config
+    assert (out / "heterogeneity.png").stat().st_size > 0

@@ -23,10 +23,18 @@ Prints one line per result, ``robust <attack> <fraction> <algorithm> <aggregator
 acc=<float>`` (final global accuracy, mean over seeds; `` diverged`` appended when a run stopped
 on a non-finite loss, its accuracy then the last one evaluated); writes ``table.md`` /
 ``table.json`` and ``sign_flip-<algorithm>.png`` (accuracy vs attacker fraction per aggregator).
+
+``--heterogeneity`` (:func:`heterogeneity`, issue 41) runs another study instead: FedAvg's core
+grid over IID / Dirichlet 0.5 / Dirichlet 0.1 / 2 label shards × attack-free, sign flip, ALIE and
+IPM at 20 % × mean, median, trimmed mean, Multi-Krum, cclip (τ chosen from 3 scales) and geomed
+× buckets {1, 2} × client momentum {0, 0.9} on validation sets; one configuration chosen per
+algorithm on the 2-label-shard split (:func:`select`); HierFAVG's stage with FedAvg's best rules
+at the edges, the cloud and both; the chosen configurations' test runs over 3 seeds.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -381,6 +389,679 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
             }
             for (row, case), entry in results.items()
         ],
+    }
+    (out / "table.md").write_text(f"{description}\n\n{text}")
+    write_json_atomic(out / "table.json", result)
+    if not opts.quiet:
+        print(text, file=sys.stderr)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# ``fedhp reproduce robust --heterogeneity`` (issue 41, deliverable 4)
+
+HET_ATTACKS = ("none", "sign_flip", "alie", "ipm")
+"""Attack-free, then the three attacks of the selection, each at :data:`HET_FRACTION`."""
+HET_FRACTION = 0.2
+HET_RULES = ("mean", "median", "trimmed_mean", "multi_krum", "cclip", "geomed")
+TAU_SCALES = (0.25, 1.0, 2.5)
+"""cclip's τ as multiples of the level's benign-update norm S (:data:`LEVELS`): FedAvg's
+clients 0.1 / 0.4 / 1.0; chosen on validation like the rest of a configuration."""
+QUICK_TAU_SCALES = (1.0,)
+BUCKETS = (1, 2)
+MOMENTA = (0.0, 0.9)
+PLACEMENTS = ("edge", "cloud", "both")
+HET_PARTITIONS: dict[str, tuple[str, list[str]]] = {
+    # key -> (title, overrides); "iid": Dirichlet sizes with β = 1000, labels IID
+    "iid": ("IID", ["partition.name=quantity", "partition.beta=1000"]),
+    "dir0.5": ("Dirichlet 0.5", ["partition.name=dirichlet", "partition.alpha=0.5"]),
+    "dir0.1": ("Dirichlet 0.1", ["partition.name=dirichlet", "partition.alpha=0.1"]),
+    "shards2": ("2 label shards", ["partition.name=shards", "partition.shards_per_client=2"]),
+}
+QUICK_PARTITIONS = ("shards2",)
+SELECT_ON = "shards2"
+"""The partition on which the configurations are chosen and tested."""
+VAL_OVERRIDES = ["partition.val_fraction=0.1", "partition.val_stratified=true"]
+"""Every run (validation and test) carves 10 % of each client's training data, per class, as
+its validation set, so the chosen configuration's test runs train on the same data."""
+CLEAN_SLACK = 0.02
+"""A candidate's attack-free validation accuracy must be within 2 points of the clean mean's."""
+ATTACK_SLACK = 0.03
+"""The must-show: under each attack within 3 points of the clean mean (test, mean of seeds)."""
+TOP_RULES, QUICK_TOP_RULES = 2, 1
+TEST_SEEDS = 3
+MAX_F = round(HET_FRACTION * CLIENTS)
+"""The attackers in every run (20 of 100 clients): Krum's f never exceeds it."""
+TRIVIAL = {"mnist": 0.1135, "fmnist": 0.1}
+"""A constant predictor's accuracy: the majority class's share of the evaluated set. MNIST's test
+set is not balanced (980–1,135 per class): class 1 holds 1,135 of 10,000 (the clients' test sets
+are the whole test set here; the validation sets, carved from the training set, 11.2–11.3 %)."""
+FLAG_TRIVIAL, FLAG_STOPPED = " ▼", " †"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration: ``rule`` (cclip with ``tau`` = τ's multiple of the level's S), its
+    bucket size, the clients' momentum β and, for HierFAVG, where the rule acts (``edge``,
+    ``cloud``, ``both``; "" for FedAvg and the mean)."""
+
+    rule: str
+    tau: float | None = None
+    bucket: int = 1
+    momentum: float = 0.0
+    placement: str = ""
+
+    @property
+    def family(self) -> str:
+        """The rule with its τ (``cclip τ=1S``)."""
+        return self.rule if self.tau is None else f"{self.rule} τ={self.tau:g}S"
+
+    @property
+    def label(self) -> str:
+        parts = [self.family]
+        if self.bucket > 1:
+            parts.append(f"s={self.bucket}")
+        if self.momentum:
+            parts.append(f"β={self.momentum:g}")
+        if self.placement:
+            parts.append(f"@{self.placement}")
+        return " ".join(parts)
+
+    @property
+    def folder(self) -> str:
+        parts = [self.rule]
+        if self.tau is not None:
+            parts.append(f"t{self.tau:g}")
+        parts += [f"s{self.bucket}", f"m{self.momentum:g}"]
+        if self.placement:
+            parts.append(self.placement)
+        return "-".join(parts)
+
+    def levels(self, algorithm: str) -> list[str]:
+        if algorithm == "fedavg":
+            return ["cloud"]
+        return {"edge": ["edge"], "cloud": ["cloud"]}.get(self.placement, ["edge", "cloud"])
+
+    def overrides(self, algorithm: str) -> list[str]:
+        out = [f"algorithm.client_momentum={self.momentum:g}"] if self.momentum else []
+        if self.rule == "mean":
+            return out
+        for level in self.levels(algorithm):
+            f, n = krum_f(algorithm, level, self.bucket), level_rows(algorithm, level, self.bucket)
+            out.append(f"robust.{level}.name={self.rule}")
+            if self.bucket > 1:
+                out.append(f"robust.{level}.bucket={self.bucket}")
+            if self.rule == "trimmed_mean":
+                out.append(f"robust.{level}.beta={f / n:.6g}")
+            elif self.rule == "multi_krum":
+                out.append(f"robust.{level}.f={f}")
+            elif self.rule == "cclip":
+                assert self.tau is not None
+                out.append(f"robust.{level}.tau={cclip_tau(algorithm, level, self.tau):.6g}")
+        return out
+
+
+REFERENCE = Config("mean")
+"""The clean mean: the plain mean, no bucketing, no momentum (FedAvg's and HierFAVG's)."""
+
+
+def level_rows(algorithm: str, level: str, bucket: int = 1) -> int:
+    """The rows a level's rule sees after bucketing: FedAvg's cloud 100 clients; HierFAVG's edge
+    its 10 clients, its cloud the 10 edges; ⌈n/s⌉ with buckets of s."""
+    n = CLIENTS if algorithm == "fedavg" else (CLIENTS // EDGES if level == "edge" else EDGES)
+    return -(-n // bucket)
+
+
+def krum_f(algorithm: str, level: str, bucket: int = 1) -> int:
+    """Multi-Krum's f on the rows after bucketing: the attackers (20), capped by n > 2f + 2 (an
+    attacker spoils at most one bucket, so bucketing does not raise f): FedAvg 20 of 100 rows and
+    20 of 50 buckets; HierFAVG 3 of 10 rows and 1 of 5 buckets at the edges and at the cloud.
+    The trimmed mean trims the same f rows per side (β = f / n)."""
+    return min(MAX_F, (level_rows(algorithm, level, bucket) - 3) // 2)
+
+
+def cclip_tau(algorithm: str, level: str, scale: float) -> float:
+    """cclip's τ at a level: ``scale`` × the level's median benign-update norm S (LEVELS)."""
+    return scale * LEVELS[(algorithm, level)][1]
+
+
+def het_partitions(opts: ReproOptions) -> tuple[str, ...]:
+    return QUICK_PARTITIONS if opts.quick else tuple(HET_PARTITIONS)
+
+
+def fedavg_configs(opts: ReproOptions) -> list[Config]:
+    """FedAvg's candidates: the clean mean (:data:`REFERENCE`, always), then every rule ×
+    bucketing × momentum (cclip × τ); the mean without bucketing only (buckets of equal weight
+    average to the mean)."""
+    taus = QUICK_TAU_SCALES if opts.quick else TAU_SCALES
+    out = [REFERENCE]
+    for rule in HET_RULES:
+        for tau in taus if rule == "cclip" else (None,):
+            for bucket in (1,) if rule == "mean" else BUCKETS:
+                out += [Config(rule, tau, bucket, momentum) for momentum in MOMENTA]
+    return list(dict.fromkeys(out))
+
+
+def hierfavg_configs(families: list[tuple[str, float | None]]) -> list[Config]:
+    """HierFAVG's candidates: the mean (± momentum), then each chosen rule (with its τ) at the
+    edges, the cloud and both × bucketing × momentum."""
+    out = [REFERENCE, *(Config("mean", momentum=momentum) for momentum in MOMENTA)]
+    for rule, tau in families:
+        for placement in PLACEMENTS:
+            for bucket in BUCKETS:
+                out += [Config(rule, tau, bucket, m, placement) for m in MOMENTA]
+    return list(dict.fromkeys(out))
+
+
+def het_test_seeds(opts: ReproOptions) -> range:
+    """The chosen configurations' test seeds: max(3, --seeds) (``--quick``: --seeds)."""
+    return range(opts.seeds if opts.quick else max(TEST_SEEDS, opts.seeds))
+
+
+def het_overrides(
+    opts: ReproOptions,
+    algorithm: str,
+    partition: str,
+    config: Config,
+    attack: str,
+    split: str,
+    seed: int,
+) -> list[str]:
+    """Every override of one run of the heterogeneity grid (``split``: val or test)."""
+    model = opts.model or "mlr"
+    if model not in MODELS:
+        raise ConfigError(f"--model: robust runs {', '.join(MODELS)}; got {model!r}")
+    case = Case(attack, 0.0 if attack == "none" else HET_FRACTION)
+    return [
+        f"dataset.name={opts.dataset}",
+        *([f"dataset.data_dir={opts.data_dir}"] if opts.data_dir else []),
+        *HET_PARTITIONS[partition][1],
+        *VAL_OVERRIDES,
+        f"federation.num_clients={CLIENTS}",
+        f"federation.num_edges={EDGES}",
+        "federation.weighting=uniform",
+        "federation.client_fraction=1.0",
+        *MODELS[model],
+        f"algorithm.batch_size={BATCH}",
+        f"algorithm.lr={LR}",
+        *algorithm_overrides(algorithm),
+        *config.overrides(algorithm),
+        *case.overrides(),
+        f"rounds={rounds_of(opts)}",
+        f"eval_every={opts.eval_every}",
+        "eval_train=false",
+        "max_loss=null",
+        f"threads={opts.threads}",
+        "progress=false",
+        "checkpoint_every=25",
+        f"eval_split={split}",
+        f"seed={seed}",
+        *opts.extra,
+    ]
+
+
+Cell = tuple[str, str, Config]
+"""(algorithm, partition, configuration)."""
+HetKey = tuple[str, str, Config, str]
+"""(algorithm, partition, configuration, attack)."""
+
+
+def run_cells(
+    opts: ReproOptions, runs: Path, cells: list[Cell], split: str, seeds: range
+) -> dict[HetKey, dict[str, Any]]:
+    """Run (or reuse) every cell × attack × seed on ``split``; one entry per cell and attack:
+    ``acc`` (mean over seeds), ``std``, ``stopped``, ``seconds``, ``trivial``, ``accs``."""
+    cells = list(dict.fromkeys(cells))
+    tasks = [
+        (
+            (alg, part, cfg, attack, seed),
+            het_overrides(opts, alg, part, cfg, attack, split, seed),
+            runs / alg / split / part / cfg.folder / attack / f"seed{seed}",
+        )
+        for alg, part, cfg in cells
+        for attack in HET_ATTACKS
+        for seed in seeds
+    ]
+    done = run_keyed(
+        opts, tasks, lambda k: f"{split} {k[0]} {k[1]} {k[2].folder} {k[3]} seed {k[4]}"
+    )
+    trivial = TRIVIAL.get(opts.dataset, 0.1)
+    out: dict[HetKey, dict[str, Any]] = {}
+    for alg, part, cfg in cells:
+        for attack in HET_ATTACKS:
+            summaries = [done[(alg, part, cfg, attack, seed)] for seed in seeds]
+            accs = [float(s["final_global_acc"]) for s in summaries]
+            acc, std = mean_std(accs)
+            out[(alg, part, cfg, attack)] = {
+                "acc": acc,
+                "std": std,
+                "accs": accs,
+                "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
+                "seconds": sum(float(s.get("seconds", 0.0)) for s in summaries),
+                "trivial": acc <= trivial + 1e-12,
+            }
+            tail = " diverged" if out[(alg, part, cfg, attack)]["stopped"] else ""
+            print(f"robust-het {split} {part} {alg} {cfg.folder} {attack} acc={acc:.4f}{tail}")
+    return out
+
+
+def score(entry: dict[str, Any]) -> float:
+    """A validation run's accuracy for the selection: a run that stopped on a non-finite loss
+    counts as 0 (it never wins)."""
+    return 0.0 if entry["stopped"] else float(entry["acc"])
+
+
+def select(
+    algorithm: str,
+    configs: list[Config],
+    val: dict[HetKey, dict[str, Any]],
+    partition: str | None = None,
+) -> list[dict[str, Any]]:
+    """The selection on :data:`SELECT_ON`'s validation runs, best first: a candidate is eligible
+    when its attack-free accuracy is within 2 points of the clean mean's (:data:`REFERENCE`);
+    eligible candidates first, then the best worst case over the three attacks, then the best
+    attack-free accuracy, then the grid order. The first row is the chosen configuration
+    (``partition``: another partition's ranking, for the figure)."""
+    part = partition or SELECT_ON
+    clean_mean = score(val[(algorithm, part, REFERENCE, "none")])
+    rows = []
+    for index, cfg in enumerate(dict.fromkeys(configs)):
+        clean = score(val[(algorithm, part, cfg, "none")])
+        attacked = {a: score(val[(algorithm, part, cfg, a)]) for a in HET_ATTACKS[1:]}
+        rows.append(
+            {
+                "config": cfg,
+                "clean": clean,
+                "worst": min(attacked.values()),
+                "attacks": attacked,
+                "clean_mean": clean_mean,
+                "eligible": clean >= clean_mean - CLEAN_SLACK - 1e-9,
+                "index": index,
+            }
+        )
+    return sorted(rows, key=lambda r: (not r["eligible"], -r["worst"], -r["clean"], r["index"]))
+
+
+def best_families(ranking: list[dict[str, Any]], k: int) -> list[tuple[str, float | None]]:
+    """The ``k`` best rules other than the mean in ``ranking``'s order, each with the τ of its
+    best configuration (HierFAVG's second stage)."""
+    out: list[tuple[str, float | None]] = []
+    for row in ranking:
+        cfg = row["config"]
+        if cfg.rule != "mean" and all(cfg.rule != rule for rule, _ in out):
+            out.append((cfg.rule, cfg.tau))
+    return out[:k]
+
+
+def cell(entry: dict[str, Any] | None, spread: bool = False) -> str:
+    """An accuracy cell in %, ``± std`` with ``spread``; ▼ at or below the trivial baseline,
+    † a run that stopped on a non-finite loss."""
+    if entry is None:
+        return "—"
+    text = f"{100 * entry['acc']:.2f}"
+    if spread:
+        text += f" ± {100 * entry['std']:.2f}"
+    return (
+        text
+        + (FLAG_TRIVIAL if entry["trivial"] else "")
+        + (FLAG_STOPPED if entry["stopped"] else "")
+    )
+
+
+ATTACK_TITLES = {"none": "attack-free", "sign_flip": "sign flip", "alie": "ALIE", "ipm": "IPM"}
+
+
+def levels_table(algorithms: list[str], opts: ReproOptions) -> str:
+    """Each level's rows and rule parameters, without and with bucketing."""
+    body = []
+    for algorithm in algorithms:
+        for level in ["cloud"] if algorithm == "fedavg" else ["edge", "cloud"]:
+            taus = QUICK_TAU_SCALES if opts.quick else TAU_SCALES
+            for bucket in BUCKETS:
+                n, f = level_rows(algorithm, level, bucket), krum_f(algorithm, level, bucket)
+                body.append(
+                    [
+                        LABELS[algorithm],
+                        level,
+                        str(level_rows(algorithm, level)),
+                        str(bucket),
+                        str(n),
+                        str(f),
+                        str(n - f),
+                        f"{f / n:.2g} ({f} per side)",
+                        " / ".join(f"{cclip_tau(algorithm, level, t):.4g}" for t in taus),
+                    ]
+                )
+    header = [
+        "algorithm",
+        "level",
+        "rows",
+        "s",
+        "rows after bucketing",
+        "Multi-Krum f",
+        "Multi-Krum m",
+        "trimmed mean share per side",
+        "cclip τ",
+    ]
+    return "### Rule parameters per level\n\n" + markdown_table(header, body)
+
+
+def grid_table(
+    val: dict[HetKey, dict[str, Any]],
+    partitions: tuple[str, ...],
+    configs: list[Config],
+    trivial: float,
+) -> str:
+    """FedAvg's core grid: a row per partition and configuration (validation, seed 0)."""
+    body = []
+    for part in partitions:
+        for cfg in configs:
+            entries = [val.get(("fedavg", part, cfg, a)) for a in HET_ATTACKS]
+            if any(e is None for e in entries):
+                continue
+            worst = min(score(e) for e in entries[1:] if e is not None)
+            body.append(
+                [
+                    HET_PARTITIONS[part][0],
+                    cfg.label,
+                    *(cell(e) for e in entries),
+                    flagged(worst, trivial),
+                ]
+            )
+    header = ["partition", "configuration", *(ATTACK_TITLES[a] for a in HET_ATTACKS), "worst"]
+    return "### FedAvg: the core grid (validation accuracy %, seed 0)\n\n" + markdown_table(
+        header, body
+    )
+
+
+def flagged(value: float, trivial: float) -> str:
+    """A score in % (▼ at or below the trivial baseline)."""
+    return f"{100 * value:.2f}" + (FLAG_TRIVIAL if value <= trivial + 1e-12 else "")
+
+
+def selection_table(algorithm: str, ranking: list[dict[str, Any]], trivial: float) -> str:
+    """The candidates on :data:`SELECT_ON`, best first; the chosen one in bold."""
+    body = []
+    for i, row in enumerate(ranking):
+        label = row["config"].label
+        body.append(
+            [
+                f"**{label}**" if i == 0 else label,
+                flagged(row["clean"], trivial),
+                f"{100 * (row['clean'] - row['clean_mean']):+.2f}",
+                "yes" if row["eligible"] else "no",
+                *(flagged(row["attacks"][a], trivial) for a in HET_ATTACKS[1:]),
+                flagged(row["worst"], trivial),
+            ]
+        )
+    header = [
+        "configuration",
+        "attack-free",
+        "Δ clean mean",
+        "within 2 points",
+        *(ATTACK_TITLES[a] for a in HET_ATTACKS[1:]),
+        "worst",
+    ]
+    title = HET_PARTITIONS[SELECT_ON][0]
+    return (
+        f"### {LABELS[algorithm]}: the selection ({title}, validation accuracy %, seed 0; "
+        "diverged runs count as 0)\n\n" + markdown_table(header, body)
+    )
+
+
+def verdict(
+    chosen: dict[str, dict[str, Any]], reference: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The must-show checks on the test runs: each attack within 3 points of the clean mean's
+    attack-free accuracy, the attack-free accuracy within 2 points of it."""
+    clean_mean = reference["none"]["acc"]
+    gaps = {a: chosen[a]["acc"] - clean_mean for a in HET_ATTACKS}
+    ok_attacks = all(gaps[a] >= -ATTACK_SLACK - 1e-9 for a in HET_ATTACKS[1:])
+    ok_clean = gaps["none"] >= -CLEAN_SLACK - 1e-9
+    return {"clean_mean": clean_mean, "gaps": gaps, "holds": ok_attacks and ok_clean}
+
+
+def test_stage_table(
+    algorithms: list[str],
+    chosen: dict[str, Config],
+    test: dict[HetKey, dict[str, Any]],
+    seeds: range,
+) -> str:
+    """The chosen configurations and the clean mean on the test set (mean ± std over seeds)."""
+    body = []
+    for algorithm in algorithms:
+        for cfg in dict.fromkeys([chosen[algorithm], REFERENCE]):
+            entries = {a: test[(algorithm, SELECT_ON, cfg, a)] for a in HET_ATTACKS}
+            ref = {a: test[(algorithm, SELECT_ON, REFERENCE, a)] for a in HET_ATTACKS}
+            check = verdict(entries, ref)
+            worst = min(check["gaps"][a] for a in HET_ATTACKS[1:])
+            body.append(
+                [
+                    LABELS[algorithm],
+                    cfg.label + (" (chosen)" if cfg == chosen[algorithm] else ""),
+                    *(cell(entries[a], spread=True) for a in HET_ATTACKS),
+                    f"{100 * worst:+.2f}",
+                    f"{100 * check['gaps']['none']:+.2f}",
+                    "yes" if check["holds"] else "no",
+                ]
+            )
+    header = [
+        "algorithm",
+        "configuration",
+        *(ATTACK_TITLES[a] for a in HET_ATTACKS),
+        "worst attack Δ clean mean",
+        "attack-free Δ clean mean",
+        "within 3 / 2 points",
+    ]
+    return (
+        f"### The chosen configurations on the test set ({HET_PARTITIONS[SELECT_ON][0]}, "
+        f"mean ± std over seeds 0..{len(seeds) - 1})\n\n" + markdown_table(header, body)
+    )
+
+
+def het_describe(opts: ReproOptions, algorithms: list[str], wall: float, runs: int) -> str:
+    import torch
+
+    model = opts.model or "mlr"
+    parts = ", ".join(HET_PARTITIONS[p][0] for p in het_partitions(opts))
+    taus = QUICK_TAU_SCALES if opts.quick else TAU_SCALES
+    top = QUICK_TOP_RULES if opts.quick else TOP_RULES
+    trivial = TRIVIAL.get(opts.dataset, 0.1)
+    return (
+        f"{opts.dataset}, {CLIENTS} clients ({parts}; 10 % of each client's training data, per "
+        f"class, is its validation set in every run), {EDGES} edges of {CLIENTS // EDGES}, "
+        f"uniform weighting, all clients every round; {rounds_of(opts)} rounds of {STEPS} local "
+        f"SGD steps (HierFAVG κ1 = {KAPPA1}, κ2 = {STEPS // KAPPA1}), batch {BATCH}, lr {LR}, "
+        f"model {model}. Attacks at {100 * HET_FRACTION:g} % (spread): sign flip s = "
+        f"{SIGN_SCALE:g}, ALIE z = Baruch's z_max, IPM ε = 0.1. Rules: median; trimmed mean and "
+        f"Multi-Krum with f = the attackers capped by n > 2f + 2 on the rows after bucketing "
+        f"(trimmed mean β = f/n, Multi-Krum m = n − f; table below); cclip L = 3, τ ∈ "
+        f"{{{', '.join(f'{t:g}' for t in taus)}}} × the level's benign-update norm S (0.4 FedAvg, "
+        f"0.3 HierFAVG edges, 0.13 HierFAVG cloud), chosen on validation; geomed RFA's defaults; "
+        f"buckets s ∈ {{1, 2}}; client momentum β ∈ {{0, 0.9}}. Selection on "
+        f"{HET_PARTITIONS[SELECT_ON][0]} (validation, seed 0): among the configurations whose "
+        f"attack-free accuracy is within {100 * CLEAN_SLACK:g} points of the clean mean's (the "
+        f"plain mean, no buckets, no momentum), the best worst case over sign flip, ALIE and IPM "
+        f"(then the best attack-free accuracy); HierFAVG's candidates: the {top} best rules of "
+        f"FedAvg's ranking at the edges, the cloud and both. Test: the chosen configuration and "
+        f"the clean mean, seeds 0..{len(het_test_seeds(opts)) - 1}. Algorithms: "
+        f"{', '.join(LABELS[a] for a in algorithms)}. ▼: at or below the trivial baseline "
+        f"{100 * trivial:.2f} % (a constant predictor of the majority class); † a run stopped on "
+        f"a non-finite loss (its last evaluated accuracy; 0 in the selection). {runs} runs, "
+        f"{wall:.0f} s of runs in all (torch threads {opts.threads}, {opts.jobs} run(s) at once; "
+        f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"{inputs_text(opts.dataset, opts.extra)}"
+    ).rstrip()
+
+
+def het_figure(
+    out: Path,
+    val: dict[HetKey, dict[str, Any]],
+    partitions: tuple[str, ...],
+    configs: list[Config],
+    test: dict[HetKey, dict[str, Any]],
+    chosen: dict[str, Config],
+    trivial: float,
+) -> None:
+    """``heterogeneity.png``: left, FedAvg's worst case over the three attacks against the
+    partition, a line per rule (its best configuration per partition, selection order), the
+    clean mean's attack-free accuracy (black) and the trivial baseline (grey); right, the test
+    runs of the chosen configurations (o) and of the clean mean (x) per attack, ± std."""
+    from matplotlib.figure import Figure
+
+    from fedhp.reporting import _save, draw_lines
+
+    fig = Figure(figsize=(12.0, 4.6))
+    left, right = fig.subplots(1, 2)
+    xs = list(range(len(partitions)))
+    lines = []
+    for rule in HET_RULES:
+        ys = []
+        for part in partitions:
+            mine = [c for c in configs if c.rule == rule]
+            ys.append(select("fedavg", mine, val, part)[0]["worst"] if mine else math.nan)
+        lines.append(Line(rule, xs, ys, marker="o"))
+    clean = [val[("fedavg", p, REFERENCE, "none")]["acc"] for p in partitions]
+    lines.append(Line("mean, attack-free", xs, clean, color="black", marker="x"))
+    lines.append(Line("trivial", xs, [trivial] * len(xs), color="grey", alpha=0.6))
+    draw_lines(left, lines, "partition", "worst-case validation accuracy", "FedAvg (seed 0)")
+    left.set_xticks(xs, [HET_PARTITIONS[p][0] for p in partitions])
+    ax_lines = []
+    for (algorithm, cfg), color in zip(chosen.items(), ("tab:blue", "tab:orange"), strict=False):
+        for c, style, alpha in ((cfg, "o", 1.0), (REFERENCE, "x", 0.5)):
+            entries = [test[(algorithm, SELECT_ON, c, a)] for a in HET_ATTACKS]
+            label = f"{LABELS[algorithm]} {c.label}"
+            ax_lines.append(
+                Line(
+                    label,
+                    list(range(len(HET_ATTACKS))),
+                    [e["acc"] for e in entries],
+                    std=[e["std"] for e in entries],
+                    color=color,
+                    alpha=alpha,
+                    marker=style,
+                )
+            )
+    draw_lines(right, ax_lines, "attack (20 %)", "test accuracy", "chosen vs the mean")
+    right.set_xticks(range(len(HET_ATTACKS)), [ATTACK_TITLES[a] for a in HET_ATTACKS])
+    fig.tight_layout()
+    _save(fig, out / "heterogeneity.png")
+
+
+def config_dict(cfg: Config) -> dict[str, Any]:
+    return {
+        "label": cfg.label,
+        "rule": cfg.rule,
+        "tau_scale": cfg.tau,
+        "bucket": cfg.bucket,
+        "momentum": cfg.momentum,
+        "placement": cfg.placement,
+    }
+
+
+def entries_json(results: dict[HetKey, dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "split": split,
+            "algorithm": alg,
+            "partition": part,
+            "config": config_dict(cfg),
+            "attack": attack,
+            **entry,
+        }
+        for (alg, part, cfg, attack), entry in results.items()
+    ]
+
+
+def ranking_json(ranking: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {**{k: v for k, v in row.items() if k != "config"}, "config": config_dict(row["config"])}
+        for row in ranking
+    ]
+
+
+def heterogeneity(name: str, opts: ReproOptions) -> dict[str, Any]:
+    """``fedhp reproduce robust --heterogeneity`` (issue 41, deliverable 4): FedAvg's core grid
+    (every partition × attack × configuration, validation, seed 0); the selection on
+    :data:`SELECT_ON`; HierFAVG's stage (its candidates from FedAvg's best rules); the chosen
+    configurations' and the clean mean's test runs. Prints the result lines, writes
+    ``table.md`` / ``table.json`` and ``heterogeneity.png``."""
+    if name != "robust":
+        raise ConfigError(f"--heterogeneity: only with `reproduce robust`; got {name!r}")
+    if opts.dataset not in ("mnist", "fmnist"):
+        raise ConfigError(f"--dataset: robust runs mnist or fmnist; got {opts.dataset!r}")
+    algorithms = opts.chosen_methods(ALGORITHMS)
+    if "fedavg" not in algorithms:
+        raise ConfigError(
+            "--methods: --heterogeneity chooses HierFAVG's rules from FedAvg's grid; use "
+            "fedavg or fedavg,hierfavg"
+        )
+    tag = "quick" if opts.quick else "full"
+    out, runs = opts.folders(f"robust-heterogeneity-{opts.dataset}-{tag}")
+    partitions = het_partitions(opts)
+    configs: dict[str, list[Config]] = {"fedavg": fedavg_configs(opts)}
+    val = run_cells(
+        opts,
+        runs,
+        [("fedavg", p, c) for p in partitions for c in configs["fedavg"]],
+        "val",
+        range(1),
+    )
+    rankings = {"fedavg": select("fedavg", configs["fedavg"], val)}
+    if "hierfavg" in algorithms:
+        families = best_families(rankings["fedavg"], QUICK_TOP_RULES if opts.quick else TOP_RULES)
+        configs["hierfavg"] = hierfavg_configs(families)
+        cells = [("hierfavg", SELECT_ON, c) for c in configs["hierfavg"]]
+        val.update(run_cells(opts, runs, cells, "val", range(1)))
+        rankings["hierfavg"] = select("hierfavg", configs["hierfavg"], val)
+    chosen = {alg: rankings[alg][0]["config"] for alg in algorithms}
+    for alg in algorithms:
+        print(f"robust-het chosen {alg} {chosen[alg].folder}", flush=True)
+    seeds = het_test_seeds(opts)
+    test_cells = [(alg, SELECT_ON, c) for alg in algorithms for c in (chosen[alg], REFERENCE)]
+    test = run_cells(opts, runs, test_cells, "test", seeds)
+    checks = {
+        alg: verdict(
+            {a: test[(alg, SELECT_ON, chosen[alg], a)] for a in HET_ATTACKS},
+            {a: test[(alg, SELECT_ON, REFERENCE, a)] for a in HET_ATTACKS},
+        )
+        for alg in algorithms
+    }
+    wall = sum(e["seconds"] for e in (*val.values(), *test.values()))
+    count = len(val) + len(test) * len(seeds)
+    description = het_describe(opts, algorithms, wall, count)
+    trivial = TRIVIAL.get(opts.dataset, 0.1)
+    text = "\n".join(
+        [
+            test_stage_table(algorithms, chosen, test, seeds),
+            *(selection_table(alg, rankings[alg], trivial) for alg in algorithms),
+            levels_table(algorithms, opts),
+            grid_table(val, partitions, configs["fedavg"], trivial),
+        ]
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    het_figure(out, val, partitions, configs["fedavg"], test, chosen, trivial)
+    result = {
+        "dataset": opts.dataset,
+        "quick": opts.quick,
+        "rounds": rounds_of(opts),
+        "test_seeds": len(seeds),
+        "trivial": trivial,
+        "description": description,
+        "levels": {
+            f"{alg}-{level}-s{bucket}": {
+                "rows": level_rows(alg, level, bucket),
+                "f": krum_f(alg, level, bucket),
+                "tau": [cclip_tau(alg, level, t) for t in TAU_SCALES],
+            }
+            for alg in algorithms
+            for level in (["cloud"] if alg == "fedavg" else ["edge", "cloud"])
+            for bucket in BUCKETS
+        },
+        "chosen": {alg: config_dict(cfg) for alg, cfg in chosen.items()},
+        "must_show": checks,
+        "selection": {alg: ranking_json(rankings[alg]) for alg in algorithms},
+        "results": entries_json(val, "val") + entries_json(test, "test"),
     }
     (out / "table.md").write_text(f"{description}\n\n{text}")
     write_json_atomic(out / "table.json", result)

@@ -210,17 +210,17 @@ def _lockstep(
 
     def work(slot: int, i: int) -> None:
         spec = runs[i]
-        with step.turn():  # (given up only while the run waits for its partners)
-            try:
-                resume = statuses[i] == "resume"
-                if resume:
-                    tick(_rounds_done(spec))
-                spec.folder.mkdir(parents=True, exist_ok=True)
-                summaries[i] = _run_one(spec, exps[i], resume, tick, after)
-            except BaseException as err:  # noqa: BLE001 (re-raised below, in the caller's thread)
-                errors[i] = err
-            finally:
-                step.finish(slot)
+        step.wait_turn(slot)  # (one run thread at a time: the turn passes at model calls)
+        try:
+            resume = statuses[i] == "resume"
+            if resume:
+                tick(_rounds_done(spec))
+            spec.folder.mkdir(parents=True, exist_ok=True)
+            summaries[i] = _run_one(spec, exps[i], resume, tick, after)
+        except BaseException as err:  # noqa: BLE001 (re-raised below, in the caller's thread)
+            errors[i] = err
+        finally:
+            step.finish(slot)
 
     threads = [
         threading.Thread(target=work, args=(slot, i), name=f"fedhp-run-{i}", daemon=True)
@@ -228,6 +228,7 @@ def _lockstep(
     ]
     for thread in threads:
         thread.start()
+    step.begin()
     for thread in threads:
         thread.join()
     report.fused_calls, report.single_calls = step.fused_calls, step.single_calls

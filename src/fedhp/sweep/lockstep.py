@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,14 +61,21 @@ class _Call:
 
 
 class Lockstep:
-    """The rendezvous of ``runs`` threads; :meth:`attach` routes a run's model calls here."""
+    """The rendezvous of ``runs`` threads; :meth:`attach` routes a run's model calls here.
+
+    Exactly one run thread runs at a time: it holds the *turn* until it must wait (its model
+    call needs its partners, or it has ended), then hands the turn to the next run that can go
+    on, in order (runs whose calls are done, or not started). Only that thread is woken, so the
+    threads never compete for the interpreter, and no two runs' torch calls overlap (measured:
+    overlapping calls from two threads changed results in the last bits). When every live run
+    waits, the last to arrive runs the pending calls — fused — and goes on; the others follow
+    in turn.
+    """
 
     def __init__(self, runs: int) -> None:
-        # One lock is both the rendezvous's and the turn: a run thread holds it while it works
-        # and gives it up only while it waits for its partners, so no two runs ever execute at
-        # once (their torch calls do not overlap: each run computes exactly what it computes
-        # alone, whatever the threads' timing).
-        self._cv = threading.Condition(threading.RLock())
+        self._lock = threading.Lock()  # guards the fields below (held briefly)
+        self._wake = [threading.Event() for _ in range(runs)]
+        self._ready: deque[int] = deque(range(runs))  # runs that may go on, in order
         self._live = runs
         self._pending: dict[int, _Call] = {}
         # The thread running the pending calls (in :meth:`_execute`), None between: a model's
@@ -84,18 +92,30 @@ class Lockstep:
         model.sgd_step = functools.partial(self._sgd_step, run, model, step)  # type: ignore[method-assign]
         model.loss_and_grad = functools.partial(self._loss_and_grad, run, model, grad)  # type: ignore[method-assign]
 
-    def turn(self) -> threading.Condition:
-        """A run thread's turn: ``with lockstep.turn(): ...`` around the whole run."""
-        return self._cv
+    def begin(self) -> None:
+        """Give the first turn (call once, after every run's thread has started)."""
+        with self._lock:
+            self._hand_on()
+
+    def wait_turn(self, run: int) -> None:
+        """Block run ``run``'s thread until it has the turn (at its start)."""
+        self._wake[run].wait()
+        self._wake[run].clear()
 
     def finish(self, run: int) -> None:
-        """Run ``run`` has ended (or failed): the others no longer wait for it."""
-        with self._cv:
+        """Run ``run`` has ended (or failed): the others no longer wait for it; the turn
+        goes on."""
+        with self._lock:
             self._live -= 1
             self._pending.pop(run, None)
             if self._pending and len(self._pending) >= self._live:
-                self._execute()
-            self._cv.notify_all()
+                self._ready.extend(self._execute())
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Wake the next run that may go on (with the lock held)."""
+        if self._ready:
+            self._wake[self._ready.popleft()].set()
 
     def _sgd_step(
         self,
@@ -132,22 +152,31 @@ class Lockstep:
         return result
 
     def _wait(self, call: _Call) -> Any:
-        with self._cv:
+        """Register ``call`` (its thread has the turn); run every pending call if it was the
+        last awaited, else hand the turn on and sleep until the call is done and the turn
+        comes back."""
+        with self._lock:
             self._pending[call.run] = call
-            if len(self._pending) >= self._live:
-                self._execute()
-                self._cv.notify_all()
-            while not call.done:
-                self._cv.wait()
+            last = len(self._pending) >= self._live
+            if last:
+                done = self._execute()
+                self._ready.extend(r for r in done if r != call.run)
+            else:
+                self._hand_on()
+        if not last:
+            self.wait_turn(call.run)
+        assert call.done
         if call.error is not None:
             raise call.error
         return call.result
 
-    def _execute(self) -> None:
-        """Run every pending call, fused by group (called with the lock held)."""
+    def _execute(self) -> list[int]:
+        """Run every pending call, fused by group (with the lock held, by the thread that has
+        the turn); the runs whose calls ran, in order."""
         groups: dict[tuple[Any, ...], list[_Call]] = {}
         for call in sorted(self._pending.values(), key=lambda c: c.run):
             groups.setdefault(call.group_key(), []).append(call)
+        runs = sorted(self._pending)
         self._pending.clear()
         self._executing = threading.current_thread()
         try:
@@ -166,6 +195,7 @@ class Lockstep:
                     call.done = True
         finally:
             self._executing = None
+        return runs
 
 
 def _alone(call: _Call) -> None:
