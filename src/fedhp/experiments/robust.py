@@ -183,13 +183,29 @@ def algorithm_overrides(algorithm: str) -> list[str]:
 
 def run_overrides(opts: ReproOptions, row: Row, case: Case, seed: int) -> list[str]:
     """Every override of one run."""
+    return shared_overrides(
+        opts, row.partition(), [*algorithm_overrides(row.algorithm), *row.overrides()], case, seed
+    )
+
+
+def shared_overrides(
+    opts: ReproOptions,
+    partition: list[str],
+    algorithm: list[str],
+    case: Case,
+    seed: int,
+    more: tuple[str, ...] = (),
+) -> list[str]:
+    """Every override of one robust run: the fixed federation, model and schedule around a
+    ``partition``, the ``algorithm``'s options, the attack ``case`` and ``more`` (before the
+    seed and the user's own overrides)."""
     model = opts.model or "mlr"
     if model not in MODELS:
         raise ConfigError(f"--model: robust runs {', '.join(MODELS)}; got {model!r}")
     return [
         f"dataset.name={opts.dataset}",
         *([f"dataset.data_dir={opts.data_dir}"] if opts.data_dir else []),
-        *row.partition(),
+        *partition,
         f"federation.num_clients={CLIENTS}",
         f"federation.num_edges={EDGES}",
         "federation.weighting=uniform",
@@ -197,8 +213,7 @@ def run_overrides(opts: ReproOptions, row: Row, case: Case, seed: int) -> list[s
         *MODELS[model],
         f"algorithm.batch_size={BATCH}",
         f"algorithm.lr={LR}",
-        *algorithm_overrides(row.algorithm),
-        *row.overrides(),
+        *algorithm,
         *case.overrides(),
         f"rounds={rounds_of(opts)}",
         f"eval_every={opts.eval_every}",
@@ -207,6 +222,7 @@ def run_overrides(opts: ReproOptions, row: Row, case: Case, seed: int) -> list[s
         f"threads={opts.threads}",
         "progress=false",
         "checkpoint_every=25",
+        *more,
         f"seed={seed}",
         *opts.extra,
     ]
@@ -568,36 +584,11 @@ def het_overrides(
     seed: int,
 ) -> list[str]:
     """Every override of one run of the heterogeneity grid (``split``: val or test)."""
-    model = opts.model or "mlr"
-    if model not in MODELS:
-        raise ConfigError(f"--model: robust runs {', '.join(MODELS)}; got {model!r}")
     case = Case(attack, 0.0 if attack == "none" else HET_FRACTION)
-    return [
-        f"dataset.name={opts.dataset}",
-        *([f"dataset.data_dir={opts.data_dir}"] if opts.data_dir else []),
-        *HET_PARTITIONS[partition][1],
-        *VAL_OVERRIDES,
-        f"federation.num_clients={CLIENTS}",
-        f"federation.num_edges={EDGES}",
-        "federation.weighting=uniform",
-        "federation.client_fraction=1.0",
-        *MODELS[model],
-        f"algorithm.batch_size={BATCH}",
-        f"algorithm.lr={LR}",
-        *algorithm_overrides(algorithm),
-        *config.overrides(algorithm),
-        *case.overrides(),
-        f"rounds={rounds_of(opts)}",
-        f"eval_every={opts.eval_every}",
-        "eval_train=false",
-        "max_loss=null",
-        f"threads={opts.threads}",
-        "progress=false",
-        "checkpoint_every=25",
-        f"eval_split={split}",
-        f"seed={seed}",
-        *opts.extra,
-    ]
+    partition_overrides = [*HET_PARTITIONS[partition][1], *VAL_OVERRIDES]
+    options = [*algorithm_overrides(algorithm), *config.overrides(algorithm)]
+    more = (f"eval_split={split}",)
+    return shared_overrides(opts, partition_overrides, options, case, seed, more)
 
 
 Cell = tuple[str, str, Config]
