@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import statistics
 import sys
 import time
@@ -96,7 +95,8 @@ def runs_per_batch_of(spec: RunSpec) -> int:
     else:
         budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4
     del exp
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return max(1, int(budget // max(per_run, 1)))
 
 
@@ -264,10 +264,3 @@ def run_sweep(spec: SweepSpec) -> dict[str, Any]:
     written = write_report(spec.out, manifest)
     log(f"wrote {', '.join(p.name for p in written)}")
     return manifest
-
-
-def remove_sweep(folder: Path) -> None:
-    """Delete a sweep folder (``--overwrite``)."""
-    if read_manifest(folder) is None and folder.is_dir() and any(folder.iterdir()):
-        raise ConfigError(f"--overwrite {folder}: holds no sweep; not deleting it")
-    shutil.rmtree(folder, ignore_errors=True)
