@@ -9,8 +9,11 @@ rows), and each run gets its own rows back. Since the clients of a batched model
 parameters, row c of the fused call is row c of the run's own call: no sum, mean or
 normalization crosses a run's rows (``tests/sweep/test_lockstep.py`` checks bit equality).
 
-On a GPU this turns S launches of every kernel into one; on a CPU whose kernels already run
-at the core's peak it saves little and copies the rows in and out (docs/benchmarks.md).
+On a GPU this turns S launches of every kernel into one; the runs' host work between the
+kernels (minibatch draws, edge exchanges, the ledger) is still paid run by run. On a CPU whose
+kernels already run at the core's peak it costs more than it saves: the fused rows leave the
+cache and are copied in and out (measured: docs/benchmarks.md, "Sweeps"), so ``--batching auto``
+runs CPU batches one run after another.
 """
 
 from __future__ import annotations
