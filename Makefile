@@ -64,11 +64,12 @@ test-slow: $(DATA_STAMP)
 test-all: $(DATA_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(DATA_STAMP)  # the engine against the per-client loop, the scale runs, then the sweep
+bench: $(DATA_STAMP)  # the engine against the per-client loop, the scale runs, the sweep, the robust rules
 	$(BIN)/python benchmarks/bench_engine.py --device $(DEVICE)
 	$(BIN)/python benchmarks/bench_lstm.py
 	$(BIN)/python benchmarks/bench_scale.py --device $(DEVICE)
 	$(BIN)/python benchmarks/bench_sweep.py --device $(DEVICE)
+	$(BIN)/python benchmarks/bench_robust.py
 
 bench-scale: $(DATA_STAMP)
 	$(BIN)/python benchmarks/bench_scale.py --device $(DEVICE)

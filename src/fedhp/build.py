@@ -102,15 +102,11 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
             f"({ready} do); use label_flip"
         )
     sizes = torch.bincount(topology.edge_of_client, minlength=topology.num_edges)
-    clients = max(1, round(fed.client_fraction * fed.num_clients))
-    rows = {
-        "edge": int(sizes.min()),
-        "cloud": (fed.edges_per_round or topology.num_edges) if options.hierarchical else clients,
-    }
     for level in ("cloud", "edge"):
         rule = getattr(cfg.robust, level)
         if rule.name == "mean":
             continue
+        rows = {"edge": int(sizes.min()), "cloud": cloud_rows(cfg, options, topology)}
         if level not in acts["robust"]:
             raise ConfigError(
                 f"robust.{level}.name: {name} has no {level} mean a robust rule can replace "
@@ -153,6 +149,26 @@ def check_adversarial(cfg: RunConfig, options: AlgorithmOptions, topology: Topol
             "privacy.sampling: poisson samples clients with federation.client_fraction < 1 in "
             "flat methods; use fixed"
         )
+
+
+def cloud_rows(cfg: RunConfig, options: AlgorithmOptions, topology: Topology) -> int:
+    """Rows the cloud aggregates each round: the sampled edges (hierarchical methods) or
+    clients (flat ones)."""
+    fed = cfg.federation
+    if options.hierarchical:
+        return fed.edges_per_round or topology.num_edges
+    return max(1, round(fed.client_fraction * fed.num_clients))
+
+
+def sampling_of(cfg: RunConfig, options: AlgorithmOptions) -> dict[str, Any]:
+    """The sampling options the method reads (issue 42): ``client_fraction`` for flat methods,
+    ``edges_per_round`` for hierarchical ones, neither for a non-federated reference."""
+    fed = cfg.federation
+    if not options.federated:
+        return {}
+    if options.hierarchical:
+        return {"edges_per_round": fed.edges_per_round}
+    return {"client_fraction": fed.client_fraction}
 
 
 def topology_of(cfg: RunConfig) -> Topology:
@@ -209,7 +225,9 @@ def partition_data(cfg: RunConfig) -> tuple[DatasetArrays, list[ClientData], Pub
     Flower nodes."""
     data = DATASETS.build(cfg.dataset, "dataset").load()
     data = subsample(data, cfg.subsample.train, cfg.subsample.test, cfg.seed)
-    data, public = carve_public(data, cfg.public.per_class, cfg.public.source, cfg.seed)
+    per_class = cfg.public.per_class
+    source = cfg.public.source if per_class > 0 else "holdout"  # (no D_pub: source unread)
+    data, public = carve_public(data, per_class, source, cfg.seed)
     partitioner = PARTITIONERS.build(cfg.partition, "partition")
     return data, list(partitioner.split(data, cfg.federation.num_clients, cfg.seed)), public
 
@@ -267,8 +285,7 @@ def build_experiment(cfg: RunConfig) -> Experiment[Algorithm, AlgorithmOptions]:
             generator,
             fed.num_clients,
             fed.train.x.device,
-            client_fraction=topo_cfg.client_fraction,
-            edges_per_round=topo_cfg.edges_per_round,
+            **sampling_of(cfg, options),
             sampling="poisson"
             if cfg.privacy.enabled and cfg.privacy.sampling == "poisson"
             else "fixed",

@@ -92,7 +92,8 @@ def _resume_config(folder: Path, overrides: list[str]) -> Any:
                 f"--resume: {dotted} cannot change when resuming; allowed: "
                 f"{', '.join(RESUMABLE_KEYS)} (start a new run with --out for other changes)"
             )
-    return resolve_config(folder / "config.yaml", overrides)
+    # (a config.yaml written before issue 42 holds options the run did not read: not refused)
+    return resolve_config(folder / "config.yaml", overrides, refuse_unread=False)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -501,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
         "robust: 10 rounds, sign flip and ALIE at 20%% only (with --heterogeneity: 10 rounds, "
         "2 label shards only, cclip tau x1 only, 1 rule at HierFAVG, --seeds test seeds); dp: "
         "40 rounds; leaf-shakespeare: 17 roles, 40-character windows, LSTM 32, 20 local steps, "
-        "30 rounds (CPU-sized; the paper's scale needs a GPU)",
+        "100 rounds, step sizes chosen on validation (CPU-sized; the paper's scale needs a GPU)",
     )
     rep.add_argument(
         "--leak", action="store_true", help="fnrfl-table2: the authors' protocol (D_pub = test set)"

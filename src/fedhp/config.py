@@ -108,6 +108,33 @@ class AttackConfig(pydantic.BaseModel):
     def enabled(self) -> bool:
         return self.name != "none" and self.fraction > 0
 
+    def unread(self) -> dict[str, str]:
+        """The options no attack reads in this configuration (issue 42): all but ``name``
+        without an attack, all but ``name`` and ``fraction`` at fraction 0, and the options
+        of the other attacks (:data:`ATTACK_OPTIONS`)."""
+        if self.name == "none":
+            why = "no attack is named; set faults.attack.name to use it, or drop it"
+            return {k: why for k in type(self).model_fields if k != "name"}
+        if self.fraction == 0:
+            why = "faults.attack.fraction=0 makes no client malicious; set it above 0"
+            return {k: why for k in type(self).model_fields if k not in ("name", "fraction")}
+        return {
+            option: f"faults.attack.name is {self.name}, and only the {attack} attack reads it; "
+            f"set faults.attack.name={attack} to use it, or drop it"
+            for option, attack in ATTACK_OPTIONS.items()
+            if attack != self.name
+        }
+
+
+ATTACK_OPTIONS = {
+    "sign_scale": "sign_flip",
+    "noise_std": "gaussian",
+    "boost": "boost",
+    "z": "alie",
+    "epsilon": "ipm",
+}
+"""The attack options that one attack alone reads, and that attack."""
+
 
 class FaultsConfig(pydantic.BaseModel):
     """Simulated failures, drawn independently each round from their own seeded stream (see
@@ -118,6 +145,13 @@ class FaultsConfig(pydantic.BaseModel):
     client_dropout: float = pydantic.Field(0.0, ge=0, le=1)
     edge_failure: float = pydantic.Field(0.0, ge=0, le=1)
     straggler: float = pydantic.Field(0.0, ge=0, le=1)
+    straggler_work: Literal["drop", "partial"] = pydantic.Field(
+        "drop",
+        description="drop: a straggler's update misses the deadline and is dropped (every "
+        "method); partial: FedProx's systems heterogeneity, a straggler does 1 .. E-1 of its E "
+        "local epochs (or steps), drawn uniformly, and a method that keeps partial work "
+        "(FedProx) aggregates it while the others (FedAvg) drop it",
+    )
     seed_offset: int = pydantic.Field(0, ge=0, lt=2**31)
     attack: AttackConfig = AttackConfig()
 
@@ -137,7 +171,8 @@ class RobustConfig(pydantic.BaseModel):
 
 
 class FlowerConfig(pydantic.BaseModel):
-    """Options of the Flower backends (see docs/flower.md); ignored by ``backend: inprocess``."""
+    """Options of the Flower backends (see docs/flower.md); not read by ``backend: inprocess``
+    (refused when set there, :mod:`fedhp.unread`)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -337,8 +372,16 @@ def resolve_config(
     overrides: Sequence[str] = (),
     base: Mapping[str, Any] | None = None,
     plugins: Sequence[str] = (),
+    refuse_unread: bool = True,
+    on_flower: bool = False,
 ) -> RunConfig:
     """Defaults ← YAML file ← overrides, validated; raises :class:`ConfigError` on bad input.
+
+    A key the YAML or the overrides set that the run does not read (:mod:`fedhp.unread`: say
+    ``algorithm.local_steps`` for sFedHP, whose local work is ``R`` and ``K``) is a one-line
+    error naming it and what to set instead; ``refuse_unread=False`` skips that check (a
+    ``config.yaml`` written before it, as ``--resume`` reads one); ``on_flower``: the run goes
+    through Flower whatever ``backend`` says (``fedhp flower deploy``), so ``flower.*`` is read.
 
     The user's YAML and overrides are merged first (order among them does not matter for
     different keys), then laid over the defaults: naming another component there (e.g.
@@ -359,7 +402,12 @@ def resolve_config(
         listed = user.get("plugins") or []
         user["plugins"] = [*listed, *plugins] if isinstance(listed, list) else listed
     data = dict(base) if base is not None else default_config_dict()
-    return validate_config(with_natural_clients(deep_merge(data, user), user))
+    cfg = validate_config(with_natural_clients(deep_merge(data, user), user))
+    if refuse_unread:
+        from fedhp.unread import refuse_unread as refuse
+
+        refuse(cfg, user, on_flower)
+    return cfg
 
 
 def with_natural_clients(data: dict[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
@@ -405,7 +453,9 @@ COMPONENT_SECTIONS = ("dataset", "partition", "model", "algorithm")
 """The sections validated by the component registered under their ``name``."""
 
 
-def _registry(section: str) -> Any:
+def component_registry(section: str) -> Any:
+    """The registry of a component section (``dataset``, ``partition``, ``model``,
+    ``algorithm``)."""
     from fedhp.algorithms import ALGORITHMS
     from fedhp.data import DATASETS, PARTITIONERS
     from fedhp.models import MODELS
@@ -426,7 +476,7 @@ def resolved_section(section: str, data: Mapping[str, Any]) -> dict[str, Any]:
     An option left at its default is written only where writing it keeps the options the same:
     a default that holds only while the option is unset (``local_steps`` beside
     ``local_epochs``) stays out. Validating the result gives the same options."""
-    registry = _registry(section)
+    registry = component_registry(section)
     options = registry.build(data, section)
     cls = type(options)
     full = options.model_dump(mode="json")
@@ -448,14 +498,18 @@ def resolved_section(section: str, data: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": data["name"], **{k: out[k] for k in full if k in out}}
 
 
-def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
+def config_to_dict(cfg: RunConfig, on_flower: bool = False) -> dict[str, Any]:
     """The resolved configuration as plain data (what ``config.yaml`` holds): every top-level
     option, and every option of the dataset, partition, model and algorithm with its value
-    (:func:`resolved_section`). Running it again gives the same run."""
+    (:func:`resolved_section`), but none the run does not read (:mod:`fedhp.unread`; a
+    section left with no option read goes; ``on_flower``: the run goes through Flower whatever
+    ``backend`` says, its ``flower`` options kept). Running it again gives the same run."""
+    from fedhp.unread import drop_unread, unread_options
+
     data = cfg.model_dump(mode="json")
     for section in COMPONENT_SECTIONS:
         data[section] = resolved_section(section, data[section])
-    return data
+    return drop_unread(data, unread_options(cfg, on_flower))
 
 
 def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
@@ -487,7 +541,9 @@ def with_added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
 def normalized_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A configuration written earlier (config.yaml, a checkpoint's), in today's resolved form
     (:func:`config_to_dict`, keys added since at their defaults), to compare with another run's;
-    as written (with the added keys) where it no longer validates."""
+    as written (with the added keys) where it no longer validates. A config.yaml written before
+    issue 42 holds options the run did not read; :func:`config_to_dict` drops them here as it
+    does from a configuration resolved today, so the same run compares equal."""
     data = with_added_defaults(dict(saved))
     try:
         return config_to_dict(validate_config(data))

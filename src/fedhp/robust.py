@@ -15,13 +15,29 @@ RobustName = Literal[
     "mean", "median", "trimmed_mean", "krum", "multi_krum", "clip", "cclip", "geomed"
 ]
 
+RULE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "beta": ("trimmed_mean",),
+    "f": ("krum", "multi_krum"),
+    "m": ("multi_krum",),
+    "clip_norm": ("clip",),
+    "tau": ("cclip",),
+    "clip_iters": ("cclip",),
+    "max_iter": ("geomed",),
+    "nu": ("geomed",),
+    "tol": ("geomed",),
+    "bucket": ("median", "trimmed_mean", "krum", "multi_krum", "clip", "cclip", "geomed"),
+}
+"""Each rule parameter of :class:`RobustOptions` and the rules that read it (issue 42: a
+parameter set for a rule that does not read it is refused)."""
+
 CENTRED_RULES = frozenset({"cclip"})
 """The rules that keep the previous round's aggregate as their centre (state across rounds)."""
 
 
 class RobustOptions(pydantic.BaseModel):
-    """Which robust rule aggregates a level's rows, and its parameters (each ignored by the rules
-    that do not use it). Checks that need the number of rows ``n`` are in :meth:`check`."""
+    """Which robust rule aggregates a level's rows, and its parameters (each read by the rules
+    of :data:`RULE_OPTIONS` only, and refused when set for another). Checks that need the number
+    of rows ``n`` are in :meth:`check`."""
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -114,6 +130,19 @@ class RobustOptions(pydantic.BaseModel):
                 "a norm bound S <= 0 discards every update; use a positive value",
             )
         return value
+
+    def unread(self, level: str) -> dict[str, str]:
+        """The options this rule does not read (its parameters belong to other rules), each
+        with the rule that reads it; ``level``: ``"cloud"`` or ``"edge"``, for the message."""
+        out: dict[str, str] = {}
+        for option, rules in RULE_OPTIONS.items():
+            if self.name not in rules:
+                names = " or ".join(rules)
+                out[option] = (
+                    f"robust.{level}.name is {self.name}, and only {names} reads it; set "
+                    f"robust.{level}.name to use it, or drop it"
+                )
+        return out
 
     @property
     def centred(self) -> bool:

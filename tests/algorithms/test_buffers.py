@@ -64,8 +64,9 @@ def test_other_flat_methods_train_bn_models(name: str) -> None:
     exp = small_experiment(
         *BN,
         f"algorithm.name={name}",
-        "algorithm.local_steps=2",
-        "algorithm.kappa1=1" if name == "hierfavg" else "algorithm.lr=0.05",
+        # (hierfavg's local work is kappa1 x kappa2: it does not read local_steps)
+        *(["algorithm.kappa1=1"] if name == "hierfavg" else ["algorithm.local_steps=2"]),
+        "algorithm.lr=0.05",
     )
     state = exp.algorithm.init_state(exp.model.init_params(0))
     before = {k: v.clone() for k, v in state.items()}

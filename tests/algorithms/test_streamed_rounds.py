@@ -12,6 +12,8 @@ from fedhp.algorithms.base import Algorithm, State, Task, Update
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions, FedProxOptions
 from fedhp.algorithms.fednova import FedNova, FedNovaOptions
 from fedhp.algorithms.moon import MoonOptions
+from fedhp.engine.aggregation import LevelRule
+from fedhp.robust import RobustOptions
 from tests.algorithms.tiny import tiny_context
 from tests.policies import use_policy
 
@@ -122,3 +124,53 @@ def test_methods_with_their_own_aggregate_are_not_streamed() -> None:
     assert not Custom.folds_uploads and not OwnTraining.folds_uploads
     assert FedAvg.folds_uploads and not Algorithm.folds_uploads
     assert FedNova.folds_uploads  # declared again: its fold is its aggregate
+
+
+ROBUST = {
+    "median": RobustOptions(name="median"),
+    "cclip, buckets of 2": RobustOptions(name="cclip", tau=0.5, bucket=2),
+    "geomed": RobustOptions(name="geomed"),
+    "multi_krum": RobustOptions(name="multi_krum", f=1),
+}
+
+
+def robust_rounds(
+    rule: RobustOptions, monkeypatch: pytest.MonkeyPatch, cache: int, momentum: float = 0.0
+) -> tuple[State, list[int]]:
+    """Three FedAvg rounds under the cloud's ``rule`` (client ``momentum``) with chunks of
+    ``cache`` floats: the state and the sizes of the trained parts."""
+    ctx = tiny_context(edge_sizes=(3, 2, 2))
+    ctx.cloud_rule = LevelRule(rule, "robust.cloud")
+    ctx.client_momentum = momentum
+    use_policy(ctx.model, cache_floats=cache)
+    algo = FedAvgOptions(local_steps=3, batch_size=2, lr=0.3).build(ctx)
+    sizes: list[int] = []
+    train = algo.train
+
+    def spy(state: State, task: Task) -> Update:
+        sizes.append(len(task.clients))
+        return train(state, task)
+
+    algo.train = spy  # type: ignore[method-assign]
+    state = algo.init_state(ctx.model.init_params(0))
+    for rnd in range(3):
+        ctx.cloud_uplink.begin_round(rnd)
+        algo.run_round(state, rnd)
+        ctx.ledger.end_round()
+    return state, sizes
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("name", sorted(ROBUST))
+def test_a_robust_round_in_parts_equals_the_whole_round_bit_for_bit(
+    name: str, momentum: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A robust rule keeps every part's uploaded rows (``UploadFold``) and aggregates them once:
+    the round trains in cache-sized parts and the rule sees the same rows as the whole round's."""
+    whole, whole_sizes = robust_rounds(ROBUST[name], monkeypatch, 10**9, momentum)
+    parts, part_sizes = robust_rounds(ROBUST[name], monkeypatch, SMALL_CACHE, momentum)
+    assert whole_sizes == [7, 7, 7]
+    assert part_sizes == [2, 2, 2, 1] * 3
+    assert whole.keys() == parts.keys()
+    for key in whole:
+        assert torch.equal(parts[key], whole[key]), key

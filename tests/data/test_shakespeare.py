@@ -151,7 +151,7 @@ def test_roles_without_a_test_window_are_dropped(plays: tuple[Path, dict]) -> No
     kept = build_clients(corpus, long_seq, 0.8, 1.0, 0, 0)
     assert {corpus.names[c.role] for c in kept} == {"ALPHA", "BETA"}
     for c in kept:
-        assert c.test_start < c.num_windows(long_seq)
+        assert len(c.test) > 0 and c.test[-1] < c.num_windows(long_seq)
 
 
 def test_sample_fraction_and_min_samples() -> None:

@@ -25,6 +25,7 @@ from fedhp.engine.checkpoint import (
     save_checkpoint_data,
 )
 from fedhp.engine.runner import run_experiment
+from fedhp.unread import read_overrides
 
 # Small and fast: MNIST Setting 1, MLR, a few local steps per round.
 FAST = [
@@ -50,7 +51,7 @@ COMPARED = ("metrics.csv", "per_client.csv", "final_state.pt", "config.yaml")
 
 
 def run(out: Path, *overrides: str, resume: bool = False) -> dict[str, object]:
-    cfg = resolve_config(None, [*FAST, *overrides])
+    cfg = resolve_config(None, [*read_overrides(FAST, overrides), *overrides])
     return run_experiment(build_experiment(cfg), out, resume=resume)
 
 
@@ -106,7 +107,7 @@ def test_interrupted_run_resumes_bit_identically(
     ref = tmp_path / "ref"
     run(ref, *extra)
     out = tmp_path / "killed"
-    cfg = resolve_config(None, [*FAST, *extra])
+    cfg = resolve_config(None, [*read_overrides(FAST, extra), *extra])  # (hierfavg: no local_steps)
     exp = build_experiment(cfg)
     if where == "before_round":  # killed at the start of round 4 (checkpoint of round 2 exists)
         kill_before_round(exp, out, 3, monkeypatch)
@@ -232,7 +233,7 @@ BN = [
 )
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path, extra: list[str]) -> None:
     """`fedhp run` killed with SIGKILL mid-run, then `fedhp run --resume`, equals one clean run."""
-    args = [*FAST, "rounds=10", "checkpoint_every=1", *extra]
+    args = [*read_overrides(FAST, extra), "rounds=10", "checkpoint_every=1", *extra]
     ref, out = tmp_path / "ref", tmp_path / "killed"
     assert main(["run", "--out", str(ref), *args]) == 0
     cmd = [sys.executable, "-m", "fedhp.cli", "run"]
@@ -292,14 +293,13 @@ def test_configs_written_before_new_top_level_keys_still_match() -> None:
     """A run folder's config.yaml from before a top-level section existed (``public``,
     ``tensorboard``, ...) equals today's resolution of the same run: reproductions reuse it and
     --resume accepts its checkpoint."""
-    from fedhp.config import config_to_dict, resolve_config
-    from fedhp.engine.checkpoint import with_added_defaults
+    from fedhp.config import config_to_dict, normalized_config, resolve_config
 
     today = config_to_dict(resolve_config(None, ["rounds=3"]))
     dropped = ("public", "subsample", "tensorboard", "flower", "robust", "privacy")
     old = {k: v for k, v in today.items() if k not in dropped}
     old["faults"] = {k: v for k, v in today["faults"].items() if k != "attack"}
-    assert with_added_defaults(old) == today
+    assert normalized_config(old) == today
 
 
 def test_held_back_rows_reach_the_files_at_checkpoints_and_the_end(

@@ -10,6 +10,7 @@ from fedhp.build import build_experiment
 from fedhp.config import FaultsConfig, resolve_config
 from fedhp.engine.faults import FaultModel, RoundSkipped
 from fedhp.engine.runner import run_experiment
+from fedhp.unread import read_overrides
 
 FAST = [
     "progress=false",
@@ -22,7 +23,7 @@ FAST = [
 
 
 def experiment(*overrides: str):  # noqa: ANN201 - an Experiment
-    return build_experiment(resolve_config(None, [*FAST, *overrides]))
+    return build_experiment(resolve_config(None, [*read_overrides(FAST, overrides), *overrides]))
 
 
 def test_failures_are_reproducible_nested_and_seeded() -> None:

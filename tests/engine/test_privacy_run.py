@@ -23,6 +23,7 @@ from fedhp.privacy.accountant import PrivacyAccountant
 from fedhp.privacy.mechanism import clip_updates
 from fedhp.privacy.options import PrivacyOptions
 from fedhp.robust import RobustOptions
+from fedhp.unread import read_overrides
 from tests.conftest import require_module
 from tests.engine.test_checkpoint import FAST, kill_before_round, same_results
 
@@ -34,7 +35,7 @@ POISSON = [*DP, "privacy.sampling=poisson", "federation.client_fraction=0.5"]
 
 
 def run(out: Path, *overrides: str, resume: bool = False) -> dict[str, object]:
-    cfg = resolve_config(None, [*SMALL, *overrides])
+    cfg = resolve_config(None, [*read_overrides(SMALL, overrides), *overrides])
     return run_experiment(build_experiment(cfg), out, resume=resume)
 
 

@@ -19,6 +19,7 @@ from fedhp.config import resolve_config
 from fedhp.engine.experiment import Experiment
 from fedhp.engine.runner import run_experiment
 from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY, Uplink
+from fedhp.unread import read_overrides
 from tests.engine.test_checkpoint import FAST, kill_before_round, same_results
 from tests.engine.test_checkpoint import run as checkpoint_run
 from tests.engine.test_robust_runs import TINY
@@ -32,7 +33,8 @@ def final_state(out: Path) -> dict[str, torch.Tensor]:
 
 
 def run(out: Path, *overrides: str) -> dict[str, torch.Tensor]:
-    run_experiment(build_experiment(resolve_config(None, [*TINY, *overrides])), out)
+    given = [*read_overrides(TINY, overrides), *overrides]
+    run_experiment(build_experiment(resolve_config(None, given)), out)
     return final_state(out)
 
 
@@ -117,7 +119,10 @@ def test_fedavg_momentum_is_the_formula_over_rounds(tmp_path: Path) -> None:
 def test_hierfavg_momentum_advances_every_edge_round(tmp_path: Path) -> None:
     beta = 0.75
     exp = build_experiment(
-        resolve_config(None, [*TINY, *HIER, "rounds=2", f"algorithm.client_momentum={beta}"])
+        resolve_config(
+            None,
+            [*read_overrides(TINY, HIER), *HIER, "rounds=2", f"algorithm.client_momentum={beta}"],
+        )
     )
     rounds = record_local_sgd(exp)
     run_experiment(exp, tmp_path)
@@ -205,7 +210,7 @@ def test_momentum_and_centres_resume_bit_identically(
     ref = tmp_path / "ref"
     checkpoint_run(ref, *args)
     out = tmp_path / "killed"
-    exp = build_experiment(resolve_config(None, [*FAST, *args]))
+    exp = build_experiment(resolve_config(None, [*read_overrides(FAST, args), *args]))
     kill_before_round(exp, out, 3, monkeypatch)  # the checkpoint of round 2 exists
     torch.manual_seed(12345)
     checkpoint_run(out, *args, resume=True)
@@ -233,7 +238,7 @@ def test_bad_options_are_one_line_errors(
     args: list[str], field: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     given = {a.split("=")[0] for a in args}
-    base = [a for a in TINY if a.split("=")[0] not in given]
+    base = read_overrides([a for a in TINY if a.split("=")[0] not in given], args)
     code = main(["run", *base, *args, "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2

@@ -13,6 +13,8 @@ from fedhp.cli import main
 from fedhp.config import resolve_config
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.runner import run_experiment
+from fedhp.errors import ConfigError
+from fedhp.unread import read_overrides
 from tests.engine.test_checkpoint import FAST, kill_before_round, same_results
 from tests.engine.test_checkpoint import run as checkpoint_run
 
@@ -33,17 +35,20 @@ SIGN_FLIP = ["faults.attack.name=sign_flip", "faults.attack.fraction=0.2"]
 
 def run(out: Path, *overrides: str) -> torch.Tensor:
     """Run ``TINY`` + ``overrides`` into ``out``; the final global model."""
-    run_experiment(build_experiment(resolve_config(None, [*TINY, *overrides])), out)
+    given = [*read_overrides(TINY, overrides), *overrides]
+    run_experiment(build_experiment(resolve_config(None, given)), out)
     state = torch.load(out / "final_state.pt", weights_only=True)["state"]
     return state["global"]
 
 
-def test_explicit_mean_and_its_ignored_options_change_nothing(tmp_path: Path) -> None:
+def test_explicit_mean_changes_nothing_and_its_unread_options_are_refused(tmp_path: Path) -> None:
     run(tmp_path / "default")
-    mean = ["robust.cloud.name=mean", "robust.cloud.beta=0.3", "robust.cloud.f=4"]
-    run(tmp_path / "mean", *mean, "faults.attack.fraction=0.2")  # attack name none: no attack
+    run(tmp_path / "mean", "robust.cloud.name=mean", "faults.attack.name=none")
     for name in ("metrics.csv", "final_state.pt"):
         assert (tmp_path / "default" / name).read_bytes() == (tmp_path / "mean" / name).read_bytes()
+    for unread in ("robust.cloud.beta=0.3", "robust.cloud.f=4", "faults.attack.fraction=0.2"):
+        with pytest.raises(ConfigError, match=f"^{unread.split('=')[0]} is not read"):
+            resolve_config(None, [*TINY, "robust.cloud.name=mean", unread])
 
 
 def test_trimmed_mean_beta0_and_multi_krum_m_n_are_the_mean(tmp_path: Path) -> None:
@@ -145,7 +150,7 @@ def test_bad_adversarial_config_is_one_line_error(
     args: list[str], field: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     given = {a.split("=")[0] for a in args}  # (a key given twice is a warning line)
-    base = [a for a in TINY if a.split("=")[0] not in given]
+    base = read_overrides([a for a in TINY if a.split("=")[0] not in given], args)
     code = main(["run", *base, *args, "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2
@@ -173,7 +178,8 @@ def test_attacked_robust_run_resumes_bit_identically(
     ref = tmp_path / "ref"
     checkpoint_run(ref, *HIER_ATTACKED)
     out = tmp_path / "killed"
-    exp = build_experiment(resolve_config(None, [*FAST, *HIER_ATTACKED]))
+    given = [*read_overrides(FAST, HIER_ATTACKED), *HIER_ATTACKED]
+    exp = build_experiment(resolve_config(None, given))
     kill_before_round(exp, out, 3, monkeypatch)  # the checkpoint of round 2 exists
     torch.manual_seed(12345)
     checkpoint_run(out, *HIER_ATTACKED, resume=True)

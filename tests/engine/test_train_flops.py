@@ -16,6 +16,7 @@ from fedhp.engine.policy import CPU_CHUNK_FLOATS
 from fedhp.engine.runner import run_experiment
 from fedhp.models import MODELS
 from fedhp.models.base import BatchedModel
+from fedhp.unread import read_overrides
 from tests.policies import use_policy
 
 MNIST = (1, 28, 28)
@@ -91,7 +92,9 @@ def test_a_methods_own_loss_counts_as_one_gradient_evaluation() -> None:
 
 def run(out: Path, *overrides: str, resume: bool = False) -> dict[str, object]:
     return run_experiment(
-        build_experiment(resolve_config(None, [*FAST, *overrides])), out, resume=resume
+        build_experiment(resolve_config(None, [*read_overrides(FAST, overrides), *overrides])),
+        out,
+        resume=resume,
     )
 
 

@@ -27,7 +27,8 @@ def test_every_row_resolves_to_the_paper_setup() -> None:
         assert cfg.federation.num_clients == 100 and cfg.federation.client_fraction == 0.1
         assert cfg.rounds == 100 and cfg.partition["name"] == "shards"
         assert cfg.subsample.train == 20_000  # 100 clients × 2 shards of 100 images
-        assert algo["lr"] == 0.1 and algo["batch_size"] == 20
+        assert algo.get("lr", 0.1) == 0.1 and algo["batch_size"] == 20  # (perfedavg: no lr)
+        assert ("lr" in algo) == (method != "perfedavg")  # (its steps: alpha and beta)
         if method == "perfedavg":
             assert algo["local_steps"] == 5 * 9  # 5 epochs of 180 samples in batches of 20
         else:

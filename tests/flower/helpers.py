@@ -48,7 +48,9 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def run_inprocess(out: Path, args: list[str]) -> Row:
-    return run_experiment(build_experiment(resolve_config(None, args)), out)
+    """The run in-process (the ``flower.*`` options, which it does not read, left out)."""
+    given = [a for a in args if not a.startswith("flower.")]
+    return run_experiment(build_experiment(resolve_config(None, given)), out)
 
 
 def run_flower_local(
@@ -56,7 +58,7 @@ def run_flower_local(
 ) -> tuple[Row, FlowerDriver]:
     """The run through the Flower driver with fresh in-process nodes (no state of earlier
     runs: a resumed run's nodes start from scratch, as restarted SuperNodes would)."""
-    exp = build_experiment(resolve_config(None, args))
+    exp = build_experiment(resolve_config(None, args, on_flower=True))  # (flower.* read)
     hier = exp.options.hierarchical
     shards = make_shards(exp.ctx.topology, node_count(exp.cfg, hier), hier)
     driver = FlowerDriver(exp, LocalTransport(fault), shards, out, log=lambda _: None)

@@ -126,15 +126,16 @@ def test_same_metrics_as_inprocess(tmp_path: Path, name: str, extra: tuple[str, 
 
 
 def build_state_keys(args: list[str]) -> set[str]:
-    """The in-process state's keys for these arguments."""
-    exp = small_experiment(*args)
+    """The in-process state's keys for these arguments (``flower.*``, unread there, left out)."""
+    exp = small_experiment(*[a for a in args if not a.startswith("flower.")])
     return set(exp.algorithm.init_state(exp.model.init_params(0)))
 
 
 def checkpointed_state_keys(args: list[str]) -> set[str]:
     """The keys of the in-process state that a checkpoint holds for these arguments (all but the
     entries no later round reads)."""
-    return build_state_keys(args) - small_experiment(*args).algorithm.round_local_keys()
+    given = [a for a in args if not a.startswith("flower.")]
+    return build_state_keys(args) - small_experiment(*given).algorithm.round_local_keys()
 
 
 def _messages(driver: FlowerDriver) -> list[tuple[str, int, int]]:
@@ -420,7 +421,7 @@ def test_resume_with_surviving_nodes_that_are_ahead(
 
 
 def _run_with(transport: LocalTransport, out: Path, args: list[str], resume: bool = False) -> None:
-    exp = build_experiment(resolve_config(None, args))
+    exp = build_experiment(resolve_config(None, args, on_flower=True))  # (flower.* read)
     hier = exp.options.hierarchical
     shards = make_shards(exp.ctx.topology, node_count(exp.cfg, hier), hier)
     driver = FlowerDriver(exp, transport, shards, out, log=lambda _: None)

@@ -75,7 +75,9 @@ def test_broken_file_is_rebuilt_and_disabled_cache_writes_nothing(
     build_node(cfg, 0)
     assert len(calls) == 2 and path.stat().st_size > 1000  # rebuilt and rewritten
     path.unlink()
-    off = resolve_config(None, ["algorithm.name=sfedhp", "flower.node_cache=false"])
+    off = resolve_config(
+        None, ["algorithm.name=sfedhp", "backend=flower-sim", "flower.node_cache=false"]
+    )
     build_node(off, 0)
     assert not list(cache.glob("*.pt"))
 

@@ -124,3 +124,25 @@ def test_bad_grids_raise_config_errors(tmp_path: Path) -> None:
     with pytest.raises(fedhp.ConfigError, match="a seed is repeated"):
         fedhp.sweep(seeds=[0, 0], out=tmp_path / "c", progress=False, **TINY)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_base_on_the_validation_split_is_honoured_without_select(tmp_path: Path) -> None:
+    """``eval_split=val`` in the sweep's base (no ``--select``): every run evaluates on the
+    validation split (not silently on test), and the table says so."""
+    out = tmp_path / "val"
+    base = {**TINY, "partition": {**TINY["partition"], "val_fraction": 0.2}}
+    fedhp.sweep(
+        grid={"algorithm.lr": [0.05]},
+        seeds=[0],
+        out=out,
+        progress=False,
+        algorithm=FEDAVG,
+        eval_split="val",
+        **{k: v for k, v in base.items() if k != "eval_split"},
+    )
+    configs = list(out.glob("runs/*/seed0/config.yaml"))
+    assert len(configs) == 1
+    assert yaml.safe_load(configs[0].read_text())["eval_split"] == "val"
+    table = (out / "table.md").read_text()
+    assert table.startswith("# Sweep: validation split")
+    assert "every run evaluates on the validation split" in table

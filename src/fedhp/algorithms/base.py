@@ -37,6 +37,7 @@ from fedhp.algorithms.task import Task, Update, UploadFold
 from fedhp.comm import count_nonzero
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import ClientEval, density
+from fedhp.engine.faults import check_partial_work, partial_units
 from fedhp.engine.federation import ClientTensors
 from fedhp.engine.protocol import State
 from fedhp.engine.sampler import EpochBatches
@@ -49,6 +50,7 @@ __all__ = [  # the options and round types, found here as well as in their own m
     "AlgorithmOptions",
     "LocalWorkOptions",
     "NNZ_PREFIX",
+    "PARTIAL_WORK",
     "RowKind",
     "State",
     "Task",
@@ -60,6 +62,9 @@ __all__ = [  # the options and round types, found here as well as in their own m
 ]
 
 RowKind = Literal["client", "edge"]
+PARTIAL_WORK = "partial_work"
+"""``Task.per_client`` key of the clients' shares of the local work where stragglers do partial
+work ([C'] float64, :meth:`~fedhp.engine.participation.Participation.partial_work`)."""
 NNZ_PREFIX = "nnz."
 """Where a node-held state key is absent (the Flower cloud), ``state[NNZ_PREFIX + key]`` holds
 its non-zero count per row, reported by the nodes, so densities can still be computed."""
@@ -75,6 +80,8 @@ class Algorithm(MessageRows, ABC):
     ``client_outputs`` / ``edge_outputs``: the keys of :class:`Update` rows ``train`` returns.
     ``bills_stragglers``: ``train`` bills every message this round's stragglers received (from
     ``Task.stragglers``); otherwise the runner bills each straggler one global model.
+    :attr:`keeps_partial_work` (its options class declares it): under
+    ``faults.straggler_work: partial`` the method keeps a straggler's partial work.
     """
 
     node_keys: ClassVar[dict[str, RowKind]] = {}
@@ -100,6 +107,13 @@ class Algorithm(MessageRows, ABC):
                 "use a model without BatchNorm (e.g. model.batch_norm=false) or "
                 "fedavg/fedprox/hierfavg/local/centralized"
             )
+        faults = ctx.participation.faults
+        if self.keeps_partial_work and faults is not None and isinstance(options, LocalWorkOptions):
+            work = options.work()  # a straggler does 1 .. E-1 of E: E >= 2
+            if work.epochs is not None:
+                check_partial_work(faults.cfg, work.epochs, "algorithm.local_epochs")
+            else:
+                check_partial_work(faults.cfg, work.steps, "algorithm.local_steps")
         self.held_keys: dict[str, RowKind] = dict(self.node_keys)
         """The state entries held below the cloud: ``node_keys`` plus buffer rows."""
         if self.buffers.width:
@@ -110,6 +124,16 @@ class Algorithm(MessageRows, ABC):
         """The run's :class:`BufferPolicy`: the options' ``buffers`` mode over the model's
         statistics (a method whose statistics live elsewhere returns its own)."""
         return BufferPolicy.of_run(self.ctx, self.options.buffers)
+
+    @property
+    def keeps_partial_work(self) -> bool:
+        """Under ``faults.straggler_work: partial`` the method keeps a straggler's partial work
+        (FedProx's systems heterogeneity; declared once, by the options class's
+        ``keeps_partial_work``): :meth:`plan_broadcast_global` keeps its stragglers among the
+        clients with their shares in ``Task.per_client`` (:data:`PARTIAL_WORK`), which
+        ``train`` passes to :meth:`RunContext.local_sgd`; otherwise (FedAvg) a straggler's
+        update is dropped. Only a method whose ``train`` does so may declare it."""
+        return bool(getattr(self.options, "keeps_partial_work", False))
 
     @property
     def evaluates_on_nodes(self) -> bool:
@@ -130,13 +154,19 @@ class Algorithm(MessageRows, ABC):
         """Cloud: sample who takes part in round ``rnd``, record and return what is sent down."""
 
     def plan_broadcast_global(self, state: State) -> Task:
-        """The flat methods' plan: sample clients and send each the global model."""
+        """The flat methods' plan: sample clients and send each the global model (with
+        :attr:`keeps_partial_work`, the stragglers doing partial work among them, and their
+        shares of the work in ``per_client[PARTIAL_WORK]``)."""
         ctx = self.ctx
-        clients = ctx.participation.sample_clients()
+        clients = ctx.participation.sample_clients(keep_partial=self.keeps_partial_work)
         down = self.downlink(state, 1)
         assert down is not None
         received = ctx.broadcast("client_cloud", "down", down.first(), clients)
-        return Task(clients, broadcast=self.received_broadcast(received))
+        task = Task(clients, broadcast=self.received_broadcast(received))
+        partial = ctx.participation.partial_work(clients) if self.keeps_partial_work else None
+        if partial is not None:
+            task.per_client[PARTIAL_WORK] = partial
+        return task
 
     @abstractmethod
     def train(self, state: State, task: Task) -> Update:
@@ -151,11 +181,18 @@ class Algorithm(MessageRows, ABC):
         ``local_epochs``, the clients' step counts (mean, min, max)."""
         opt = self.options
         assert update.losses is not None
+        partial = task.per_client.get(PARTIAL_WORK)  # stragglers doing part of their work
         if not isinstance(opt, LocalWorkOptions) or opt.local_epochs is None:
+            if partial is not None:  # each client's mean over its own steps
+                units = partial_units(partial, opt.local_steps).to(update.losses.device)
+                return {"local_loss": float((update.losses[0] / units).mean())}
             return {"local_loss": float(update.losses[0].mean()) / opt.local_steps}
         steps = update.steps
         if steps is None:  # not carried (Flower): a function of the clients' sample counts
             steps = opt.step_counts(self.ctx.fed.train.counts[task.clients])
+            if partial is not None:  # a straggler's first epochs
+                units = partial_units(partial, opt.local_epochs).to(steps.device)
+                steps = steps // opt.local_epochs * units
         steps = steps.to(update.losses.device)
         per_client = update.losses[0] / steps.clamp(min=1)
         return {
@@ -205,8 +242,8 @@ class Algorithm(MessageRows, ABC):
         n = len(task.clients)
         if not self.folds_uploads or task.edges is not None or ctx.fed.train.noise_std is not None:
             return [task]
-        if ctx.whole_rounds:  # the cloud's rule (or the attack) reads all uploads at once
-            return [task]
+        if ctx.cloud_uplink.forges_from_whole_round:  # ALIE, IPM read all uploads at once
+            return [task]  # (a robust or private rule gets the parts' rows kept: UploadFold)
         chunk = ctx.policy.chunk(ctx.model.num_params + self.buffers.width, n)
         if chunk >= n:
             return [task]

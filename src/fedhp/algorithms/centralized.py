@@ -10,6 +10,8 @@ round costs exactly as many per-sample gradient evaluations as ``num_clients`` c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from fedhp.algorithms.base import Algorithm, State
@@ -18,6 +20,9 @@ from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
 
 
 class Centralized(Algorithm):
@@ -79,6 +84,13 @@ class CentralizedOptions(AlgorithmOptions):
 
     supports_buffers = True
     federated = False
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """``buffers``: one model, whose BatchNorm statistics are the pooled batches'."""
+        return {
+            "buffers": "centralized trains one model, so there are no clients' BatchNorm "
+            "statistics to average or keep; drop it"
+        }
 
     def build(self, ctx: RunContext) -> Algorithm:
         return Centralized(self, ctx)

@@ -6,8 +6,11 @@ A round: the sampled clients S receive w and run local SGD from it on their own 
     FedProx  w_i = SGD(w; F_i + mu/2 ||. - w||^2)       (each step's gradient + mu (w_i - w))
 
 and the cloud averages them: w <- Σ_{i∈S} p_i w_i (p_i uniform or by samples; a robust or DP
-rule where configured). The plumbing (broadcast, billing, streamed folding of the uploads,
-BatchNorm statistics, the device model) is :class:`~fedhp.algorithms.flat.FlatRounds`'.
+rule where configured). Under ``faults.straggler_work: partial`` (FedProx's systems
+heterogeneity, Li et al. 2020) a straggler does 1 .. E-1 of its E local epochs (or steps):
+FedAvg drops its update, FedProx aggregates its partial solution (``keeps_partial_work``).
+The plumbing (broadcast, billing, streamed folding of the uploads, BatchNorm statistics, the
+device model) is :class:`~fedhp.algorithms.flat.FlatRounds`'.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
+from fedhp.algorithms.base import (
+    ALGORITHMS,
+    PARTIAL_WORK,
+    Algorithm,
+    LocalWorkOptions,
+    State,
+    Task,
+    Update,
+)
 from fedhp.algorithms.device_cost import CapabilityMode, capabilities_field
 from fedhp.algorithms.flat import FlatRounds
 from fedhp.algorithms.options import client_momentum_field
@@ -33,8 +44,16 @@ class FedAvg(FlatRounds):
         w, bufs = task.broadcast["global"], self.buffers.received(state, task)
         start, work = w.expand(len(task.clients), -1), self.options.work()
         extra, own = self.local_extra_grad(w), self.local_loss_grad(state, task)
+        partial = task.per_client.get(PARTIAL_WORK)  # stragglers kept with partial work
         trained = self.ctx.local_sgd(
-            start, task.clients, work, extra, buffers=bufs, loss_grad=own, drawn=task.batches
+            start,
+            task.clients,
+            work,
+            extra,
+            buffers=bufs,
+            loss_grad=own,
+            drawn=task.batches,
+            partial=partial,
         )
         return self.client_update(state, task, trained, bufs)
 
@@ -48,7 +67,9 @@ class FedAvg(FlatRounds):
 
 
 class FedProx(FedAvg):
-    """FedAvg whose local objective adds ``mu/2 ||w - w_global||^2``."""
+    """FedAvg whose local objective adds ``mu/2 ||w - w_global||^2``; under
+    ``faults.straggler_work: partial`` it keeps its stragglers' partial work (the paper's systems
+    heterogeneity: FedAvg drops those updates, FedProx aggregates them)."""
 
     options: FedProxOptions
 
@@ -76,6 +97,7 @@ class FedProxOptions(FedAvgOptions):
     """FedProx; the sFedHP paper's grid is mu in {0.001, 0.01, 0.1, 1}."""
 
     penalty_weights = {"mu": "μ"}
+    keeps_partial_work = True  # (its algorithm's flag; faults.straggler_work is read)
     mu: float = pydantic.Field(0.01, ge=0)
 
     def build(self, ctx: RunContext) -> Algorithm:

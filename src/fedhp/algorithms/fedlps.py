@@ -46,6 +46,7 @@ from fedhp.models.masks import (
     masked_flops,
     num_units,
     param_mask,
+    require_hidden_units,
     unit_mask_from_scores,
     unit_mask_grad,
     unit_weight_norms,
@@ -83,7 +84,7 @@ def fedlps_loss_grad(
             live = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
         else:
             live = weight.sum(1) > 0
-        scores.sub_(opt.lr * q_grad * live.unsqueeze(1).to(q_grad.dtype))
+        scores.sub_(opt.score_step * q_grad * live.unsqueeze(1).to(q_grad.dtype))
         # pm * (grad + 2 mu (params - global)), in place: the same roundings, no [C, P] temporaries
         pull = torch.sub(params, global_params).mul_(2 * opt.mu)
         return loss, grad.add_(pull).mul_(pm)
@@ -100,6 +101,7 @@ class FedLPS(SizedByCapability):
     personal_on_node = True
 
     def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
+        require_hidden_units(ctx.model, "fedlps", "prunes the units of hidden layers")
         super().__init__(options, ctx)
         self.num_units = num_units(ctx.model)
         if options.personal_keep_above > 0:  # which clients hold a personal model: node rows
@@ -309,7 +311,13 @@ class FedLPSOptions(LocalWorkOptions):
     """FedLPS: learnable per-client unit masks (scores Q) and sparse ratios (P-UCBV, fixed or
     capability-bound); Eq. 13 aggregation; FedLPS's device cost model (docs/fedlps.md)."""
 
-    lr: float = pydantic.Field(0.1, gt=0, description="step size of ω and Q")
+    lr: float = pydantic.Field(0.1, gt=0, description="step size of ω (and of Q by default)")
+    score_lr: float | None = pydantic.Field(
+        None,
+        gt=0,
+        description="step size of the scores Q (None: lr, the paper's one η for ω and Q); a "
+        "large ω step (the LSTM's 0.8) moves Q by as much and reshuffles the masks every step",
+    )
     penalty_weights = {"lam": "λ", "mu": "μ"}
     mu: float = pydantic.Field(1.0, ge=0, description="weight of ‖ω − ω^r‖² (code: 0)")
     lam: float = pydantic.Field(1.0, ge=0, description="weight of ‖Q − sigmoid(|ω|_J)‖²")
@@ -346,6 +354,11 @@ class FedLPSOptions(LocalWorkOptions):
     rho: float = pydantic.Field(0.5, gt=0)
     delta_points: float = pydantic.Field(-5.0, description="arm elimination Δ (accuracy points)")
     floor: float = pydantic.Field(1 / 16, gt=0, le=1, description="lowest ratio decided")
+
+    @property
+    def score_step(self) -> float:
+        """Q's step size: ``score_lr``, else ``lr``."""
+        return self.lr if self.score_lr is None else self.score_lr
 
     @property
     def levels(self) -> tuple[float, ...]:

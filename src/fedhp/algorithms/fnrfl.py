@@ -25,7 +25,7 @@ D_pub drawn from the test pool (``public.source=test``) is refused unless ``allo
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 import torch
@@ -37,6 +37,9 @@ from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
 
 EVAL_ROWS = 256
 LOCAL_WORK_KEYS = (
@@ -283,3 +286,18 @@ class FnrFlOptions(LocalWorkOptions):
 
     def gradient_evaluations(self) -> int:
         return ALGORITHMS.build(self.base_config(), "algorithm.base").gradient_evaluations()
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """``refine_lr`` with SGD refinement; ``allow_test_leak`` with D_pub held out; the base
+        method's momentum and weight decay where not given (the base's own apply)."""
+        out: dict[str, str] = {}
+        if self.refine_optimizer != "adam":
+            out["refine_lr"] = "SGD refinement steps by lr; set algorithm.refine_optimizer=adam"
+        elif "lr" not in self.model_fields_set:  # (Adam steps by refine_lr; the base by its own)
+            out["lr"] = "Adam refinement steps by refine_lr, the base method by its own lr"
+        if run.public.source != "test":
+            out["allow_test_leak"] = "D_pub is held out, not drawn from the test pool"
+        for key in ("momentum", "weight_decay"):
+            if key not in self.model_fields_set:
+                out[key] = "passed to the base method only when set"
+        return out

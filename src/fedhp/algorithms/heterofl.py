@@ -34,7 +34,13 @@ from fedhp.algorithms.device_cost import (
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.models.masks import held_entries, masked_flops, param_mask, window_unit_mask
+from fedhp.models.masks import (
+    held_entries,
+    masked_flops,
+    param_mask,
+    require_hidden_units,
+    window_unit_mask,
+)
 
 
 def held_mean(
@@ -56,6 +62,11 @@ class HeteroFL(SizedByCapability):
     client_outputs = ("params",)
     node_keys = {"personal": "client"}
     personal_on_node = True
+
+    def __init__(self, options: HeteroFLOptions, ctx: RunContext) -> None:
+        name = type(self).__name__.lower()
+        require_hidden_units(ctx.model, name, "sizes sub-models by shrinking hidden layers")
+        super().__init__(options, ctx)
 
     def window_offset(self, rnd: int) -> int:
         """Where each layer's kept units start in round ``rnd`` (HeteroFL: always unit 0)."""

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pydantic
 import torch
 
 from fedhp.algorithms.base import Algorithm, State
-from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, client_momentum_field
+from fedhp.algorithms.options import (
+    ALGORITHMS,
+    AlgorithmOptions,
+    client_momentum_field,
+    derived_steps,
+)
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, weighted_mean
 from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY, Uplink
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
 
 
 class HierFAVG(Algorithm):
@@ -190,6 +200,10 @@ class HierFAVGOptions(AlgorithmOptions):
 
     def gradient_evaluations(self) -> int:
         return self.kappa1 * self.kappa2
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """``local_steps``: kappa1 and kappa2 set the local work."""
+        return {"local_steps": derived_steps("hierfavg", "kappa1", "kappa2")}
 
     def privacy_releases(self) -> int:
         """DP at the edges: each of the kappa2 edge aggregations is sent back to the clients."""

@@ -6,7 +6,7 @@ per round (the same budget as the federated methods), no aggregation, no global 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -15,6 +15,9 @@ from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
 
 
 class LocalOnly(Algorithm):
@@ -67,6 +70,14 @@ class LocalOptions(LocalWorkOptions):
     effect)."""
 
     supports_buffers = True
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """``buffers``: nothing is averaged, BatchNorm statistics stay each client's."""
+        out = super().unread(run)
+        out["buffers"] = (
+            "local averages nothing, so BatchNorm statistics stay each client's; drop it"
+        )
+        return out
 
     def build(self, ctx: RunContext) -> Algorithm:
         return LocalOnly(self, ctx)

@@ -37,7 +37,7 @@ from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import evaluate_personal
-from fedhp.models.masks import output_layer_mask, sparse_flops
+from fedhp.models.masks import output_layer_mask, require_hidden_units, sparse_flops
 
 
 def magnitude_prune(
@@ -73,6 +73,7 @@ class LotteryFL(SizedByCapability):
     personal_on_node = True
 
     def __init__(self, options: LotteryFLOptions, ctx: RunContext) -> None:
+        require_hidden_units(ctx.model, "lotteryfl", "prunes the layers below the output layer")
         super().__init__(options, ctx)
         model = ctx.model
         head = output_layer_mask(model)

@@ -14,6 +14,7 @@ from fedhp.registry import Registry
 
 if TYPE_CHECKING:
     from fedhp.algorithms.base import Algorithm
+    from fedhp.config import RunConfig
     from fedhp.engine.context import RunContext
 
 BufferMode = Literal["average", "local"]
@@ -51,6 +52,10 @@ class AlgorithmOptions(pydantic.BaseModel):
     (:data:`fedhp.engine.uplink.UPLOAD_KINDS`: ``"model"``, ``"estimate"``, ``"own"``; a level
     not named: ``"own"``). Where the run's attack, robust rules and DP can act follows from it
     (:func:`fedhp.engine.uplink.safeguards`)."""
+    keeps_partial_work: ClassVar[bool] = False
+    """Whether the method keeps its stragglers' partial work under ``faults.straggler_work:
+    partial`` (as its algorithm's ``keeps_partial_work``); other methods do not read that
+    option (issue 42)."""
     keeps_centres: ClassVar[frozenset[str]] = frozenset()
     """The levels at which the method keeps a centred rule's previous aggregate in its state and
     passes it to the uplink (``cclip``; :data:`fedhp.engine.uplink.CENTRE_KEYS`)."""
@@ -58,6 +63,13 @@ class AlgorithmOptions(pydantic.BaseModel):
     def build(self, ctx: RunContext) -> Algorithm:
         """The algorithm object for one run."""
         raise NotImplementedError
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """The options (field → why nothing reads it and what to set instead, one line) this
+        method leaves unread in ``run`` (issue 42: a key the user set among them is refused,
+        and config.yaml omits them). Override to declare a method's own; tests/test_unread.py
+        checks the declarations against the options a run reads."""
+        return {}
 
     def gradient_evaluations(self) -> int:
         """Minibatch gradient evaluations per client per global round."""
@@ -155,6 +167,12 @@ def theta_init_field(received: str) -> Any:
         "the start of every global round, warm across its local rounds (pFedMe's reference "
         "code); warm: kept across global rounds; reset: <- it at every local round",
     )
+
+
+def derived_steps(name: str, *fields: str) -> str:
+    """Why ``local_steps`` is unread by a method whose local work is ``fields``."""
+    given = " and ".join(f"algorithm.{f}" for f in fields)
+    return f"{name} derives its local work from {' and '.join(fields)}; set {given} instead"
 
 
 def local_epochs_of(options: AlgorithmOptions) -> int | None:

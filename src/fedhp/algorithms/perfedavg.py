@@ -11,7 +11,7 @@ random stream); test data are never used for adaptation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pydantic
 import torch
@@ -25,6 +25,9 @@ from fedhp.comm import truncate
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
 from fedhp.models.base import BatchedModel
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
 
 EVAL_SEED = 7_777_777
 
@@ -135,6 +138,13 @@ class PerFedAvgOptions(AlgorithmOptions):
 
     def gradient_evaluations(self) -> int:
         return self.local_steps * (3 if self.variant == "hf" else 2)
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """``lr``: the steps are ``alpha`` (inner) and ``beta`` (outer)."""
+        return {
+            "lr": "perfedavg steps by alpha (inner) and beta (outer); set algorithm.alpha "
+            "and algorithm.beta instead"
+        }
 
     uploads = {"cloud": "estimate"}  # the clients' meta-models
 

@@ -31,7 +31,7 @@ keeps them fixed.
 from __future__ import annotations
 
 from functools import partial
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pydantic
 import torch
@@ -46,13 +46,16 @@ from fedhp.algorithms.gp_tree import (
     tree_loss,
 )
 from fedhp.algorithms.heterofl import held_mean
-from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
+from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, derived_steps
 from fedhp.algorithms.task import Task, Update
 from fedhp.comm import Message
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import ClientEval
 from fedhp.engine.federation import ClientTensors
 from fedhp.engine.ops import weighted_mean
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
 
 EVAL_SEED = 0x9F6  # the private evaluation generator's seed (fixed: every evaluation alike)
 
@@ -288,6 +291,14 @@ class PFedGPOptions(AlgorithmOptions):
 
     def gradient_evaluations(self) -> int:
         return self.inner_steps
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """``local_steps`` (full-batch ``inner_steps``); ``inducing_points`` without
+        ``inducing``."""
+        out = {"local_steps": derived_steps("pfedgp", "inner_steps")}
+        if not self.inducing:
+            out["inducing_points"] = "pFedGP-IP is off; set algorithm.inducing=true"
+        return out
 
     def build(self, ctx: RunContext) -> Algorithm:
         return PFedGP(self, ctx)

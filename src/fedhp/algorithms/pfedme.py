@@ -16,18 +16,27 @@ cache-sized parts of the clients; :attr:`PFedMe.fused` picks).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import pydantic
 import torch
 
 from fedhp.algorithms.base import Algorithm, RowKind, State
 from fedhp.algorithms.fused import send_rows
-from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, ThetaInit, theta_init_field
+from fedhp.algorithms.options import (
+    ALGORITHMS,
+    AlgorithmOptions,
+    ThetaInit,
+    derived_steps,
+    theta_init_field,
+)
 from fedhp.algorithms.pfedme_fused import fused_train
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
 
 
 class PFedMe(Algorithm):
@@ -118,6 +127,10 @@ class PFedMeOptions(AlgorithmOptions):
 
     def gradient_evaluations(self) -> int:
         return self.R * self.K
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """``local_steps``: R and K set the local work."""
+        return {"local_steps": derived_steps("pfedme", "K", "R")}
 
     uploads = {"cloud": "estimate"}  # local models, mixed by beta into the global one
 

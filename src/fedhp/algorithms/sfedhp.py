@@ -18,13 +18,19 @@ in a fraction of the time and memory; :attr:`SFedHP.fused` picks).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import pydantic
 import torch
 
 from fedhp.algorithms.base import Algorithm, RowKind, State
-from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions, ThetaInit, theta_init_field
+from fedhp.algorithms.options import (
+    ALGORITHMS,
+    AlgorithmOptions,
+    ThetaInit,
+    derived_steps,
+    theta_init_field,
+)
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp_fused import fused_train
 from fedhp.algorithms.task import Task, Update
@@ -32,6 +38,9 @@ from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, segment_mean
 from fedhp.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedhp.config import RunConfig
 
 
 class SFedHP(Algorithm):
@@ -187,7 +196,14 @@ class SFedHPOptions(AlgorithmOptions):
 
     ``local_steps`` is unused; the gradient evaluations per round are ``R * K``."""
 
-    penalty_weights = {"lam": "λ", "lam1": "λ1"}
+    penalty_weights = {"lam": "λ", "lam1": "λ1", "lam2": "λ2"}
+    # λ1 multiplies the θ step η2 (lr), λ2 the edge step η1 (global_lr): the edge step
+    # w_i -= η1·λ2 (w_i - φ_i) overshoots from η1·λ2 = 4 on (φ_i is halfway to θ at λ1 = λ2)
+    penalty_steps: ClassVar[dict[str, tuple[str, ...]]] = {
+        "lam": ("lr", "global_lr"),
+        "lam1": ("lr",),
+        "lam2": ("global_lr",),
+    }
     lam: float = pydantic.Field(15.0, gt=0, description="lambda1 = lambda2 unless set apart")
     lam1: float | None = pydantic.Field(None, gt=0, description="overrides lam for lambda1")
     lam2: float | None = pydantic.Field(None, gt=0, description="overrides lam for lambda2")
@@ -225,6 +241,19 @@ class SFedHPOptions(AlgorithmOptions):
 
     def gradient_evaluations(self) -> int:
         return self.R * self.K
+
+    def unread(self, run: RunConfig) -> dict[str, str]:
+        """``local_steps`` (R and K set the work); ``rho`` without sparsity; the schedule's
+        options without ``sparse_schedule``; ``momentum`` under ``inner: gd``."""
+        out = {"local_steps": derived_steps("sfedhp", "K", "R")}
+        if self.gamma1 == 0 and self.gamma2 == 0:
+            out["rho"] = "it smooths the l1 term, which is off; set algorithm.gamma1 or gamma2"
+        if not self.sparse_schedule:
+            for key in ("gamma_tiny", "density_target", "gamma2_switch_round"):
+                out[key] = "the sparse schedule is off; set algorithm.sparse_schedule=true"
+        if self.inner != "nesterov":
+            out["momentum"] = "the inner solver is plain gd; set algorithm.inner=nesterov"
+        return out
 
     uploads = {"edge": "estimate", "cloud": "model"}  # phi_ij up to the edges, w_i to the cloud
 

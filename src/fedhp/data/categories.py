@@ -86,6 +86,13 @@ class CategoriesPartitioner(_WithValFraction):
     num_categories: int = Field(10, ge=2)
     kmeans_iters: int = Field(30, gt=0)
 
+    def unread(self, run: object) -> dict[str, str]:
+        """``kmeans_iters`` with label categories."""
+        if self.category == "kmeans":
+            return super().unread(run)
+        why = "categories are the labels; set partition.category=kmeans"
+        return {**super().unread(run), "kmeans_iters": why}
+
     def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         """Parts sorted by category; client i takes part i (a category < k/2) and part
         N + σ(i) (a category ≥ k/2), σ a random permutation, then clients are shuffled."""

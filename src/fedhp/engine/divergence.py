@@ -23,17 +23,27 @@ def likely_cause(options: Any) -> str:
     """A short guess at why ``options`` diverged, naming the values to lower: a quadratic
     penalty weight the options declare (``penalty_weights``: field → symbol) when weight·η ≥
     :data:`STIFF` (a gradient step on weight/2‖·‖² is unstable from weight·η = 2 on), else the
-    learning rate."""
+    learning rate. A weight is paired with the step sizes that multiply it
+    (``penalty_steps``: field → step fields, default ``lr``); the stiffest pair is named."""
     lr = getattr(options, "lr", None)
+    steps: dict[str, tuple[str, ...]] = getattr(options, "penalty_steps", {})
+    worst: tuple[float, str] | None = None
     for field, symbol in getattr(options, "penalty_weights", {}).items():
         weight = getattr(options, field, None)
-        if not (isinstance(weight, int | float) and isinstance(lr, int | float)):
-            continue
-        if weight > 0 and weight * lr >= STIFF:
-            return (
-                f"{symbol}·η = {weight * lr:g} too large (algorithm.{field}={weight:g}, "
-                f"algorithm.lr={lr:g}); lower them"
-            )
+        for step_field in steps.get(field, ("lr",)):
+            step = getattr(options, step_field, None)
+            if not (isinstance(weight, int | float) and isinstance(step, int | float)):
+                continue
+            product = weight * step
+            if weight > 0 and product >= STIFF and (worst is None or product > worst[0]):
+                eta = "η" if step_field == "lr" else f"η ({step_field})"
+                worst = (
+                    product,
+                    f"{symbol}·{eta} = {product:g} too large (algorithm.{field}={weight:g}, "
+                    f"algorithm.{step_field}={step:g}); lower them",
+                )
+    if worst is not None:
+        return worst[1]
     if isinstance(lr, int | float):
         return f"learning rate too large (algorithm.lr={lr:g}); lower it"
     return "step sizes too large; lower the algorithm's learning rates"

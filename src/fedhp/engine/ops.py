@@ -106,13 +106,16 @@ def sgd_steps(
     buffers: torch.Tensor | None = None,
     loss_grad: LossGrad | None = None,
     optimizer: LocalOptimizer | None = None,
+    until: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`weighted_sgd_steps` on the minibatches ``batch()`` yields, one ``(x, y)`` of every
     client per step, in step order (no sample weights).
 
-    Trained whole, ``batch()`` is called step by step; in client chunks (the run's policy) every
-    step's minibatch is drawn first, in the same order, and each chunk takes its rows of them, so
-    the result does not depend on the chunking."""
+    Trained whole, ``batch()`` is called step by step; in client chunks (the run's policy), or
+    with per-client step budgets ``until`` (stragglers' partial work, which may end a chunk's
+    steps early), every step's minibatch is drawn first, in the same order, and each chunk takes
+    its rows of them, so the result does not depend on the chunking and every step's minibatch
+    is drawn whoever stops early."""
     num_clients = params.shape[0]
     if num_clients == 0:  # no clients: the minibatches are still drawn, as the steps would
         for _ in range(steps):
@@ -120,7 +123,7 @@ def sgd_steps(
         return params.detach().clone(), torch.zeros(0, device=params.device)
     whole = _whole(extra_grad, loss_grad)
     chunk = num_clients if whole else model.policy.chunk(params.shape[1], num_clients)
-    if chunk >= num_clients:
+    if chunk >= num_clients and until is None:
 
         def lazily(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
             x, y = batch()
@@ -145,6 +148,7 @@ def sgd_steps(
         buffers=buffers,
         loss_grad=loss_grad,
         optimizer=optimizer,
+        until=until,
     )
 
 
@@ -173,6 +177,7 @@ def weighted_sgd_steps(
     buffers: torch.Tensor | None = None,
     loss_grad: LossGrad | None = None,
     optimizer: LocalOptimizer | None = None,
+    until: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once (the one local-SGD loop of the engine), on
     minibatches with optional per-sample weights (local epochs: a partial last batch, clients of
@@ -193,6 +198,12 @@ def weighted_sgd_steps(
     ``loss_and_grad`` chunk by chunk and updated in place, except a frozen client's, which are
     restored after the step. ``loss_grad`` replaces the model's ``loss_and_grad``.
     ``optimizer``: momentum / weight decay (a frozen client's velocity waits).
+    ``until [C]`` (int64, on the host; optional): client c takes only the steps
+    ``0 .. until_c - 1`` (a straggler's partial work, :mod:`fedhp.engine.faults`): from then on
+    its parameters and BatchNorm statistics are put back after every step its chunk takes, and
+    neither its loss nor its rows' samples (``count_trained``) are counted, so it ends exactly
+    where it would have alone after ``until_c`` steps; a chunk all of whose clients are done
+    stops. Without it nothing of this runs (no cost).
     """
     params = params.detach().clone() if mask is None else params.detach() * mask
     num_clients = params.shape[0]
@@ -205,7 +216,19 @@ def weighted_sgd_steps(
         term = extra_grad if extra_grad is None or whole else _rows(extra_grad, start, stop)
         part = params[rows]
         loss_sum = _train_rows(
-            model, part, batch, rows, steps, lr, term, mask, active, buffers, loss_grad, optimizer
+            model,
+            part,
+            batch,
+            rows,
+            steps,
+            lr,
+            term,
+            mask,
+            active,
+            buffers,
+            loss_grad,
+            optimizer,
+            until,
         )
         parts.append((part, loss_sum))
     if not parts:  # no clients
@@ -233,24 +256,35 @@ def _train_rows(
     buffers: torch.Tensor | None,
     loss_grad: LossGrad | None,
     optimizer: LocalOptimizer | None,
+    until: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`weighted_sgd_steps`' ``steps`` steps of the clients in ``rows``, in place on their
-    parameters ``part``; their losses summed over the steps."""
+    parameters ``part``; their losses summed over the steps (a client's up to its ``until``)."""
     loss_and_grad = model.loss_and_grad if loss_grad is None else loss_grad
     plain = (term is None or isinstance(term, StepTerm)) and loss_grad is None and buffers is None
     plain = plain and (optimizer is None or optimizer.plain)
     pull = term.pull(part, lr) if isinstance(term, StepTerm) else None
     velocity = _velocity(part, optimizer)
     loss_sum = torch.zeros(part.shape[0], device=part.device)
+    limit, first_done, last_done = _budgets(until, rows, steps, part.device)
+    on_host = None if until is None else until[rows]
     for step in range(steps):
+        if step >= last_done:  # every client of the chunk has used up its steps
+            break
         if active is not None and not bool(active[step, rows].any()):
             continue
+        # the clients whose budget is used up: their rows are put back after the step
+        done = None if limit is None or step < first_done else limit <= step
+        saved = None if done is None else _save_rows(part, buffers, rows)
         x, y, weight = batch(step, rows)
         model.count_trained(x)
+        if done is not None and on_host is not None:  # a done straggler's rows are no work
+            model.trained_samples -= int((on_host <= step).sum()) * int(x.shape[1])
         if plain and weight is None:  # the model steps inside its backward pass, then the mask
-            loss_sum += model.sgd_step(part, x, y, lr, pull)
+            loss = model.sgd_step(part, x, y, lr, pull)
             if mask is not None:
                 part.mul_(mask[rows])
+            loss_sum += loss if done is None else _put_back(part, buffers, rows, saved, done, loss)
             continue
         if buffers is None:
             loss, grad = loss_and_grad(part, x, y, weight=weight)
@@ -274,8 +308,48 @@ def _train_rows(
         if mask is not None:
             grad.mul_(mask[rows])
         part.add_(grad, alpha=-lr)
-        loss_sum += loss
+        loss_sum += loss if done is None else _put_back(part, buffers, rows, saved, done, loss)
     return loss_sum
+
+
+def _budgets(
+    until: torch.Tensor | None, rows: slice, steps: int, device: torch.device
+) -> tuple[torch.Tensor | None, int, int]:
+    """The step budgets of the clients in ``rows`` (on ``device``; None: every client takes all
+    ``steps``), the first step at which one of them is done and the step at which all are."""
+    if until is None:
+        return None, steps, steps
+    limit = until[rows]
+    if len(limit) == 0:
+        return None, steps, steps
+    return limit.to(device), min(int(limit.min()), steps), min(int(limit.max()), steps)
+
+
+_Saved = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _save_rows(part: torch.Tensor, buffers: torch.Tensor | None, rows: slice) -> _Saved:
+    """Copies of the chunk's parameters and BatchNorm statistics before a step."""
+    return part.clone(), None if buffers is None else buffers[rows].clone()
+
+
+def _put_back(
+    part: torch.Tensor,
+    buffers: torch.Tensor | None,
+    rows: slice,
+    saved: _Saved | None,
+    done: torch.Tensor,
+    loss: torch.Tensor,
+) -> torch.Tensor:
+    """Put the ``done`` clients' parameters and statistics back as ``saved`` before the step
+    (the others keep the step); the step's ``loss`` with theirs zeroed."""
+    assert saved is not None
+    gone = done.unsqueeze(1)
+    part.copy_(torch.where(gone, saved[0], part))
+    if buffers is not None and saved[1] is not None:
+        bufs = buffers[rows]
+        bufs.copy_(torch.where(gone, saved[1], bufs))
+    return loss.masked_fill(done, 0.0)
 
 
 class StepTerm(ABC):

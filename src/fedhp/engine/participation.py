@@ -1,6 +1,11 @@
 """Who takes part in a round: the clients and edges sampled (``client_fraction`` of the clients,
 fixed-size or Poisson; ``edges_per_round`` of the edges), minus the round's failures (dropped and
-straggling clients, failed edges; :mod:`fedhp.engine.faults`), and who took part so far."""
+straggling clients, failed edges; :mod:`fedhp.engine.faults`), and who took part so far.
+
+Under ``faults.straggler_work: partial`` a method that keeps partial work asks
+:meth:`Participation.sample_clients` with ``keep_partial=True``: its stragglers then stay among the
+clients (as participants, not stragglers) and :meth:`Participation.partial_work` gives each its
+draw of the share of its local work it does."""
 
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ class Participation:
     round_faults: RoundFaults | None = field(default=None, init=False, repr=False)
     round_participants: torch.Tensor | None = field(default=None, init=False, repr=False)
     round_stragglers: torch.Tensor | None = field(default=None, init=False, repr=False)
+    # This round's stragglers kept with partial work (sorted; None: none so far).
+    round_partial: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def all_clients(self) -> torch.Tensor:
@@ -62,6 +69,7 @@ class Participation:
         nobody is left they raise :class:`~fedhp.engine.faults.RoundSkipped`."""
         self.round_participants = None
         self.round_stragglers = None
+        self.round_partial = None
         if self.faults is None or not self.faults.enabled:
             self.round_faults = None
         else:
@@ -74,21 +82,51 @@ class Participation:
             return None
         return self.round_faults.available.to(self.device)
 
-    def _survivors(self, clients: torch.Tensor) -> torch.Tensor:
-        """``clients`` minus this round's dropped and straggling ones; records who took part."""
+    def keeps_partial(self, keep_partial: bool) -> bool:
+        """Whether this round's stragglers stay, with partial work, for a method that keeps
+        partial work (``keep_partial``): ``faults.straggler_work`` is ``partial``."""
+        faults = self.faults
+        if not keep_partial or faults is None or faults.cfg.straggler == 0:
+            return False
+        return faults.cfg.straggler_work == "partial"
+
+    def _survivors(self, clients: torch.Tensor, keep_partial: bool = False) -> torch.Tensor:
+        """``clients`` minus this round's dropped and straggling ones (the stragglers kept where
+        :meth:`keeps_partial`); records who took part."""
         faults = self.round_faults
         if faults is None:
             return clients
-        straggling = clients[faults.straggler.to(self.device)[clients]]
-        kept = clients[faults.available.to(self.device)[clients]]
-        self.round_stragglers = _union(self.round_stragglers, straggling)
+        is_straggler = faults.straggler.to(self.device)[clients]
+        straggling = clients[is_straggler]
+        if self.keeps_partial(keep_partial):
+            kept = clients[~faults.dropped.to(self.device)[clients]]
+            self.round_partial = _union(self.round_partial, straggling)
+        else:
+            kept = clients[faults.available.to(self.device)[clients]]
+            self.round_stragglers = _union(self.round_stragglers, straggling)
         self.round_participants = _union(self.round_participants, kept)
         return kept
 
-    def sample_clients(self) -> torch.Tensor:
+    def partial_work(self, clients: torch.Tensor) -> torch.Tensor | None:
+        """[C'] float64 on the device: for each of ``clients``, its draw ``u`` in [0, 1) of the
+        share of its local work where it is a straggler kept with partial work this round
+        (:func:`~fedhp.engine.faults.partial_units`), 1.0 where it does all its work; None where
+        none of ``clients`` is such a straggler (no cost)."""
+        faults, partial = self.round_faults, self.round_partial
+        if faults is None or faults.work is None or partial is None or len(partial) == 0:
+            return None
+        clients = clients.cpu()
+        short = torch.isin(clients, partial.cpu())
+        if not bool(short.any()):
+            return None
+        draw = faults.work[clients]
+        return torch.where(short, draw, torch.ones_like(draw)).to(self.device)
+
+    def sample_clients(self, keep_partial: bool = False) -> torch.Tensor:
         """Sorted client indices taking part this round (``client_fraction`` of all, at least 1,
         or under Poisson sampling each client with probability ``client_fraction``), minus this
-        round's dropped and straggling clients."""
+        round's dropped and straggling clients (``keep_partial``: the stragglers stay where they
+        do partial work, :meth:`keeps_partial`; :meth:`partial_work` gives their shares)."""
         n = self.num_clients
         k = max(1, round(self.client_fraction * n))
         if self.sampling == "poisson" and self.client_fraction < 1:
@@ -98,7 +136,7 @@ class Participation:
             sampled = self.all_clients
         else:
             sampled = torch.randperm(n, generator=self.generator)[:k].sort().values.to(self.device)
-        kept = self._survivors(sampled)
+        kept = self._survivors(sampled, keep_partial)
         if len(kept) == 0:
             raise RoundSkipped("every sampled client dropped out or straggled")
         return kept

@@ -220,7 +220,7 @@ def run_experiment(
     """
     cfg, algo, ledger, ctx = exp.cfg, exp.algorithm, exp.ctx.ledger, exp.ctx
     show = cfg.progress if progress is None else progress
-    config = config_to_dict(cfg)
+    config = config_to_dict(cfg, on_flower=driver is not None)  # (Flower: its options read)
     # The initial parameters on the run's device: init_state keeps them where they are given.
     init = exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET).to(exp.ctx.device)
     state = algo.init_state(init)

@@ -106,11 +106,16 @@ class Uplink:
         return self.rule is None or self.rule.folds
 
     @property
+    def forges_from_whole_round(self) -> bool:
+        """Whether forging reads the benign updates of the whole aggregation (ALIE, IPM): the
+        uploads must be trained at once, even where the rule could keep the parts' rows."""
+        return self.attack is not None and self.attack.needs_whole_rounds
+
+    @property
     def whole_rounds(self) -> bool:
         """Whether an aggregation's uploads must arrive at once (a robust or private rule, or an
         attack reading the benign updates): no streamed parts."""
-        reads_all = self.attack is not None and self.attack.needs_whole_rounds
-        return reads_all or not self.folds
+        return self.forges_from_whole_round or not self.folds
 
     def begin_round(self, rnd: int) -> None:
         """Re-seed the rule's stream (DP noise, buckets) for round ``rnd``."""

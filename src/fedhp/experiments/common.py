@@ -415,11 +415,15 @@ def run_jobs(
 
     Sequential by default; with ``opts.jobs > 1`` that many runs go at once in worker processes
     (each with ``opts.threads`` torch threads)."""
+    from fedhp.unread import read_overrides
+
     tasks = []
     for job in jobs:
+        own = [*job.overrides, *opts.extra]
+        # (the shared options the method reads: Per-FedAvg does not read algorithm.lr)
+        shared = read_overrides(opts.base_overrides(job.model), own)
         for seed in range(opts.seeds):
-            overrides = [*opts.base_overrides(job.model), *job.overrides, *opts.extra]
-            overrides.append(f"seed={seed}")
+            overrides = [*shared, *own, f"seed={seed}"]
             tasks.append((job.key, seed, overrides, runs_dir / job.key / f"seed{seed}"))
     done: dict[tuple[str, int], dict[str, Any]] = {}
 

@@ -241,7 +241,7 @@ def run_overrides(opts: ReproOptions, method: str, seed: int) -> list[str]:
         f"federation.client_fraction={PER_ROUND / setup.clients}",
         "federation.weighting=samples",
         *([f"model.name={opts.model}"] if opts.model else setup.model),
-        "algorithm.lr=0.1",
+        *([] if method == "perfedavg" else ["algorithm.lr=0.1"]),  # (its steps: alpha, beta)
         f"algorithm.batch_size={BATCH}",
         *method_overrides(method, epochs, rounds, setup),
         f"rounds={rounds}",

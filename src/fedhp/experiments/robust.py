@@ -95,7 +95,8 @@ class Case:
             f"faults.attack.name={self.attack}",
             f"faults.attack.fraction={self.fraction}",
             f"faults.attack.placement={self.placement}",
-            f"faults.attack.sign_scale={SIGN_SCALE}",
+            # (the sign flip's scale; the other attacks do not read it, and refuse it)
+            *([f"faults.attack.sign_scale={SIGN_SCALE}"] if self.attack == "sign_flip" else []),
         ]
 
 
@@ -208,8 +209,7 @@ def shared_overrides(
         *partition,
         f"federation.num_clients={CLIENTS}",
         f"federation.num_edges={EDGES}",
-        "federation.weighting=uniform",
-        "federation.client_fraction=1.0",
+        "federation.weighting=uniform",  # (every client each round: client_fraction's default)
         *MODELS[model],
         f"algorithm.batch_size={BATCH}",
         f"algorithm.lr={LR}",

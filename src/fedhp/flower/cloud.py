@@ -87,7 +87,7 @@ def node_config(cfg: RunConfig) -> dict[str, Any]:
     """The configuration sent to the nodes: the run's, with ``threads`` filled in where the run
     leaves it unset (the cloud's torch thread count, i.e. what the in-process engine would use),
     so a node's arithmetic, and the numbers, are the in-process run's."""
-    data = config_to_dict(cfg)
+    data = config_to_dict(cfg, on_flower=True)  # (the nodes read flower.sparse_wire, ...)
     if data.get("threads") is None:
         data["threads"] = torch.get_num_threads()
     return data

@@ -44,7 +44,7 @@ def resolve_run_config(
     from fedhp.flower.shards import node_count
 
     config_path, overrides = split_positionals(items)
-    cfg = resolve_config(config_path, overrides, plugins=plugins)
+    cfg = resolve_config(config_path, overrides, plugins=plugins, on_flower=True)
     check_components(cfg)
     options = ALGORITHMS.build(cfg.algorithm, "algorithm")
     if not options.federated:
@@ -55,7 +55,7 @@ def resolve_run_config(
     if cfg.device != "cpu":
         raise ConfigError("device: a Flower deployment runs on the CPU; use device=cpu")
     nodes = node_count(cfg, options.hierarchical)
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    text = yaml.safe_dump(config_to_dict(cfg, on_flower=True), sort_keys=False)
     run_config: dict[str, str | int | float | bool] = {
         "fedhp-config": text,
         "fedhp-out": str(Path(out).resolve()),

@@ -6,6 +6,10 @@ model embeds ``x.long()``), labels the next character's index. Every client's pa
 of the flat ``[C, P]`` tensor, laid out as the reference ``nn.Module``'s ``named_parameters()``
 (``embedding.weight``, ``lstm.weight_ih_l0``, ``lstm.weight_hh_l0``, ``lstm.bias_ih_l0``,
 ``lstm.bias_hh_l0``, ... , ``fc.weight``, ``fc.bias``; PyTorch's gate order i, f, g, o).
+``model.init=tf`` is FedProx's TensorFlow model instead: one bias per layer (``lstm.bias_l0``
+where ``nn.LSTM`` has ``bias_ih_l0`` and ``bias_hh_l0``), forget-gate block of it 1.0,
+Glorot-uniform weights (:class:`OneBiasLSTM`, :meth:`CharLSTM.reset_tf`); with 81 classes the
+default sizes have 818,137 parameters (FedProx's 817,872 for 80) against 820,185 for ``torch``.
 
 On the CPU from :data:`FUSED_MIN_HIDDEN` (64) hidden units on, each client's layers run through
 ``torch.lstm`` (what ``nn.LSTM`` calls: oneDNN's fused LSTM kernel, measured faster there
@@ -29,7 +33,9 @@ computed too: the embedding is trained).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 import torch
@@ -50,15 +56,114 @@ FUSED_MIN_HIDDEN = 64
 (:meth:`BatchedLSTM.fused`)."""
 
 
-class CharLSTM(FeatureNet):
-    """The reference module: ``nn.Embedding`` → ``nn.LSTM(batch_first=True)`` → ``nn.Linear`` on
-    the last time step's output (LEAF's and FedProx's Shakespeare model with the default sizes)."""
+INITS = ("torch", "tf")
+"""``model.init`` of the LSTM: PyTorch's layout and initialization, or FedProx's TensorFlow one."""
 
-    def __init__(self, vocab: int, embed_dim: int, hidden: int, layers: int) -> None:
+
+class OneBiasLSTM(nn.Module):
+    """A stacked LSTM with one bias vector per layer (TensorFlow's ``BasicLSTMCell``), in
+    PyTorch's layout otherwise: ``weight_ih_l{k} [4H, in]``, ``weight_hh_l{k} [4H, H]``,
+    ``bias_l{k} [4H]``, gate order i, f, g, o. Runs through ``torch.lstm`` with a zero second
+    bias, so it computes exactly ``nn.LSTM`` with ``bias_ih = bias_l{k}``, ``bias_hh = 0``."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int) -> None:
         super().__init__()
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        for k in range(num_layers):
+            inp = input_size if k == 0 else hidden_size
+            self.register_parameter(
+                f"weight_ih_l{k}", nn.Parameter(torch.empty(4 * hidden_size, inp))
+            )
+            self.register_parameter(
+                f"weight_hh_l{k}", nn.Parameter(torch.empty(4 * hidden_size, hidden_size))
+            )
+            self.register_parameter(f"bias_l{k}", nn.Parameter(torch.empty(4 * hidden_size)))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """TensorFlow's ``BasicLSTMCell`` initialization (:func:`tf_init_lstm_`)."""
+        tf_init_lstm_(self)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """``(outputs [B, T, H], None)`` for ``x [B, T, in]`` (batch first, h₀ = c₀ = 0)."""
+        zeros = x.new_zeros(self.num_layers, x.shape[0], self.hidden_size)
+        weights = []
+        for k in range(self.num_layers):
+            bias = getattr(self, f"bias_l{k}")
+            weights += [
+                getattr(self, f"weight_ih_l{k}"),
+                getattr(self, f"weight_hh_l{k}"),
+                bias,
+                torch.zeros_like(bias),
+            ]
+        out = torch.lstm(
+            x, (zeros, zeros), weights, True, self.num_layers, 0.0, self.training, False, True
+        )[0]
+        return out, None
+
+
+def _glorot_(w: torch.Tensor, fan_in: int, fan_out: int) -> None:
+    """``w`` ← U(−a, a), a = √(6 / (fan_in + fan_out)) (TensorFlow's ``glorot_uniform``)."""
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    with torch.no_grad():
+        w.uniform_(-bound, bound)
+
+
+def tf_init_lstm_(lstm: OneBiasLSTM) -> None:
+    """TF1's ``BasicLSTMCell`` as FedProx builds it: each layer's kernel ``[in + H, 4H]`` (here
+    ``weight_ih`` and ``weight_hh``, the same distribution) Glorot-uniform over that whole
+    kernel, the bias zero but the forget block (rows ``H:2H``) 1.0 — TF adds ``forget_bias=1.0``
+    to a zero-initialized bias at run time; stored here, it is the same function and gradient."""
+    h = lstm.hidden_size
+    for k in range(lstm.num_layers):
+        inp = lstm.input_size if k == 0 else h
+        _glorot_(getattr(lstm, f"weight_ih_l{k}"), inp + h, 4 * h)
+        _glorot_(getattr(lstm, f"weight_hh_l{k}"), inp + h, 4 * h)
+        bias = getattr(lstm, f"bias_l{k}")
+        with torch.no_grad():
+            bias.zero_()
+            bias[h : 2 * h] = 1.0
+
+
+class CharLSTM(FeatureNet):
+    """The reference module: ``nn.Embedding`` → LSTM (batch first) → ``nn.Linear`` on the last
+    time step's output (LEAF's and FedProx's Shakespeare model with the default sizes).
+
+    ``init="torch"``: ``nn.LSTM`` (two bias vectors per layer) and PyTorch's default
+    initialization. ``init="tf"``: FedProx's TensorFlow model (``stacked_lstm.py``:
+    ``tf.get_variable`` embedding, ``MultiRNNCell`` of ``BasicLSTMCell``, ``tf.layers.dense``):
+    :class:`OneBiasLSTM` (one bias per layer, forget-gate block 1.0), Glorot-uniform embedding,
+    LSTM kernels and output weights, zero output bias (:meth:`reset_tf`)."""
+
+    def __init__(
+        self, vocab: int, embed_dim: int, hidden: int, layers: int, init: str = "torch"
+    ) -> None:
+        super().__init__()
+        if init not in INITS:
+            raise ConfigError(f"model.init: unknown {init!r}; use one of {', '.join(INITS)}")
+        self.init = init
         self.embedding = nn.Embedding(vocab, embed_dim)
-        self.lstm = nn.LSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
+        self.lstm: nn.LSTM | OneBiasLSTM
+        if init == "tf":
+            self.lstm = OneBiasLSTM(embed_dim, hidden, layers)
+        else:
+            self.lstm = nn.LSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
         self.fc = nn.Linear(hidden, vocab)
+        if init == "tf":
+            self.reset_tf()
+
+    def reset_tf(self) -> None:
+        """FedProx's TensorFlow initialization of every layer (draws from the global RNG)."""
+        assert isinstance(self.lstm, OneBiasLSTM)
+        vocab, embed_dim = self.embedding.weight.shape
+        _glorot_(self.embedding.weight, vocab, embed_dim)  # get_variable's [V, 8]: fans V, 8
+        tf_init_lstm_(self.lstm)
+        hidden = self.lstm.hidden_size
+        _glorot_(self.fc.weight, hidden, vocab)  # dense kernel [H, V]
+        with torch.no_grad():
+            self.fc.bias.zero_()
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         out, _ = self.lstm(self.embedding(x.long()))
@@ -149,6 +254,25 @@ class BatchedLSTM(BatchedModel):
         self.hidden = reference.lstm.hidden_size
         self.layers = reference.lstm.num_layers
         self.seq_len = feature_shape[0]
+        self.init = reference.init
+
+    def bias_names(self, layer: int) -> tuple[str, ...]:
+        """The bias vectors of ``layer``: ``bias_ih``/``bias_hh`` (torch) or ``bias`` (tf)."""
+        if self.init == "tf":
+            return (f"lstm.bias_l{layer}",)
+        return (f"lstm.bias_ih_l{layer}", f"lstm.bias_hh_l{layer}")
+
+    def init_params(self, seed: int) -> torch.Tensor:
+        """Initial flat ``[P]`` parameters: PyTorch's default init (``torch``) or FedProx's
+        TensorFlow one (``tf``, :meth:`CharLSTM.reset_tf`)."""
+        if self.init != "tf":
+            return super().init_params(seed)
+        reference = self.reference
+        assert isinstance(reference, CharLSTM)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            reference.reset_tf()
+            return self.layout.flatten_module(reference).clone()
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -193,12 +317,15 @@ class BatchedLSTM(BatchedModel):
         b = x.shape[1]
         idx = x.long() + torch.arange(c, device=x.device).mul_(v).view(c, 1, 1)
         seq = F.embedding(idx, table.reshape(c * v, e))  # [C, B, T, E]
-        names = [
-            f"lstm.{k}_l{layer}"
-            for layer in range(self.layers)
-            for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-        ]
-        weights = [params[n].unbind(0) for n in names]  # unbind: its backward is one stack
+        weights: list[Sequence[torch.Tensor]] = []
+        for layer in range(self.layers):
+            for n in (f"lstm.weight_ih_l{layer}", f"lstm.weight_hh_l{layer}"):
+                weights.append(params[n].unbind(0))  # unbind: its backward is one stack
+            if self.init == "tf":  # one bias: torch.lstm's second is zero
+                bias = params[f"lstm.bias_l{layer}"]
+                weights += [bias.unbind(0), [bias.new_zeros(bias.shape[1])] * c]
+            else:
+                weights += [params[f"lstm.bias_{k}_l{layer}"].unbind(0) for k in ("ih", "hh")]
         zeros = seq.new_zeros(self.layers, b, self.hidden)
         train = torch.is_grad_enabled()
         outs = [
@@ -228,7 +355,8 @@ class BatchedLSTM(BatchedModel):
         for layer in range(self.layers):
             w_ih = params[f"lstm.weight_ih_l{layer}"]
             w_hh = params[f"lstm.weight_hh_l{layer}"]
-            bias = params[f"lstm.bias_ih_l{layer}"] + params[f"lstm.bias_hh_l{layer}"]
+            biases = [params[n] for n in self.bias_names(layer)]
+            bias = biases[0] if len(biases) == 1 else biases[0] + biases[1]
             xproj = torch.baddbmm(bias.unsqueeze(1), seq, w_ih.transpose(1, 2))
             xproj = xproj.view(c, t_len, b, -1)
             if torch.is_grad_enabled() and (xproj.requires_grad or w_hh.requires_grad):
@@ -269,7 +397,7 @@ class BatchedLSTM(BatchedModel):
                     name=f"lstm.l{layer}",
                     size=self.hidden,
                     weight=f"lstm.weight_ih_l{layer}",
-                    extras=(f"lstm.bias_ih_l{layer}", f"lstm.bias_hh_l{layer}"),
+                    extras=self.bias_names(layer),
                     gates=4,
                     row_weights=(f"lstm.weight_hh_l{layer}",),
                     inputs=(f"lstm.weight_hh_l{layer}", nxt),
@@ -292,7 +420,9 @@ class BatchedLSTM(BatchedModel):
             live_in = torch.ones(self.embed_dim, dtype=torch.bool, device=pmask.device)
             for layer in range(self.layers):
                 names = [
-                    f"lstm.{k}_l{layer}" for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+                    f"lstm.weight_ih_l{layer}",
+                    f"lstm.weight_hh_l{layer}",
+                    *self.bias_names(layer),
                 ]
                 views = [self.layout.view(row, specs[n]).reshape(4, h, -1) for n in names]
                 live = torch.stack([(v != 0).transpose(0, 1).flatten(1).any(1) for v in views]).any(
@@ -317,6 +447,11 @@ class LSTMOptions(ModelOptions):
     embed_dim: pydantic.PositiveInt = 8
     hidden: pydantic.PositiveInt = 256
     layers: pydantic.PositiveInt = 2
+    init: Literal["torch", "tf"] = pydantic.Field(
+        "torch",
+        description="torch: nn.LSTM's two biases per gate block and PyTorch's init; tf: FedProx's "
+        "TensorFlow model (one bias, forget-gate bias 1.0, Glorot-uniform weights)",
+    )
 
     def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
         if len(feature_shape) != 1:
@@ -324,5 +459,5 @@ class LSTMOptions(ModelOptions):
                 f"model.name: 'lstm' needs sequences of character indices [seq_len], got "
                 f"features {feature_shape}; use dataset.name=shakespeare"
             )
-        module = CharLSTM(num_classes, self.embed_dim, self.hidden, self.layers)
+        module = CharLSTM(num_classes, self.embed_dim, self.hidden, self.layers, self.init)
         return BatchedLSTM(module, feature_shape, num_classes)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d)
@@ -89,6 +90,17 @@ def unit_groups(model: BatchedModel) -> tuple[UnitGroup, ...]:
 def num_units(model: BatchedModel) -> int:
     """U: the maskable units of all groups."""
     return sum(g.size for g in unit_groups(model))
+
+
+def require_hidden_units(model: BatchedModel, method: str, what: str) -> None:
+    """A one-line :class:`ConfigError` where ``model`` has no hidden units, i.e. it is its
+    output layer alone (``mlr``, ``linreg``, ...), for a ``method`` that ``what`` (e.g.
+    "shrinks hidden widths")."""
+    if num_units(model) == 0:
+        raise ConfigError(
+            f"model: {method} {what}, and this model has none (it is one output layer); use a "
+            "model with hidden layers, e.g. model.name=dnn or cnn"
+        )
 
 
 def param_mask(

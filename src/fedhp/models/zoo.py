@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 import pydantic
 import torch
+from pydantic_core import PydanticCustomError
 from torch import nn
 
 from fedhp.engine.policy import SMALL_LAYER
@@ -224,6 +225,17 @@ class DNNOptions(ModelOptions):
     ``hidden=[500, 200]`` is 784-500-200-10 (494,710 parameters)."""
 
     hidden: list[pydantic.PositiveInt] = [100]
+
+    @pydantic.field_validator("hidden")
+    @classmethod
+    def _some_hidden_layer(cls, value: list[int]) -> list[int]:
+        if not value:  # (no hidden layer is mlr, under its own name)
+            raise PydanticCustomError(
+                "dnn_no_hidden",
+                "[] leaves no hidden layer, which is the linear model mlr; use model.name=mlr, "
+                "or give hidden widths, e.g. model.hidden=[100]",
+            )
+        return value
 
     def build(self, feature_shape: tuple[int, ...], num_classes: int) -> BatchedModel:
         sizes = [prod(feature_shape), *self.hidden, num_classes]

@@ -41,6 +41,8 @@ class RunSpec:
     rounds: int = 0
     key: str = field(default="", compare=False)
     plugins: list[str] = field(default_factory=list)
+    eval_split: str = ""
+    """The split the run really evaluates on (its resolved ``eval_split``)."""
 
     @property
     def folder(self) -> Path:
@@ -67,15 +69,19 @@ def plan_runs(
     folder: Path,
     split: str = "test",
     plugins: Sequence[str] = (),
+    force_split: bool = True,
 ) -> list[RunSpec]:
     """Every (point, seed) run in ``folder/<point>/seed<k>``, each config resolved and checked
-    now (a value the option refuses is a one-line error naming the grid key)."""
+    now (a value the option refuses is a one-line error naming the grid key). With
+    ``force_split`` every run evaluates on ``split`` (``eval_split=<split>`` last, the stages of
+    ``--select val``); else on the split its config names (``eval_split`` of the base)."""
     from fedhp.config import config_to_dict
 
     runs = []
     for point in points:
         for seed in seeds:
-            overrides = [*base, *point.overrides(), f"seed={seed}", f"eval_split={split}"]
+            forced = [f"eval_split={split}"] if force_split else []
+            overrides = [*base, *point.overrides(), f"seed={seed}", *forced]
             spec = RunSpec(
                 point.id,
                 dict(point.values),
@@ -104,6 +110,7 @@ def plan_runs(
                     rounds=cfg.rounds,
                     key=batch_key(config),
                     plugins=list(plugins),
+                    eval_split=cfg.eval_split,
                 )
             )
     return runs

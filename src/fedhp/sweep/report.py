@@ -280,6 +280,14 @@ def _markdown(
     metric = str(manifest.get("metric") or "final_global_acc")
     selected = manifest.get("selected")
     words = SPLIT_WORDS.get(split, split)
+    evaluated = {
+        str(r.get("eval_split") or r.get("split"))
+        for r in manifest.get("runs") or []
+        if r.get("split") == split
+    }
+    on_val_unselected = split == "test" and evaluated == {"val"}
+    if on_val_unselected:
+        words = SPLIT_WORDS["val"]
     lines = [f"# Sweep: {words} split", ""]
     lines.append(f"- base: {' '.join(f'`{b}`' for b in base) if base else '(the defaults)'}")
     if manifest.get("plugins"):
@@ -304,6 +312,11 @@ def _markdown(
             )
     elif manifest.get("select") == "val":
         lines.append(f"- selection on the validation split by `{metric}`: not made yet")
+    if on_val_unselected:
+        lines.append(
+            "- every run evaluates on the validation split, as its base config says "
+            "(`eval_split=val`); no point is selected or re-run on test (`--select val` does)"
+        )
     lines.append(
         "- accuracies in %: mean ± standard error over the finished seeds (sample std / √n); "
         "best round: mean round of the best accuracy; MB: accumulated bytes on all links "

@@ -228,7 +228,9 @@ def run_sweep(spec: SweepSpec) -> dict[str, Any]:
     if spec.select == "val":
         runs = plan_runs(spec.base, points, spec.seeds, spec.out / "val", "val", spec.plugins)
     else:
-        runs = plan_runs(spec.base, points, spec.seeds, spec.out / "runs", "test", spec.plugins)
+        runs = plan_runs(
+            spec.base, points, spec.seeds, spec.out / "runs", "test", spec.plugins, False
+        )
     spec.out.mkdir(parents=True, exist_ok=True)
     log = _Log(spec.out / "sweep.log", spec.quiet)
     metric = spec.metric or "final_global_acc"
