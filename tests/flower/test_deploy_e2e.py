@@ -46,6 +46,8 @@ BASE = [
     f"flower.nodes={NODES}",
     f"flower.timeout={ROUND_TIMEOUT}",
 ]
+IN_PROCESS = [o for o in BASE if not o.startswith("flower.")]
+"""The same run in-process (which reads no flower.* option, so refuses them)."""
 
 
 def fedhp_app(app_dir: Path, out: Path, *overrides: str) -> Path:
@@ -95,7 +97,8 @@ def test_three_rounds_of_sfedhp_on_four_supernodes(fed: LoopbackFederation) -> N
     assert summary["rounds"] == 3
     assert float(rows[-1]["personal_acc"]) > 0.5  # 5-label clients: chance is 0.2
     # The same numbers as the in-process engine: same code, same minibatches.
-    assert main(["run", *BASE, "rounds=3", "eval_every=3", "--out", str(out.with_name("ref"))]) == 0
+    ref = out.with_name("ref")
+    assert main(["run", *IN_PROCESS, "rounds=3", "eval_every=3", "--out", str(ref)]) == 0
     assert_same_metrics(out.with_name("ref"), out)
     for node in fed.supernodes:  # every SuperNode ran the ClientApp in every round
         assert node.text().count(CLIENTAPP_STARTED) >= 3
@@ -118,7 +121,7 @@ def test_resubmitted_run_resumes_from_its_checkpoint(fed: LoopbackFederation) ->
     assert result.ok, f"run ended {result.status}; see {result.log}"
     assert [int(r["round"]) for r in csv_rows(out / "metrics.csv")] == [3, 4]
     ref = fed.workdir / "ref-4"
-    assert main(["run", *BASE, "rounds=4", "eval_every=3", "--out", str(ref)]) == 0
+    assert main(["run", *IN_PROCESS, "rounds=4", "eval_every=3", "--out", str(ref)]) == 0
     assert_same_metrics(ref, out)
 
 

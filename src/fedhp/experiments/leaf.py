@@ -141,13 +141,13 @@ class Scale:
 
 
 QUICK_TUNED: dict[str, dict[str, Any]] = {
-    "fedavg": {"lr": 2.4},
-    "fedprox": {"lr": 2.4},
+    "fedavg": {"lr": 1.6},
+    "fedprox": {"lr": 1.6},
     "pfedme": {"personal_lr": 1.5},
     "sfedhp": {"lr": 1.5},
     "ditto": {"lr": 1.6},
     "fedper": {"lr": 1.6},
-    "fedlps": {"lr": 2.4, "arms_low": 0.75},
+    "fedlps": {"lr": 2.4, "arms_low": 0.5},
 }
 """``--quick``'s hyperparameters, each row's best final validation accuracy (its own metric) in
 a one-off grid on validation windows (the last 10 % of each role's training windows after a
