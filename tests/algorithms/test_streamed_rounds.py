@@ -22,11 +22,20 @@ SMALL_CACHE = 30
 
 
 def run_rounds(
-    options: Any, monkeypatch: pytest.MonkeyPatch, cache: int, **ctx_kw: Any
+    options: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    cache: int,
+    rule: RobustOptions | None = None,
+    momentum: float = 0.0,
+    **ctx_kw: Any,
 ) -> tuple[State, list[dict[str, float]], Any, list[int]]:
     """Three rounds of ``options`` on the tiny federation with client chunks of ``cache``
-    floats: the state, each round's statistics, the ledger and the sizes of the trained parts."""
+    floats (the cloud's robust ``rule`` and client ``momentum`` where given): the state, each
+    round's statistics, the ledger and the sizes of the trained parts."""
     ctx = tiny_context(edge_sizes=(3, 2, 2), **ctx_kw)
+    if rule is not None:
+        ctx.cloud_rule = LevelRule(rule, "robust.cloud")
+    ctx.client_momentum = momentum
     use_policy(ctx.model, cache_floats=cache)
     algo = options.build(ctx)
     sizes: list[int] = []
@@ -40,6 +49,7 @@ def run_rounds(
     state = algo.init_state(ctx.model.init_params(0))
     stats = []
     for rnd in range(3):
+        ctx.cloud_uplink.begin_round(rnd)
         stats.append(algo.run_round(state, rnd))
         ctx.ledger.end_round()
     return state, stats, ctx.ledger, sizes
@@ -134,32 +144,6 @@ ROBUST = {
 }
 
 
-def robust_rounds(
-    rule: RobustOptions, monkeypatch: pytest.MonkeyPatch, cache: int, momentum: float = 0.0
-) -> tuple[State, list[int]]:
-    """Three FedAvg rounds under the cloud's ``rule`` (client ``momentum``) with chunks of
-    ``cache`` floats: the state and the sizes of the trained parts."""
-    ctx = tiny_context(edge_sizes=(3, 2, 2))
-    ctx.cloud_rule = LevelRule(rule, "robust.cloud")
-    ctx.client_momentum = momentum
-    use_policy(ctx.model, cache_floats=cache)
-    algo = FedAvgOptions(local_steps=3, batch_size=2, lr=0.3).build(ctx)
-    sizes: list[int] = []
-    train = algo.train
-
-    def spy(state: State, task: Task) -> Update:
-        sizes.append(len(task.clients))
-        return train(state, task)
-
-    algo.train = spy  # type: ignore[method-assign]
-    state = algo.init_state(ctx.model.init_params(0))
-    for rnd in range(3):
-        ctx.cloud_uplink.begin_round(rnd)
-        algo.run_round(state, rnd)
-        ctx.ledger.end_round()
-    return state, sizes
-
-
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("name", sorted(ROBUST))
 def test_a_robust_round_in_parts_equals_the_whole_round_bit_for_bit(
@@ -167,8 +151,9 @@ def test_a_robust_round_in_parts_equals_the_whole_round_bit_for_bit(
 ) -> None:
     """A robust rule keeps every part's uploaded rows (``UploadFold``) and aggregates them once:
     the round trains in cache-sized parts and the rule sees the same rows as the whole round's."""
-    whole, whole_sizes = robust_rounds(ROBUST[name], monkeypatch, 10**9, momentum)
-    parts, part_sizes = robust_rounds(ROBUST[name], monkeypatch, SMALL_CACHE, momentum)
+    options = FedAvgOptions(local_steps=3, batch_size=2, lr=0.3)
+    whole, _, _, whole_sizes = run_rounds(options, monkeypatch, 10**9, ROBUST[name], momentum)
+    parts, _, _, part_sizes = run_rounds(options, monkeypatch, SMALL_CACHE, ROBUST[name], momentum)
     assert whole_sizes == [7, 7, 7]
     assert part_sizes == [2, 2, 2, 1] * 3
     assert whole.keys() == parts.keys()
