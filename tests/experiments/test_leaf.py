@@ -86,3 +86,14 @@ def test_paper_and_quick_settings() -> None:
     with pytest.raises(ConfigError, match="--methods"):
         leaf.method_overrides("scaffold", leaf.QUICK_SCALE, fed)
     assert "leaf-shakespeare" in REPRODUCTIONS
+
+
+def test_the_paper_scale_runs_fedprox_s_tensorflow_lstm() -> None:
+    """The paper's size runs FedProx's model (``model.init=tf``); ``--quick`` keeps torch's
+    initialization, the one its validation grid chose its step sizes with."""
+    fed = leaf.Federation(clients=137, mean_steps_per_epoch=481.0)
+    opts = ReproOptions()
+    paper = leaf.run_overrides(opts, "fedavg", 0, leaf.PAPER_SCALE, fed)
+    quick = leaf.run_overrides(opts, "fedavg", 0, leaf.QUICK_SCALE, fed)
+    assert "model.init=tf" in paper and "model.init=torch" in quick
+    assert "model.init=tf" in leaf.PAPER_SCALE.text()

@@ -120,6 +120,9 @@ class Scale:
     tuned: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per row, the ``algorithm.*`` values chosen on validation windows (they override the
     row's defaults); empty: untuned defaults."""
+    init: str = "torch"
+    """The LSTM's ``model.init``: ``tf`` is FedProx's TensorFlow model (one bias per gate block,
+    forget-gate bias 1.0, Glorot-uniform weights)."""
 
     def text(self) -> str:
         local = (
@@ -132,7 +135,8 @@ class Scale:
             test = f"{self.train_windows:,} training and {test}"
         return (
             f"LEAF --sf {self.sample_fraction} -k 0 --tf 0.8 -t sample, seq_len {self.seq_len}, "
-            f"LSTM embed 8 → 2 × {self.hidden}, {self.per_round} clients per round, {local} of "
+            f"LSTM embed 8 → 2 × {self.hidden} (model.init={self.init}), "
+            f"{self.per_round} clients per round, {local} of "
             f"batch {self.batch}, SGD lr {self.lr}"
             f"{' where the table gives no other' if self.tuned else ''}, {self.rounds} rounds, "
             f"evaluated every "
@@ -147,16 +151,17 @@ QUICK_TUNED: dict[str, dict[str, Any]] = {
     "sfedhp": {"lr": 1.5},
     "ditto": {"lr": 1.6},
     "fedper": {"lr": 1.6},
-    "fedlps": {"lr": 2.4, "arms_low": 0.5},
+    "fedlps": {"lr": 1.6, "arms_low": 0.9},
 }
 """``--quick``'s hyperparameters, each row's best final validation accuracy (its own metric) in
 a one-off grid on validation windows (the last 10 % of each role's training windows after a
-40-window gap; seed 0, the quick scale): docs/results/leaf-quick-grid/. FedProx and the straggler
+40-window gap; seed 0, the quick scale; FedLPS's arms on seeds 0 and 1):
+docs/results/leaf-quick-grid/. FedProx and the straggler
 rows take FedAvg's lr (μ is the paper's)."""
 
 TUNED_NOTE = "bold: chosen on validation windows, docs/results/leaf-quick-grid"
 
-PAPER_SCALE = Scale(0.2, 80, 256, 40, 20, None, 0.8, 10, 10, 1, None)
+PAPER_SCALE = Scale(0.2, 80, 256, 40, 20, None, 0.8, 10, 10, 1, None, init="tf")
 QUICK_SCALE = Scale(0.02, 40, 32, 100, None, 20, 0.8, 10, 10, 10, 3000, 15000, QUICK_TUNED)
 
 
@@ -336,6 +341,7 @@ def run_overrides(
         "model.embed_dim=8",
         f"model.hidden={scale.hidden}",
         "model.layers=2",
+        f"model.init={scale.init}",
         *method_overrides(method, scale, fed),
         f"rounds={scale.rounds}",
         f"eval_every={scale.eval_every}",
