@@ -204,3 +204,20 @@ def test_issue_40b_time_boxes_fit_its_deadline_and_call_a_fits_8_minutes() -> No
     assert sum(gpu_check.BUDGET[p] for p in gpu_check.ISSUE_PIECES["40"]) <= 480
     assert gpu_check.ISSUE_DEADLINE["40b"] <= 480
     assert gpu_check.ISSUE_PIECES["40b"][:2] == ["reproduce:sfedhp", "reproduce:hierfavg"]
+
+
+def test_the_last_piece_takes_all_the_deadline_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``--deadline``, every piece but the last is held to its own box; the last gets what
+    is left (an H200 call of 2026-11-27 lost its last 50 rounds to the box of the only piece)."""
+    import gpu_check
+
+    boxes: dict[str, float] = {}
+
+    def fake(name: str, device: str, smoke: bool, budget: float, keep: object = None) -> object:
+        boxes[name] = budget
+        return gpu_check.Piece(name, "ok", 0.0, {})
+
+    monkeypatch.setattr(gpu_check, "run_piece", fake)
+    gpu_check.main(["--only", "run", "reproduce:sfedhp", "--deadline", "1000"])
+    assert boxes["run"] == gpu_check.BUDGET["run"]
+    assert gpu_check.BUDGET["reproduce:sfedhp"] < boxes["reproduce:sfedhp"] <= 1000
