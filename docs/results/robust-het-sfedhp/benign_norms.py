@@ -40,5 +40,7 @@ opts = ReproOptions(dataset="mnist", threads=1, eval_every=10)
 overrides = robust.het_overrides(opts, sys.argv[1], "shards2", robust.REFERENCE, "none", "val", 0)
 summary = run_config(overrides, Path(sys.argv[2]))
 print(f"{sys.argv[1]}: acc {summary['final_global_acc']:.4f}; median benign-update norm")
-print(f"edges {statistics.median(edge):.4f} ({len(edge)} rows), cloud "
-      f"{statistics.median(cloud):.4f} ({len(cloud)} rows)")
+print(
+    f"edges {statistics.median(edge):.4f} ({len(edge)} rows), cloud "
+    f"{statistics.median(cloud):.4f} ({len(cloud)} rows)"
+)
