@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import fedhp.experiments.robust as robust
 from fedhp.build import check_components
@@ -25,7 +26,7 @@ LINE = re.compile(
 def grid(opts: ReproOptions) -> list[tuple[robust.Row, robust.Case]]:
     return [
         (row, case)
-        for a in robust.ALGORITHMS
+        for a in robust.GRID_ALGORITHMS
         for row in robust.rows_of(a)
         for case in robust.cases_of(opts, a, row.iid)
     ]
@@ -130,7 +131,7 @@ def fake_het_run(overrides: list[str], folder: Path) -> dict[str, Any]:
         hit = 0.70
     if rule == "cclip":
         tau = float(o.get("robust.cloud.tau", o.get("robust.edge.tau", 0)))
-        right = {"fedavg": 0.4, "hierfavg": 0.3}[alg]
+        right = {"fedavg": 0.4, "hierfavg": 0.3, "sfedhp": 0.09}[alg]
         if abs(tau - right) > 1e-9 or not momentum or bucket != 1:
             hit = 0.75
         if alg == "hierfavg" and "robust.cloud.name" in o:  # cclip at the edges only wins
@@ -345,6 +346,8 @@ def test_heterogeneity_bad_options_are_one_line_errors(
     for argv, text in (
         (["reproduce", "dp", "--heterogeneity"], "--heterogeneity"),
         (["reproduce", "robust", "--heterogeneity", "--methods", "hierfavg"], "--methods"),
+        (["reproduce", "robust", "--heterogeneity", "--methods", "hierfavg,sfedhp"], "--methods"),
+        (["reproduce", "robust", "--methods", "sfedhp"], "--methods"),
         (["reproduce", "robust", "--heterogeneity", "--dataset", "cifar10"], "--dataset"),
     ):
         assert main(argv) == 2
@@ -375,3 +378,184 @@ def test_heterogeneity_tiny_real_run(
     config = (out / "runs/fedavg/val/shards2/median-s2-m0.9/ipm/seed0/config.yaml").read_text()
     assert summary["rounds"] == 2 and "eval_split: val" in config and "bucket: 2" in config
     assert (out / "heterogeneity.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------- sFedHP's hierarchy stage
+
+ROBUSTNESS_DOC = Path(__file__).resolve().parents[2] / "docs" / "robustness.md"
+
+
+def test_sfedhp_stage_configurations_and_overrides() -> None:
+    """sFedHP's candidates (the mean, then cclip τ = 1·S and geomed at the edges, the cloud and
+    both × buckets), its options and cclip's τ per level are what docs/robustness.md says, and
+    every run passes the strict checks (cclip is centred at either level: sFedHP keeps it)."""
+    opts = ReproOptions(dataset="mnist")
+    configs = robust.sfedhp_configs(list(robust.SFEDHP_FAMILIES))
+    assert len(configs) == 1 + 2 * 3 * 2 and len({c.folder for c in configs}) == len(configs)
+    assert configs[0] == robust.REFERENCE and not any(c.momentum for c in configs)
+    assert robust.SFEDHP_FAMILIES == (("cclip", 1.0), ("geomed", None))
+    doc = ROBUSTNESS_DOC.read_text()
+    options = " ".join(robust.algorithm_overrides("sfedhp"))
+    assert options == (
+        "algorithm.name=sfedhp algorithm.R=10 algorithm.K=1 algorithm.lam=5 "
+        "algorithm.global_lr=0.4 algorithm.beta=1"
+    )
+    assert f"`{options}`" in doc
+    assert robust.LEVELS[("sfedhp", "edge")][1] == 0.09
+    assert robust.LEVELS[("sfedhp", "cloud")][1] == 0.12
+    assert "S = 0.09 at the edges" in doc and "0.12 at the cloud" in doc
+    for cfg in configs:
+        for attack in robust.HET_ATTACKS:
+            over = robust.het_overrides(opts, "sfedhp", "shards2", cfg, attack, "val", 0)
+            conf = resolve_config(None, over)
+            check_components(conf)
+            algo = conf.algorithm
+            assert (algo["R"], algo["K"], algo["lam"], algo["global_lr"]) == (10, 1, 5.0, 0.4)
+            assert conf.partition["shards_per_client"] == 2 and conf.eval_split == "val"
+            edge, cloud = conf.robust.edge, conf.robust.cloud
+            at_edge = cfg.rule != "mean" and cfg.placement in ("edge", "both")
+            at_cloud = cfg.rule != "mean" and cfg.placement in ("cloud", "both")
+            assert edge.name == (cfg.rule if at_edge else "mean")
+            assert cloud.name == (cfg.rule if at_cloud else "mean")
+            if at_edge:
+                assert edge.bucket == cfg.bucket
+            if at_cloud:
+                assert cloud.bucket == cfg.bucket
+            if at_edge and cfg.rule == "cclip":
+                assert edge.tau == pytest.approx(0.09)
+            if at_cloud and cfg.rule == "cclip":
+                assert cloud.tau == pytest.approx(0.12)
+            if attack != "none":
+                assert conf.faults.attack.name == attack
+                assert conf.faults.attack.fraction == 0.2
+
+
+def test_sfedhp_stage_alone_and_with_the_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--methods sfedhp``: sFedHP's stage alone (13 candidates × 4 attacks on validation, the
+    chosen one and the mean × 4 × 3 seeds on test) in its own folder; with FedAvg's grid, its
+    candidates are FedAvg's best rules (as HierFAVG's), and FedAvg's and HierFAVG's runs are
+    those without it."""
+    calls: list[list[str]] = []
+
+    def fake(overrides: list[str], folder: Path) -> dict[str, Any]:
+        calls.append(overrides)
+        return fake_het_run(overrides, folder)
+
+    monkeypatch.setattr(common, "run_config", fake)
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "robust", "--heterogeneity", "--methods", "sfedhp"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(calls) == 13 * 4 + 2 * 4 * 3
+    over = [parse(o) for o in calls]
+    assert {o["algorithm.name"] for o in over} == {"sfedhp"}
+    rules = {(o.get("robust.edge.name"), o.get("robust.cloud.name")) for o in over}
+    assert rules == {
+        (None, None),
+        *((r, None) for r in ("cclip", "geomed")),
+        *((None, r) for r in ("cclip", "geomed")),
+        *((r, r) for r in ("cclip", "geomed")),
+    }
+    assert {o.get("robust.edge.tau") for o in over} == {None, "0.09"}
+    assert {o.get("robust.cloud.tau") for o in over} == {None, "0.12"}
+    assert not any("algorithm.client_momentum" in o for o in over)
+    assert "robust-het chosen sfedhp cclip-t1-s1-m0-edge" in lines
+    out = tmp_path / "runs/reproduce/robust-heterogeneity-sfedhp-mnist-full"
+    data = json.loads((out / "table.json").read_text())
+    assert list(data["chosen"]) == ["sfedhp"] and data["test_seeds"] == 3
+    level = data["levels"]["sfedhp-edge-s1"]
+    assert level["rows"] == 10 and level["f"] == 3
+    assert level["tau"] == pytest.approx([0.0225, 0.09, 0.225])
+    table = (out / "table.md").read_text()
+    assert "### sFedHP: the selection" in table and "core grid" not in table
+    assert "R = 10 local rounds of K = 1" in table and "9.00 ▼" in table
+    assert not (out / "heterogeneity.png").exists()  # (its left panel is FedAvg's grid)
+    # with FedAvg's grid and HierFAVG: the same FedAvg / HierFAVG runs, sFedHP's from the ranking
+    calls.clear()
+    het_main(["--methods", "sfedhp,fedavg,hierfavg"], tmp_path / "all", capsys)
+    assert len(calls) == 480 + 104 + 52 + 3 * 2 * 4 * 3
+    sf = [parse(o) for o in calls if "algorithm.name=sfedhp" in o]
+    assert {o.get("robust.edge.name") for o in sf} == {None, "cclip", "multi_krum"}
+    data = json.loads((tmp_path / "all" / "table.json").read_text())
+    assert list(data["chosen"]) == ["fedavg", "hierfavg", "sfedhp"]
+    assert data["chosen"]["hierfavg"]["label"] == "cclip τ=1S β=0.9 @edge"
+
+
+SFEDHP_TINY = [
+    "algorithm.name=sfedhp",
+    "algorithm.R=2",
+    "algorithm.K=1",
+    "algorithm.lam=5",
+    "algorithm.global_lr=0.4",
+    "federation.num_edges=2",
+    "rounds=2",
+]
+
+
+def sfedhp_run(out: Path, *overrides: str) -> dict[str, torch.Tensor]:
+    from fedhp.build import build_experiment
+    from fedhp.engine.runner import run_experiment
+    from fedhp.unread import read_overrides
+    from tests.engine.test_robust_runs import TINY
+
+    given = [*read_overrides(TINY, [*SFEDHP_TINY, *overrides]), *SFEDHP_TINY, *overrides]
+    run_experiment(build_experiment(resolve_config(None, given)), out)
+    state: dict[str, torch.Tensor] = torch.load(out / "final_state.pt", weights_only=True)["state"]
+    return state
+
+
+def test_sfedhp_rules_change_the_aggregate(tmp_path: Path) -> None:
+    """Real tiny sFedHP runs (2 edges, 2 rounds of R = 2): cclip with a tiny τ at the edges or
+    at the cloud changes the global model, and bounds the steps it aggregates: each aggregate
+    moves at most L·τ past the previous one's update (its centre, kept in the state), so the
+    edges' last centres are within 2·2·3·τ (4 aggregations) and the cloud's within 2·3·τ, and
+    beyond 3·τ (the centre is used)."""
+    from fedhp.engine.uplink import CENTRE_KEYS
+
+    tau = 1e-3
+    mean = sfedhp_run(tmp_path / "mean")
+    assert not any(k in mean for k in CENTRE_KEYS.values())  # no centres without cclip
+    edge = sfedhp_run(tmp_path / "edge", "robust.edge.name=cclip", f"robust.edge.tau={tau}")
+    cloud = sfedhp_run(tmp_path / "cloud", "robust.cloud.name=cclip", f"robust.cloud.tau={tau}")
+    geomed = sfedhp_run(tmp_path / "geomed", "robust.edge.name=geomed")
+    for other in (edge, cloud, geomed):
+        assert (other["global"] - mean["global"]).norm() > 10 * tau
+    centres = edge[CENTRE_KEYS["edge"]]
+    assert centres.shape == (2, mean["global"].numel()) and CENTRE_KEYS["cloud"] not in edge
+    # beyond L·τ = 3τ: each aggregate starts from the previous one's update (a rule measuring
+    # from 0, or a centre not kept, stays within 3τ)
+    norms = centres.norm(dim=1)
+    assert bool((norms > 3 * tau * 1.01).all()) and bool((norms <= 4 * 3 * tau * 1.0001).all())
+    moved = cloud[CENTRE_KEYS["cloud"]].norm()
+    assert 3 * tau * 1.01 < moved <= 2 * 3 * tau * 1.0001 and CENTRE_KEYS["edge"] not in cloud
+
+
+def test_sfedhp_centres_resume_bit_identically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sFedHP under IPM with cclip at both levels, killed before round 3 and resumed: the same
+    results and checkpoint as the run that was never stopped (the centres are state)."""
+    from fedhp.build import build_experiment
+    from fedhp.unread import read_overrides
+    from tests.engine.test_checkpoint import FAST, kill_before_round, same_results
+    from tests.engine.test_checkpoint import run as checkpoint_run
+
+    args = [
+        *SFEDHP_TINY[:-1],  # (FAST's 6 rounds, a checkpoint every 2)
+        "faults.attack.name=ipm",
+        "faults.attack.fraction=0.2",
+        "robust.edge.name=cclip",
+        "robust.edge.tau=0.05",
+        "robust.cloud.name=cclip",
+        "robust.cloud.tau=0.05",
+        "threads=1",
+    ]
+    ref = tmp_path / "ref"
+    checkpoint_run(ref, *args)
+    out = tmp_path / "killed"
+    exp = build_experiment(resolve_config(None, [*read_overrides(FAST, args), *args]))
+    kill_before_round(exp, out, 3, monkeypatch)
+    torch.manual_seed(12345)
+    checkpoint_run(out, *args, resume=True)
+    same_results(ref, out)

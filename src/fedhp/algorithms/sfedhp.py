@@ -37,6 +37,7 @@ from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, segment_mean
+from fedhp.engine.uplink import CENTRE_KEYS
 from fedhp.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class SFedHP(Algorithm):
             # Current penalty weights (0-d tensors so a checkpoint keeps the schedule's state).
             "gamma1": torch.tensor(opt.gamma1, dtype=torch.float64, device=p.device),
             "gamma2": torch.tensor(opt.gamma2, dtype=torch.float64, device=p.device),
+            **self.uplink_state(p),  # a centred rule's previous aggregate updates (cclip)
         }
 
     def update_gammas(self, state: State, rnd: int) -> None:
@@ -162,8 +164,11 @@ class SFedHP(Algorithm):
         agg, sent_up = task.up_edges, update.per_edge["w"]
         assert agg is not None and update.losses is not None
         ctx.ledger.record("edge_cloud", "up", sent_up, ctx.zero_threshold, nodes=agg)
-        mean = ctx.cloud_uplink.aggregate(sent_up, ctx.edge_weights(agg), state["global"])
-        state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean
+        start, centre = state["global"], state.get(CENTRE_KEYS["cloud"])
+        mean = ctx.cloud_uplink.aggregate(sent_up, ctx.edge_weights(agg), start, centre=centre)
+        if centre is not None:  # the next round's centre: this aggregate's update (before beta)
+            state[CENTRE_KEYS["cloud"]] = mean - start
+        state["global"] = (1 - opt.beta) * start + opt.beta * mean
         return {"local_loss": mean_group_loss(update.losses, opt.R)}
 
     def personal_models(self, state: State) -> torch.Tensor | None:
@@ -256,6 +261,9 @@ class SFedHPOptions(AlgorithmOptions):
         return out
 
     uploads = {"edge": "estimate", "cloud": "model"}  # phi_ij up to the edges, w_i to the cloud
+    # cclip's previous aggregate update: w's at the cloud, each edge's phi_i - w_i at the edges
+    # (one per local round: the fused round's edge rule reads and replaces its edge's row)
+    keeps_centres = frozenset({"edge", "cloud"})
 
     def build(self, ctx: RunContext) -> Algorithm:
         return SFedHP(self, ctx)

@@ -5,7 +5,8 @@
 round, the edges' models read in place by their clients, the clients in cache-sized parts, the
 uploads mixed, truncated, counted and averaged edge by edge, and the messages counted on the
 device and billed once at the end, so the loop never waits on the host. It also runs the edges'
-robust rules and the update attacks, which the reference leaves out.
+robust rules (``cclip`` from each edge's kept centre) and the update attacks, which the reference
+leaves out.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.ops import batched_loss_grad
-from fedhp.engine.uplink import Uplink
+from fedhp.engine.uplink import CENTRE_KEYS, Uplink
 
 if TYPE_CHECKING:
     from fedhp.algorithms.sfedhp import SFedHP
@@ -180,6 +181,8 @@ class _EdgeRound:
     ids: torch.Tensor
     recv_seg: torch.Tensor
     recv_ids: torch.Tensor
+    centres: torch.Tensor | None  # [E, P] the edges' previous aggregate updates (cclip); or None
+    edge_ids: list[int]  # the training edges (global ids) where centres are kept, else []
 
     @classmethod
     def start(cls, algo: SFedHP, state: State, task: Task) -> _EdgeRound:
@@ -210,6 +213,7 @@ class _EdgeRound:
         uniform = bool((weights == 1).all())  # (segment_mean's product by 1 changes nothing)
         w_edge = sent_w.clone()
         warm = opt.theta_init == "warm"  # else theta starts from the first phi_i received
+        centres = state.get(CENTRE_KEYS["edge"]) if ctx.edge_uplink.centred else None
         return cls(
             algo=algo,
             clients=clients,
@@ -235,6 +239,8 @@ class _EdgeRound:
             ids=ids,
             recv_seg=torch.cat((seg, ctx.edge_positions(stragglers, edges))),
             recv_ids=torch.cat((ids, ctx.global_clients(stragglers))),
+            centres=centres,
+            edge_ids=edges.tolist() if centres is not None else [],
         )
 
     @property
@@ -271,7 +277,7 @@ class _EdgeRound:
             truncate_(mixed, eps)
             if not self.uplink.folds:
                 count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
-                phi[e] = self.edge_aggregate(mixed, slice(a, b), w_sent[e])
+                phi[e] = self.edge_aggregate(mixed, slice(a, b), w_sent[e], e)
             elif self.weights is None:  # count last, on the values themselves
                 phi[e : e + 1].index_add_(0, self.firsts[: b - a], mixed)
                 count_sent(mixed, eps, mixed, out=self.up_counts[r, a:b])
@@ -286,14 +292,21 @@ class _EdgeRound:
         return self.uplink.forge(mixed, self.ids[a:b], start)
 
     def edge_aggregate(
-        self, rows: torch.Tensor, clients: slice | torch.Tensor, sent: torch.Tensor
+        self, rows: torch.Tensor, clients: slice | torch.Tensor, sent: torch.Tensor, e: int
     ) -> torch.Tensor:
-        """One edge's robust rule over the uploads ``rows`` of its ``clients`` (round rows),
-        which received ``sent``."""
+        """Edge ``e``'s (position in the round's edges) robust rule over the uploads ``rows`` of
+        its ``clients`` (round rows), which received ``sent`` (its ``w_i``); a centred rule
+        (``cclip``) from the edge's previous aggregate update ``phi_i - w_i`` (its row of the
+        state's centres, zero at the start), which this one's then replaces."""
         weights = torch.ones(rows.shape[0], dtype=rows.dtype, device=rows.device)
         if self.weights is not None:
             weights = self.weights[clients, 0]
-        return self.uplink.aggregate(rows, weights, sent)
+        if self.centres is None:
+            return self.uplink.aggregate(rows, weights, sent)
+        edge = self.edge_ids[e]
+        out = self.uplink.aggregate(rows, weights, sent, centre=self.centres[edge])
+        self.centres[edge] = out - sent
+        return out
 
     def _send_up_gathered(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
         """:meth:`send_up` for a part whose clients are not grouped by edge: all at once, on
@@ -309,7 +322,7 @@ class _EdgeRound:
         if not self.uplink.folds:
             for e in torch.unique(seg).tolist():
                 mine = torch.nonzero(seg == e).flatten()
-                self.phi_sum[e] = self.edge_aggregate(mixed[mine], mine + a, w_sent[e])
+                self.phi_sum[e] = self.edge_aggregate(mixed[mine], mine + a, w_sent[e], e)
             return
         if self.weights is not None:
             mixed.mul_(self.weights[a:b])

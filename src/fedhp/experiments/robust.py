@@ -29,7 +29,9 @@ grid over IID / Dirichlet 0.5 / Dirichlet 0.1 / 2 label shards × attack-free, s
 IPM at 20 % × mean, median, trimmed mean, Multi-Krum, cclip (τ chosen from 3 scales) and geomed
 × buckets {1, 2} × client momentum {0, 0.9} on validation sets; one configuration chosen per
 algorithm on the 2-label-shard split (:func:`select`); HierFAVG's stage with FedAvg's best rules
-at the edges, the cloud and both; the chosen configurations' test runs over 3 seeds.
+at the edges, the cloud and both; the chosen configurations' test runs over 3 seeds. With
+``--methods sfedhp`` (alone, or after ``fedavg,hierfavg``) sFedHP's hierarchy stage, as HierFAVG's
+without client momentum (:data:`SFEDHP`, :func:`sfedhp_configs`; issue 41, deliverable 3).
 """
 
 from __future__ import annotations
@@ -55,15 +57,29 @@ from fedhp.reporting import Line, plot_lines, write_json_atomic
 ATTACKS = ("sign_flip", "gaussian", "boost", "label_flip", "alie")
 FRACTIONS = (0.1, 0.2, 0.3)
 RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "clip")
-ALGORITHMS = ("fedavg", "hierfavg")
-LABELS = {"fedavg": "FedAvg", "hierfavg": "HierFAVG"}
+ALGORITHMS = ("fedavg", "hierfavg", "sfedhp")
+"""The names ``--methods`` takes (sFedHP: ``--heterogeneity``'s hierarchy stage only)."""
+GRID_ALGORITHMS = ("fedavg", "hierfavg")
+"""The attack grid's algorithms (``reproduce robust`` without ``--heterogeneity``), and
+``--heterogeneity``'s default."""
+LABELS = {"fedavg": "FedAvg", "hierfavg": "HierFAVG", "sfedhp": "sFedHP"}
 SIGN_SCALE = 4.0
 BETA = 0.3
+SFEDHP: dict[str, float] = {"R": 10, "K": 1, "lam": 5.0, "global_lr": 0.4, "beta": 1.0}
+"""sFedHP's options in ``--heterogeneity`` (the rest: the robust study's, lr η2 = 0.05, batch 20;
+no sparsity): R·K = 10 gradient steps a round like FedAvg's and HierFAVG's; R, K, λ and the
+edge step η1 (as η1·λ = 0.75 or 2) chosen on attack-free validation runs of the mean (2 label
+shards, seed 0; docs/robustness.md, "sFedHP in the hierarchy stage")."""
+SFEDHP_S_EDGE, SFEDHP_S_CLOUD = 0.09, 0.12
 LEVELS: dict[tuple[str, str], tuple[int, float]] = {
     # (algorithm, level) -> (Krum's f, clip's S)
     ("fedavg", "cloud"): (30, 0.4),
     ("hierfavg", "edge"): (3, 0.3),
     ("hierfavg", "cloud"): (3, 0.13),
+    # sFedHP (--heterogeneity only): its clients' uploads phi_ij - w_i at an edge, its edges'
+    # w_i - w at the cloud (median norms in the attack-free mean run, validation, seed 0)
+    ("sfedhp", "edge"): (3, SFEDHP_S_EDGE),
+    ("sfedhp", "cloud"): (3, SFEDHP_S_CLOUD),
 }
 CONCENTRATED = ("sign_flip", 0.2)
 """The attack and fraction HierFAVG's rows also run with the attackers on the first edges."""
@@ -175,6 +191,8 @@ def rounds_of(opts: ReproOptions) -> int:
 def algorithm_overrides(algorithm: str) -> list[str]:
     if algorithm == "fedavg":
         return ["algorithm.name=fedavg", f"algorithm.local_steps={STEPS}"]
+    if algorithm == "sfedhp":
+        return ["algorithm.name=sfedhp", *(f"algorithm.{k}={v:g}" for k, v in SFEDHP.items())]
     return [
         "algorithm.name=hierfavg",
         f"algorithm.kappa1={KAPPA1}",
@@ -355,7 +373,12 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     the tables and the figures."""
     if opts.dataset not in ("mnist", "fmnist"):
         raise ConfigError(f"--dataset: robust runs mnist or fmnist; got {opts.dataset!r}")
-    algorithms = opts.chosen_methods(ALGORITHMS)
+    algorithms = opts.chosen_methods(GRID_ALGORITHMS, ALGORITHMS)
+    if "sfedhp" in algorithms:
+        raise ConfigError(
+            "--methods: sfedhp runs only in --heterogeneity's hierarchy stage; use fedavg, "
+            "hierfavg or add --heterogeneity"
+        )
     tag = "quick" if opts.quick else "full"
     out, runs = opts.folders(f"robust-{opts.dataset}-{tag}")
     rows = [row for a in algorithms for row in rows_of(a)]
@@ -566,6 +589,22 @@ def hierfavg_configs(families: list[tuple[str, float | None]]) -> list[Config]:
         for placement in PLACEMENTS:
             for bucket in BUCKETS:
                 out += [Config(rule, tau, bucket, m, placement) for m in MOMENTA]
+    return list(dict.fromkeys(out))
+
+
+SFEDHP_FAMILIES: tuple[tuple[str, float | None], ...] = (("cclip", 1.0), ("geomed", None))
+"""FedAvg's 2 best rules of the full grid (docs/results/robust-het-full.md), with cclip's τ
+(×S): sFedHP's candidates where FedAvg's grid is not run alongside (``--methods sfedhp``)."""
+
+
+def sfedhp_configs(families: list[tuple[str, float | None]]) -> list[Config]:
+    """sFedHP's candidates: the mean, then each rule (with its τ) at the edges, the cloud and
+    both × bucketing; no client momentum (sFedHP's clients upload ``phi_ij``, a mix of their
+    model and the edge's, not the model they trained: ``algorithm.client_momentum`` refuses it)."""
+    out = [REFERENCE]
+    for rule, tau in families:
+        for placement in PLACEMENTS:
+            out += [Config(rule, tau, bucket, 0.0, placement) for bucket in BUCKETS]
     return list(dict.fromkeys(out))
 
 
@@ -874,7 +913,8 @@ def het_describe(opts: ReproOptions, algorithms: list[str], wall: float, runs: i
         f"attack-free accuracy is within {100 * CLEAN_SLACK:g} points of the clean mean's (the "
         f"plain mean, no buckets, no momentum), the best worst case over sign flip, ALIE and IPM "
         f"(then the best attack-free accuracy); HierFAVG's candidates: the {top} best rules of "
-        f"FedAvg's ranking at the edges, the cloud and both. Test: the chosen configuration and "
+        f"FedAvg's ranking at the edges, the cloud and both.{sfedhp_text(opts, algorithms)} "
+        f"Test: the chosen configuration and "
         f"the clean mean, seeds 0..{len(het_test_seeds(opts)) - 1}. Algorithms: "
         f"{', '.join(LABELS[a] for a in algorithms)}. ▼: at or below the trivial baseline "
         f"{100 * trivial:.2f} % (a constant predictor of the majority class); † a run stopped on "
@@ -883,6 +923,29 @@ def het_describe(opts: ReproOptions, algorithms: list[str], wall: float, runs: i
         f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
         f"{inputs_text(opts.dataset, opts.extra)}"
     ).rstrip()
+
+
+def sfedhp_text(opts: ReproOptions, algorithms: list[str]) -> str:
+    """The sentence on sFedHP's stage in the description (empty without it)."""
+    if "sfedhp" not in algorithms:
+        return ""
+    o = SFEDHP
+    top = QUICK_TOP_RULES if opts.quick else TOP_RULES
+    source = f"the {top} best rules of FedAvg's ranking"
+    if "fedavg" not in algorithms:
+        rules = ", ".join(
+            rule if tau is None else f"{rule} τ={tau:g}S" for rule, tau in SFEDHP_FAMILIES[:top]
+        )
+        source = f"{rules} (FedAvg's {top} best rule(s) in the full grid, robust-het-full)"
+    return (
+        f" sFedHP: R = {o['R']:g} local rounds of K = {o['K']:g} step(s) on one minibatch, "
+        f"λ1 = λ2 = {o['lam']:g}, η2 = lr {LR}, η1 = {o['global_lr']:g}, cloud β = "
+        f"{o['beta']:g}, no sparsity (chosen on attack-free validation runs); cclip's S "
+        f"{LEVELS[('sfedhp', 'edge')][1]:g} at the edges (the uploads φ_ij − w_i), "
+        f"{LEVELS[('sfedhp', 'cloud')][1]:g} at the cloud (w_i − w); its candidates: the mean "
+        f"and {source} at the edges, the cloud and both × buckets, no client momentum "
+        f"(sFedHP's clients upload φ_ij, not the models they trained)."
+    )
 
 
 def het_figure(
@@ -918,7 +981,8 @@ def het_figure(
     draw_lines(left, lines, "partition", "worst-case validation accuracy", "FedAvg (seed 0)")
     left.set_xticks(xs, [HET_PARTITIONS[p][0] for p in partitions])
     ax_lines = []
-    for (algorithm, cfg), color in zip(chosen.items(), ("tab:blue", "tab:orange"), strict=False):
+    colors = ("tab:blue", "tab:orange", "tab:green")
+    for (algorithm, cfg), color in zip(chosen.items(), colors, strict=False):
         for c, style, alpha in ((cfg, "o", 1.0), (REFERENCE, "x", 0.5)):
             entries = [test[(algorithm, SELECT_ON, c, a)] for a in HET_ATTACKS]
             label = f"{LABELS[algorithm]} {c.label}"
@@ -976,35 +1040,41 @@ def heterogeneity(name: str, opts: ReproOptions) -> dict[str, Any]:
     (every partition × attack × configuration, validation, seed 0); the selection on
     :data:`SELECT_ON`; HierFAVG's stage (its candidates from FedAvg's best rules); the chosen
     configurations' and the clean mean's test runs. Prints the result lines, writes
-    ``table.md`` / ``table.json`` and ``heterogeneity.png``."""
+    ``table.md`` / ``table.json`` and ``heterogeneity.png``. ``--methods sfedhp`` adds sFedHP's
+    stage (candidates as HierFAVG's, from FedAvg's ranking, or :data:`SFEDHP_FAMILIES` when run
+    alone: then in ``robust-heterogeneity-sfedhp-*``, without FedAvg's grid and the figure)."""
     if name != "robust":
         raise ConfigError(f"--heterogeneity: only with `reproduce robust`; got {name!r}")
     if opts.dataset not in ("mnist", "fmnist"):
         raise ConfigError(f"--dataset: robust runs mnist or fmnist; got {opts.dataset!r}")
-    algorithms = opts.chosen_methods(ALGORITHMS)
-    if "fedavg" not in algorithms:
+    chosen_names = opts.chosen_methods(GRID_ALGORITHMS, ALGORITHMS)
+    algorithms = [a for a in ALGORITHMS if a in chosen_names]
+    if "fedavg" not in algorithms and algorithms != ["sfedhp"]:
         raise ConfigError(
             "--methods: --heterogeneity chooses HierFAVG's rules from FedAvg's grid; use "
-            "fedavg or fedavg,hierfavg"
+            "fedavg, fedavg,hierfavg (,sfedhp) or sfedhp alone"
         )
     tag = "quick" if opts.quick else "full"
-    out, runs = opts.folders(f"robust-heterogeneity-{opts.dataset}-{tag}")
+    alone = "" if "fedavg" in algorithms else "sfedhp-"  # sFedHP's stage alone: its own folder
+    out, runs = opts.folders(f"robust-heterogeneity-{alone}{opts.dataset}-{tag}")
     partitions = het_partitions(opts)
-    configs: dict[str, list[Config]] = {"fedavg": fedavg_configs(opts)}
-    val = run_cells(
-        opts,
-        runs,
-        [("fedavg", p, c) for p in partitions for c in configs["fedavg"]],
-        "val",
-        range(1),
-    )
-    rankings = {"fedavg": select("fedavg", configs["fedavg"], val)}
-    if "hierfavg" in algorithms:
-        families = best_families(rankings["fedavg"], QUICK_TOP_RULES if opts.quick else TOP_RULES)
-        configs["hierfavg"] = hierfavg_configs(families)
-        cells = [("hierfavg", SELECT_ON, c) for c in configs["hierfavg"]]
+    top = QUICK_TOP_RULES if opts.quick else TOP_RULES
+    configs: dict[str, list[Config]] = {}
+    val: dict[HetKey, dict[str, Any]] = {}
+    rankings: dict[str, list[dict[str, Any]]] = {}
+    families = list(SFEDHP_FAMILIES[:top])
+    if "fedavg" in algorithms:
+        configs["fedavg"] = fedavg_configs(opts)
+        cells = [("fedavg", p, c) for p in partitions for c in configs["fedavg"]]
         val.update(run_cells(opts, runs, cells, "val", range(1)))
-        rankings["hierfavg"] = select("hierfavg", configs["hierfavg"], val)
+        rankings["fedavg"] = select("fedavg", configs["fedavg"], val)
+        families = best_families(rankings["fedavg"], top)
+    for alg, make in (("hierfavg", hierfavg_configs), ("sfedhp", sfedhp_configs)):
+        if alg in algorithms:  # the hierarchy stage: FedAvg's best rules at either level
+            configs[alg] = make(families)
+            cells = [(alg, SELECT_ON, c) for c in configs[alg]]
+            val.update(run_cells(opts, runs, cells, "val", range(1)))
+            rankings[alg] = select(alg, configs[alg], val)
     chosen = {alg: rankings[alg][0]["config"] for alg in algorithms}
     for alg in algorithms:
         print(f"robust-het chosen {alg} {chosen[alg].folder}", flush=True)
@@ -1027,11 +1097,16 @@ def heterogeneity(name: str, opts: ReproOptions) -> dict[str, Any]:
             test_stage_table(algorithms, chosen, test, seeds),
             *(selection_table(alg, rankings[alg], trivial) for alg in algorithms),
             levels_table(algorithms, opts),
-            grid_table(val, partitions, configs["fedavg"], trivial),
+            *(
+                [grid_table(val, partitions, configs["fedavg"], trivial)]
+                if "fedavg" in configs
+                else []
+            ),
         ]
     )
     out.mkdir(parents=True, exist_ok=True)
-    het_figure(out, val, partitions, configs["fedavg"], test, chosen, trivial)
+    if "fedavg" in configs:  # (its left panel is FedAvg's grid)
+        het_figure(out, val, partitions, configs["fedavg"], test, chosen, trivial)
     result = {
         "dataset": opts.dataset,
         "quick": opts.quick,
