@@ -50,7 +50,9 @@ def build(device: str, overrides: list[str]) -> tuple[Any, Any, torch.device]:
     return exp.algorithm, state, dev
 
 
-def profile_rounds(algo: Any, state: Any, first: int, rounds: int, dev: torch.device) -> dict:
+def profile_rounds(
+    algo: Any, state: Any, first: int, rounds: int, dev: torch.device
+) -> dict[str, float]:
     """Per-round counts of ``rounds`` rounds from round ``first`` under the profiler."""
     activities = [ProfilerActivity.CPU]
     if dev.type == "cuda":
@@ -63,7 +65,7 @@ def profile_rounds(algo: Any, state: Any, first: int, rounds: int, dev: torch.de
         sync(dev)
     wall = time.perf_counter() - start
     events = prof.key_averages()
-    count = Counter()
+    count: Counter[str] = Counter()
     busy_us = 0.0
     host_us = 0.0
     for e in events:
