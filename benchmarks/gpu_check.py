@@ -31,7 +31,11 @@ the others still run):
   defaults, λ ∈ {15, ..., 35} × seeds {0, 1, 2}, 20 rounds) in one process, start-up excluded
   (one warm-up batch first): the batch one run after another, then in lockstep (their model
   kernels fused); ``speedup`` = sequential seconds / lockstep seconds (target ≥ 10);
-* ``run`` (above; target ≤ 10 s), then the earlier GPU issue's open rows: the FedAvg 10k and
+* ``run`` (above; target ≤ 10 s);
+* ``graph-probe``: ``gpu_graph_probe.py``: one sFedHP θ subproblem (K steps of the default run's
+  20 clients) eager against captured once as a CUDA graph and replayed — what Deliver 4 would
+  gain, measured before it is built;
+* then the earlier GPU issue's open rows: the FedAvg 10k and
   sFedHP 1k rows, ``tests``, VGG-11-BN at fp32 and bf16.
 
 ``--issue 40b`` (Call B): ``fedhp reproduce sfedhp-table1 --dataset mnist --setting 1 --model
@@ -84,6 +88,7 @@ ISSUE_PIECES = {
     "40": [
         "sweep-lam",
         "run",
+        "graph-probe",
         "table:fedavg-dnn100-10k",
         "table:sfedhp-dnn100-1k",
         "tests",
@@ -130,7 +135,8 @@ BUDGET = {
     # issue 40 (Call A: 445 s with the rows above). On the H100 the default run took 30.7 s
     # for 250 rounds: the 15 x 20 rounds one after another ~40-60 s, the warm-up and the
     # lockstep batch less; the sequential batch prints its line first (kept if cut off).
-    "sweep-lam": 150,
+    "sweep-lam": 110,  # 68.9 s on an H200 (2026-11-27)
+    "graph-probe": 40,
     # issue 40b (Call B, a 470 s deadline). Measured on an H200 (2026-11-27): sFedHP's 3 seeds
     # in lockstep reached round 750 of 800 in 300 s (310 s of round loop projected, plus ~15 s
     # of start-up), so 360 s; HierFAVG (also 100 local steps a round) alike. Each needs a call
@@ -175,6 +181,9 @@ MUST_SHOW: list[tuple[str, str, str, float | None, str]] = [
         "",
     ),
     ("λ sweep, 15 runs: sequential / lockstep, one process", "sweep-lam", "speedup", 10, ">="),
+    ("CUDA graph probe: eager / replayed θ subproblem", "graph-probe", "speedup", None, ""),
+    ("CUDA graph probe: a round's θ steps replayed, s", "graph-probe", "round_s_graph", None, ""),
+    ("CUDA graph probe: replay vs eager, max abs diff", "graph-probe", "max_abs_diff", None, ""),
     ("λ sweep: sequential batch seconds", "sweep-lam", "sequential_s", None, ""),
     ("λ sweep: lockstep batch seconds", "sweep-lam", "lockstep_s", None, ""),
     ("λ sweep: round loops, sequential / lockstep", "sweep-lam", "train_speedup", None, ""),
@@ -249,6 +258,9 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
             "--json",
             str(out / "bench_sweep.json"),
         ]
+    if name == "graph-probe":
+        repeats = ["--repeats", "2"] if smoke else []
+        return [py, str(HERE / "gpu_graph_probe.py"), "--device", device, *repeats]
     if name.startswith("reproduce:"):
         seeds = "2" if smoke else str(TABLE1_SEEDS)
         return [
@@ -320,6 +332,12 @@ def parse(name: str, output: str, out: Path) -> dict[str, float]:
             if len(seconds) >= 2:
                 values["round_s"] = seconds[-1] - seconds[-2]
                 values["full_run_h"] = LEAF_ROUNDS * LEAF_EPOCHS * values["round_s"] / 3600
+        return values
+    if name == "graph-probe":
+        for line in output.splitlines():
+            if line.startswith("graph-probe "):
+                for key, value in re.findall(r"(\w+)=([-+0-9.e]+)(?:\s|$)", line):
+                    values[key] = float(value)
         return values
     if name == "sweep-lam":
         for line in output.splitlines():

@@ -221,3 +221,13 @@ def test_the_last_piece_takes_all_the_deadline_leaves(monkeypatch: pytest.Monkey
     gpu_check.main(["--only", "run", "reproduce:sfedhp", "--deadline", "1000"])
     assert boxes["run"] == gpu_check.BUDGET["run"]
     assert gpu_check.BUDGET["reproduce:sfedhp"] < boxes["reproduce:sfedhp"] <= 1000
+
+
+def test_graph_probe_piece_runs_eager_on_the_cpu_and_its_line_is_parsed(tmp_path: Path) -> None:
+    import gpu_check
+
+    piece = gpu_check.run_piece("graph-probe", "cpu", True, 120)
+    assert piece.status == "ok" and piece.values["eager_s"] > 0 and "speedup" not in piece.values
+    line = "graph-probe device=cuda eager_s=0.02 graph_s=0.004 speedup=5 max_abs_diff=0 graph=ok"
+    values = gpu_check.parse("graph-probe", line, tmp_path)
+    assert values["speedup"] == 5 and values["max_abs_diff"] == 0
