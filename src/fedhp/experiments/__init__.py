@@ -34,6 +34,7 @@ REPRODUCTIONS: dict[str, Callable[[ReproOptions], Any]] = {
     "fedlps-table1": _reproduce("fedlps", "table1"),
     "fedlps-ablation": _reproduce("fedlps", "ablation"),
     "robust": _reproduce("robust"),
+    "robust-paper": _reproduce("robust_paper"),
     "dp": _reproduce("dp"),
     "leaf-shakespeare": _reproduce("leaf"),
 }
