@@ -388,8 +388,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.heterogeneity:  # issue 41: robust's heterogeneity grid (docs/robustness.md)
         from fedhp.experiments.robust import heterogeneity
 
-        heterogeneity(args.name, opts)
+        heterogeneity(args.name, opts, later=args.later_rows)
         return 0
+    if args.later_rows:  # issue 41: the later rows follow --heterogeneity's test stage
+        raise ConfigError("--later-rows: only with `reproduce robust --heterogeneity`")
     REPRODUCTIONS[args.name](opts)
     return 0
 
@@ -457,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
         "name",
         help="sfedhp-table1 | sfedhp-lambda | sfedhp-figures | sfedhp-tune | fedht-sim1 | "
         "fedht-sim2 | fedht-mnist | fedht-libsvm | fedht-noiseless | fnrfl-table2 | "
-        "fedlps-table1 | fedlps-ablation | robust | dp | leaf-shakespeare",
+        "fedlps-table1 | fedlps-ablation | robust | robust-paper | dp | leaf-shakespeare",
     )
     rep.add_argument(
         "overrides", nargs="*", metavar="key=value", help="applied to every run (right after NAME)"
@@ -500,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="fnrfl-table2: a short CPU run (data subset, E = 2); fedlps-*: 30 rounds of 1 epoch; "
         "robust: 10 rounds, sign flip and ALIE at 20%% only (with --heterogeneity: 10 rounds, "
-        "2 label shards only, cclip tau x1 only, 1 rule at HierFAVG, --seeds test seeds); dp: "
+        "2 label shards only, cclip tau x1 only, 1 rule at HierFAVG, --seeds test seeds); "
+        "robust-paper: 40 rounds, CM and CClip under BF and ALIE only; dp: "
         "40 rounds; leaf-shakespeare: 17 roles, 40-character windows, LSTM 32, 20 local steps, "
         "100 rounds, step sizes chosen on validation (CPU-sized; the paper's scale needs a GPU)",
     )
@@ -513,6 +516,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="robust: issue 41's grid instead (IID / Dirichlet 0.5 / 0.1 / 2 label shards x "
         "attacks x rules x bucketing x client momentum, one configuration per algorithm chosen "
         "on validation, then tested over 3 seeds; docs/robustness.md)",
+    )
+    rep.add_argument(
+        "--later-rows",
+        action="store_true",
+        help="robust --heterogeneity: then the chosen configurations and the mean under label "
+        "flip 20%%, the attacks at 10%%, buckets of 5 and the DNN (test, the test seeds)",
     )
     rep.add_argument(
         "--skews", help="fnrfl-table2: comma-separated feature,label,quantity,label+feature,mixed"

@@ -559,3 +559,182 @@ def test_sfedhp_centres_resume_bit_identically(
     torch.manual_seed(12345)
     checkpoint_run(out, *args, resume=True)
     same_results(ref, out)
+
+
+# ------------------------------------------- --heterogeneity --later-rows (issue 41, deliverable 4)
+
+CHOSEN = {
+    "fedavg": robust.Config("cclip", 1.0, 1, 0.9),
+    "hierfavg": robust.Config("cclip", 1.0, 1, 0.0, "both"),
+    "sfedhp": robust.Config("cclip", 1.0, 1, 0.0, "both"),
+}
+
+
+def test_later_rows_cells_and_overrides() -> None:
+    """The later rows as the docs say: label flip at 20 %, the core attacks at 10 %, the chosen
+    configuration with buckets of 5 (not the mean), the DNN with its own S; every run passes the
+    strict checks."""
+    opts = ReproOptions(dataset="mnist")
+    groups = robust.later_groups(opts)
+    assert [(g.name, g.attacks, g.fraction, g.bucket, g.model) for g in groups] == [
+        ("label_flip", ("label_flip",), 0.2, None, None),
+        ("f0.1", ("sign_flip", "alie", "ipm"), 0.1, None, None),
+        ("s5", robust.HET_ATTACKS, 0.2, 5, None),
+        ("dnn", robust.HET_ATTACKS, 0.2, None, "dnn"),
+    ]
+    # --model dnn: the DNN group would repeat the run's own model
+    assert [g.name for g in robust.later_groups(ReproOptions(model="dnn"))][-1] == "s5"
+    algs = list(CHOSEN)
+    sizes = {g.name: len(robust.later_cells(g, algs, CHOSEN)) for g in groups}
+    assert sizes == {"label_flip": 6, "f0.1": 6, "s5": 3, "dnn": 6}
+    s5 = robust.later_cells(groups[2], algs, CHOSEN)
+    assert all(c.bucket == 5 and c.rule == "cclip" for _, _, c in s5)
+    # the mean chosen: no bucketed rerun (buckets of equal size average to the mean)
+    assert robust.later_cells(groups[2], ["fedavg"], {"fedavg": robust.REFERENCE}) == []
+    for group in groups:
+        seen = robust.later_opts(opts, group)
+        for alg, part, cfg in robust.later_cells(group, algs, CHOSEN):
+            for attack in group.attacks:
+                over = robust.het_overrides(seen, alg, part, cfg, attack, "test", 1, group.fraction)
+                conf = resolve_config(None, over)
+                check_components(conf)
+                assert conf.eval_split == "test" and conf.seed == 1 and conf.rounds == 50
+                assert conf.partition["name"] == "shards"
+                assert conf.model["name"] == ("dnn" if group.model else "mlr")
+                if attack == "none":
+                    assert conf.faults.attack.name == "none"
+                else:
+                    assert conf.faults.attack.name == attack
+                    assert conf.faults.attack.fraction == group.fraction
+                for level in cfg.levels(alg) if cfg.rule != "mean" else []:
+                    rule = getattr(conf.robust, level)
+                    assert rule.name == "cclip" and rule.bucket == (group.bucket or 1)
+                    s = (
+                        robust.DNN_S if group.model else {k: v[1] for k, v in robust.LEVELS.items()}
+                    )[(alg, level)]
+                    assert rule.tau == pytest.approx(s)
+    assert robust.DNN_S[("hierfavg", "edge")] != robust.LEVELS[("hierfavg", "edge")][1]
+
+
+def test_later_rows_fraction_sets_krum_f_and_trimming() -> None:
+    """At 10 % Multi-Krum's f and the trimmed mean's share follow the 10 attackers (FedAvg), the
+    cap n > 2f + 2 still binds at HierFAVG's 10 rows; buckets of 5 leave 2 rows at an edge, too
+    few for Multi-Krum: a one-line ConfigError, not a run."""
+    assert [robust.krum_f("fedavg", "cloud", s, 0.1) for s in (1, 2, 5)] == [10, 10, 8]
+    assert [robust.krum_f("fedavg", "cloud", s) for s in (1, 2, 5)] == [20, 20, 8]
+    assert [robust.krum_f("hierfavg", "edge", s, 0.1) for s in (1, 2)] == [3, 1]
+    opts = ReproOptions(dataset="mnist")
+    for rule in ("multi_krum", "trimmed_mean"):
+        over = robust.het_overrides(
+            opts, "fedavg", "shards2", robust.Config(rule), "ipm", "test", 0, 0.1
+        )
+        conf = resolve_config(None, over)
+        check_components(conf)
+        if rule == "multi_krum":
+            assert conf.robust.cloud.f == 10 and conf.robust.cloud.keep(100) == 90
+        else:
+            assert conf.robust.cloud.beta == pytest.approx(0.1)
+    assert (
+        parse(
+            robust.het_overrides(
+                opts, "fedavg", "shards2", robust.Config("multi_krum"), "ipm", "test", 0
+            )
+        )["robust.cloud.f"]
+        == "20"
+    )
+    bad = robust.Config("multi_krum", bucket=5, placement="both")
+    with pytest.raises(robust.ConfigError, match="buckets of 5") as err:
+        robust.het_overrides(opts, "hierfavg", "shards2", bad, "none", "test", 0, 0.1)
+    assert "\n" not in str(err.value)
+
+
+def test_later_rows_bad_option_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["reproduce", "robust", "--later-rows"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--later-rows" in err
+
+
+LATER_LINE = re.compile(
+    r"^robust-het test shards2(-dnn)? (fedavg|hierfavg) (\S+) "
+    r"(none|sign_flip|alie|ipm|label_flip)(-f0\.1)? acc=([0-9.]+)( diverged)?$"
+)
+
+
+def test_later_rows_with_fake_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[tuple[list[str], Path]] = []
+
+    def fake(overrides: list[str], folder: Path) -> dict[str, Any]:
+        calls.append((overrides, folder))
+        return fake_het_run(overrides, folder)
+
+    monkeypatch.setattr(common, "run_config", fake)
+    out = tmp_path / "out"
+    lines = het_main(["--later-rows"], out, capsys)
+    # label flip 2 × 2 × 3 seeds; 10 %: 2 × 2 × 3 attacks × 3; s = 5: 2 × 4 × 3; DNN 2 × 2 × 4 × 3
+    later = 12 + 36 + 24 + 48
+    assert len(calls) == 480 + 104 + 48 + later == len({folder for _, folder in calls})
+    over = [parse(o) for o, _ in calls[-later:]]
+    assert all(o["eval_split"] == "test" for o in over)
+    assert sum(o.get("faults.attack.fraction") == "0.1" for o in over) == 36
+    assert sum(o.get("faults.attack.name") == "label_flip" for o in over) == 12
+    # (HierFAVG's chosen here: cclip at the edges)
+    assert sum(o.get("robust.cloud.bucket", o.get("robust.edge.bucket")) == "5" for o in over) == 24
+    dnn = [o for o in over if o["model.name"] == "dnn"]
+    assert len(dnn) == 48 and {o.get("robust.edge.tau") for o in dnn} == {None, "0.31"}
+    later_lines = [x for x in lines if x.startswith("robust-het test") and LATER_LINE.match(x)]
+    assert "robust-het test shards2 fedavg cclip-t1-s1-m0.9 ipm-f0.1 acc=0.8800" in lines
+    assert "robust-het test shards2-dnn fedavg mean-s1-m0 sign_flip acc=0.0900" in lines
+    assert len(later_lines) >= later // 3
+    data = json.loads((out / "table.json").read_text())
+    rows = data["later"]
+    assert len(rows) == later // 3 and data["later_seconds"] == pytest.approx(later * 0.25)
+    assert {(r["group"], r["fraction"], r["model"]) for r in rows} == {
+        ("label_flip", 0.2, "mlr"),
+        ("f0.1", 0.1, "mlr"),
+        ("s5", 0.2, "mlr"),
+        ("dnn", 0.2, "dnn"),
+    }
+    flagged = {(r["group"], r["config"]["rule"], r["attack"]) for r in rows if r["trivial"]}
+    assert ("dnn", "mean", "sign_flip") in flagged and ("f0.1", "mean", "alie") in flagged
+    table = (out / "table.md").read_text()
+    assert "### FedAvg: the later rows" in table and "### HierFAVG: the later rows" in table
+    # chosen 88 % under label flip: 1 point below its own attack-free 89 %, 2 below the mean's 90
+    assert re.search(
+        r"\| label flip 20 % \| 88\.00 ± 0\.\d\d \| 9\.00 ± 0\.\d\d ▼ \| -1\.00 \| -2\.00 \|", table
+    )
+    # s = 5: the mean's column is the test stage's plain mean (the same runs)
+    assert re.search(r"\| s = 5: sign flip 20 % \| 75\.00 ± 0\.\d\d \| 9\.00 ± 0\.\d\d ▼ \|", table)
+    assert "DNN 784-100-10: attack-free" in table
+    # without --later-rows the stage does not run
+    calls.clear()
+    het_main([], tmp_path / "again", capsys)
+    assert len(calls) == 480 + 104 + 48
+    assert "later" not in json.loads((tmp_path / "again" / "table.json").read_text())
+
+
+def test_later_rows_run_that_diverged_before_evaluating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped on non-finite values returns a summary without an accuracy: the one left
+    in its folder is read (seed 0); one that never evaluated (seed 1) makes the cell n/a, flagged
+    ▼ † (its non-finite model predicts one class), never a crash."""
+
+    def fake(overrides: list[str], folder: Path) -> dict[str, Any]:
+        folder.mkdir(parents=True, exist_ok=True)
+        stopped = {"stopped": "round 8: sfedhp diverged", "seconds": 1.0}
+        if parse(overrides)["seed"] == "0":
+            (folder / "summary.json").write_text(json.dumps({**stopped, "final_global_acc": 0.2}))
+        return stopped
+
+    monkeypatch.setattr(common, "run_config", fake)
+    cells = [("sfedhp", "shards2", robust.REFERENCE)]
+    key = ("sfedhp", "shards2", robust.REFERENCE, "sign_flip")
+    opts = ReproOptions(dataset="mnist")
+    one = robust.run_cells(opts, tmp_path, cells, "test", range(1), ("sign_flip",))[key]
+    assert one["acc"] == pytest.approx(0.2) and not one["trivial"] and one["stopped"]
+    assert robust.cell(one) == "20.00 †"
+    two = robust.run_cells(opts, tmp_path, cells, "test", range(2), ("sign_flip",))[key]
+    assert two["trivial"] and robust.cell(two, spread=True) == "n/a ▼ †"
+    assert robust.gap(two, one) == "—" and robust.gap(one, one) == "+0.00"

@@ -32,14 +32,17 @@ algorithm on the 2-label-shard split (:func:`select`); HierFAVG's stage with Fed
 at the edges, the cloud and both; the chosen configurations' test runs over 3 seeds. With
 ``--methods sfedhp`` (alone, or after ``fedavg,hierfavg``) sFedHP's hierarchy stage, as HierFAVG's
 without client momentum (:data:`SFEDHP`, :func:`sfedhp_configs`; issue 41, deliverable 3).
+``--later-rows`` then runs the chosen configurations and the clean mean on test under label flip
+at 20 %, the core attacks at 10 %, buckets of 5 and on the DNN (:func:`later_groups`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -521,24 +524,49 @@ class Config:
             return ["cloud"]
         return {"edge": ["edge"], "cloud": ["cloud"]}.get(self.placement, ["edge", "cloud"])
 
-    def overrides(self, algorithm: str) -> list[str]:
+    def overrides(
+        self, algorithm: str, fraction: float = HET_FRACTION, model: str = "mlr"
+    ) -> list[str]:
+        """The options of this configuration (``fraction``: the attackers Multi-Krum's f and the
+        trimmed mean's β are set for; ``model``: whose S sets cclip's τ)."""
         out = [f"algorithm.client_momentum={self.momentum:g}"] if self.momentum else []
         if self.rule == "mean":
             return out
         for level in self.levels(algorithm):
-            f, n = krum_f(algorithm, level, self.bucket), level_rows(algorithm, level, self.bucket)
             out.append(f"robust.{level}.name={self.rule}")
             if self.bucket > 1:
                 out.append(f"robust.{level}.bucket={self.bucket}")
-            if self.rule == "trimmed_mean":
-                out.append(f"robust.{level}.beta={f / n:.6g}")
-            elif self.rule == "multi_krum":
-                out.append(f"robust.{level}.f={f}")
+            if self.rule in ("trimmed_mean", "multi_krum"):
+                f = krum_f(algorithm, level, self.bucket, fraction)
+                n = level_rows(algorithm, level, self.bucket)
+                out.append(
+                    f"robust.{level}.beta={f / n:.6g}"
+                    if self.rule == "trimmed_mean"
+                    else f"robust.{level}.f={f}"
+                )
             elif self.rule == "cclip":
                 assert self.tau is not None
-                out.append(f"robust.{level}.tau={cclip_tau(algorithm, level, self.tau):.6g}")
+                tau = cclip_tau(algorithm, level, self.tau, model)
+                out.append(f"robust.{level}.tau={tau:.6g}")
         return out
 
+
+LATER_FRACTION = 0.1
+"""The later rows' smaller attacker share (10 of 100 clients)."""
+LATER_BUCKET = 5
+"""The later rows' bucket size for the chosen configuration (FedAvg's cloud: 20 buckets of 5;
+HierFAVG's and sFedHP's edges and cloud: 2 buckets of 5)."""
+LATER_MODEL = "dnn"
+DNN_S: dict[tuple[str, str], float] = {
+    # cclip's S for the DNN (784-100-10), measured as LEVELS' for MLR: the median norm of the
+    # benign updates each level receives in the attack-free mean run (2 label shards,
+    # validation, seed 0; docs/results/robust-het-later/benign_norms.py)
+    ("fedavg", "cloud"): 0.4,
+    ("hierfavg", "edge"): 0.31,
+    ("hierfavg", "cloud"): 0.14,
+    ("sfedhp", "edge"): 0.1,
+    ("sfedhp", "cloud"): 0.13,
+}
 
 REFERENCE = Config("mean")
 """The clean mean: the plain mean, no bucketing, no momentum (FedAvg's and HierFAVG's)."""
@@ -551,16 +579,26 @@ def level_rows(algorithm: str, level: str, bucket: int = 1) -> int:
     return -(-n // bucket)
 
 
-def krum_f(algorithm: str, level: str, bucket: int = 1) -> int:
-    """Multi-Krum's f on the rows after bucketing: the attackers (20), capped by n > 2f + 2 (an
-    attacker spoils at most one bucket, so bucketing does not raise f): FedAvg 20 of 100 rows and
-    20 of 50 buckets; HierFAVG 3 of 10 rows and 1 of 5 buckets at the edges and at the cloud.
-    The trimmed mean trims the same f rows per side (β = f / n)."""
-    return min(MAX_F, (level_rows(algorithm, level, bucket) - 3) // 2)
+def krum_f(algorithm: str, level: str, bucket: int = 1, fraction: float = HET_FRACTION) -> int:
+    """Multi-Krum's f on the rows after bucketing: the attackers (20 at 20 %, 10 at the later
+    rows' 10 %), capped by n > 2f + 2 (an attacker spoils at most one bucket, so bucketing does
+    not raise f): FedAvg 20 of 100 rows and 20 of 50 buckets; HierFAVG 3 of 10 rows and 1 of 5
+    buckets at the edges and at the cloud. The trimmed mean trims the same f rows per side
+    (β = f / n). A ConfigError when no f fits (fewer than 3 rows: buckets of 5 at an edge)."""
+    n = level_rows(algorithm, level, bucket)
+    if n < 3:
+        raise ConfigError(
+            f"buckets of {bucket}: {LABELS[algorithm]}'s {level} sees {n} row(s), and Multi-Krum "
+            "and the trimmed mean need at least 3; use cclip, geomed or median there"
+        )
+    return min(round(fraction * CLIENTS), (n - 3) // 2)
 
 
-def cclip_tau(algorithm: str, level: str, scale: float) -> float:
-    """cclip's τ at a level: ``scale`` × the level's median benign-update norm S (LEVELS)."""
+def cclip_tau(algorithm: str, level: str, scale: float, model: str = "mlr") -> float:
+    """cclip's τ at a level: ``scale`` × the level's median benign-update norm S (LEVELS; for the
+    DNN, :data:`DNN_S`, measured the same way)."""
+    if model == "dnn":
+        return scale * DNN_S[(algorithm, level)]
     return scale * LEVELS[(algorithm, level)][1]
 
 
@@ -621,11 +659,14 @@ def het_overrides(
     attack: str,
     split: str,
     seed: int,
+    fraction: float = HET_FRACTION,
 ) -> list[str]:
-    """Every override of one run of the heterogeneity grid (``split``: val or test)."""
-    case = Case(attack, 0.0 if attack == "none" else HET_FRACTION)
+    """Every override of one run of the heterogeneity grid (``split``: val or test; ``fraction``:
+    the attackers' share, :data:`HET_FRACTION` but in the later rows)."""
+    case = Case(attack, 0.0 if attack == "none" else fraction)
     partition_overrides = [*HET_PARTITIONS[partition][1], *VAL_OVERRIDES]
-    options = [*algorithm_overrides(algorithm), *config.overrides(algorithm)]
+    model = opts.model or "mlr"
+    options = [*algorithm_overrides(algorithm), *config.overrides(algorithm, fraction, model)]
     more = (f"eval_split={split}",)
     return shared_overrides(opts, partition_overrides, options, case, seed, more)
 
@@ -637,30 +678,50 @@ HetKey = tuple[str, str, Config, str]
 
 
 def run_cells(
-    opts: ReproOptions, runs: Path, cells: list[Cell], split: str, seeds: range
+    opts: ReproOptions,
+    runs: Path,
+    cells: list[Cell],
+    split: str,
+    seeds: range,
+    attacks: tuple[str, ...] = HET_ATTACKS,
+    fraction: float = HET_FRACTION,
 ) -> dict[HetKey, dict[str, Any]]:
     """Run (or reuse) every cell × attack × seed on ``split``; one entry per cell and attack:
-    ``acc`` (mean over seeds), ``std``, ``stopped``, ``seconds``, ``trivial``, ``accs``."""
+    ``acc`` (mean over seeds), ``std``, ``stopped``, ``seconds``, ``trivial``, ``accs``. The later
+    rows pass their ``attacks`` and ``fraction`` (folder ``<attack>-f<fraction>`` when it is not
+    :data:`HET_FRACTION`) and the model in ``opts`` (partition folder ``<partition>-<model>``)."""
     cells = list(dict.fromkeys(cells))
+    model = "" if opts.model in (None, "mlr") else f"-{opts.model}"
+    tail = "" if fraction == HET_FRACTION else f"-f{fraction:g}"
     tasks = [
         (
             (alg, part, cfg, attack, seed),
-            het_overrides(opts, alg, part, cfg, attack, split, seed),
-            runs / alg / split / part / cfg.folder / attack / f"seed{seed}",
+            het_overrides(opts, alg, part, cfg, attack, split, seed, fraction),
+            runs / alg / split / f"{part}{model}" / cfg.folder / f"{attack}{tail}" / f"seed{seed}",
         )
         for alg, part, cfg in cells
-        for attack in HET_ATTACKS
+        for attack in attacks
         for seed in seeds
     ]
     done = run_keyed(
-        opts, tasks, lambda k: f"{split} {k[0]} {k[1]} {k[2].folder} {k[3]} seed {k[4]}"
+        opts,
+        tasks,
+        lambda k: f"{split} {k[0]} {k[1]}{model} {k[2].folder} {k[3]}{tail} seed {k[4]}",
     )
+    for key, summary in done.items():
+        path = Path(summary["folder"]) / "summary.json"
+        if "final_global_acc" not in summary and path.is_file():
+            # (a run stopped on non-finite values returns before its summary holds the last
+            # evaluated accuracy; the summary it leaves in its folder does)
+            done[key] = {**summary, **json.loads(path.read_text())}
     trivial = TRIVIAL.get(opts.dataset, 0.1)
     out: dict[HetKey, dict[str, Any]] = {}
     for alg, part, cfg in cells:
-        for attack in HET_ATTACKS:
+        for attack in attacks:
             summaries = [done[(alg, part, cfg, attack, seed)] for seed in seeds]
-            accs = [float(s["final_global_acc"]) for s in summaries]
+            # (a run that diverged before its first evaluation has no accuracy: nan, and the
+            # cell's mean with it; its non-finite model predicts one class, so it is flagged ▼)
+            accs = [float(s.get("final_global_acc", math.nan)) for s in summaries]
             acc, std = mean_std(accs)
             out[(alg, part, cfg, attack)] = {
                 "acc": acc,
@@ -668,10 +729,11 @@ def run_cells(
                 "accs": accs,
                 "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
                 "seconds": sum(float(s.get("seconds", 0.0)) for s in summaries),
-                "trivial": acc <= trivial + 1e-12,
+                "trivial": acc <= trivial + 1e-12 or math.isnan(acc),
             }
-            tail = " diverged" if out[(alg, part, cfg, attack)]["stopped"] else ""
-            print(f"robust-het {split} {part} {alg} {cfg.folder} {attack} acc={acc:.4f}{tail}")
+            gone = " diverged" if out[(alg, part, cfg, attack)]["stopped"] else ""
+            where = f"{split} {part}{model} {alg} {cfg.folder} {attack}{tail}"
+            print(f"robust-het {where} acc={acc:.4f}{gone}")
     return out
 
 
@@ -728,6 +790,8 @@ def cell(entry: dict[str, Any] | None, spread: bool = False) -> str:
     † a run that stopped on a non-finite loss."""
     if entry is None:
         return "—"
+    if math.isnan(entry["acc"]):  # a seed diverged before its first evaluation
+        return "n/a" + FLAG_TRIVIAL + FLAG_STOPPED
     text = f"{100 * entry['acc']:.2f}"
     if spread:
         text += f" ± {100 * entry['std']:.2f}"
@@ -738,7 +802,13 @@ def cell(entry: dict[str, Any] | None, spread: bool = False) -> str:
     )
 
 
-ATTACK_TITLES = {"none": "attack-free", "sign_flip": "sign flip", "alie": "ALIE", "ipm": "IPM"}
+ATTACK_TITLES = {
+    "none": "attack-free",
+    "sign_flip": "sign flip",
+    "alie": "ALIE",
+    "ipm": "IPM",
+    "label_flip": "label flip",
+}
 
 
 def levels_table(algorithms: list[str], opts: ReproOptions) -> str:
@@ -1035,7 +1105,140 @@ def ranking_json(ranking: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def heterogeneity(name: str, opts: ReproOptions) -> dict[str, Any]:
+# The later rows (issue 41, deliverable 4: "then 3 seeds, label flip, 10 % attackers, s = 5 and a
+# DNN only for the rows the summary ranks"): the chosen configurations and the clean mean again,
+# on the test set over the test seeds, after the test stage of the full size.
+
+
+@dataclass(frozen=True)
+class Later:
+    """One group of later rows: ``attacks`` at ``fraction``; ``bucket``: the chosen configuration
+    with buckets of that size instead (the mean is not rerun: buckets of equal size average to
+    the mean, its runs are the test stage's); ``model``: another model than the run's."""
+
+    name: str
+    title: str
+    attacks: tuple[str, ...]
+    fraction: float = HET_FRACTION
+    bucket: int | None = None
+    model: str | None = None
+
+    def row_title(self, attack: str) -> str:
+        share = "" if attack == "none" else f" {100 * self.fraction:g} %"
+        head = f"{self.title}: " if self.bucket or self.model else ""
+        return f"{head}{ATTACK_TITLES[attack]}{share}"
+
+
+def later_groups(opts: ReproOptions) -> list[Later]:
+    """The later rows (``--later-rows``): label flip at 20 %; sign flip, ALIE and IPM at 10 %;
+    buckets of 5 under the core attacks at 20 % (and attack-free); the DNN attack-free and under
+    the core attacks at 20 % (left out when the run's model is already the DNN). ``--quick``:
+    the same rows at its size (10 rounds, ``--seeds`` seeds)."""
+    groups = [
+        Later("label_flip", "label flip", ("label_flip",)),
+        Later("f0.1", "10 % attackers", HET_ATTACKS[1:], LATER_FRACTION),
+        Later(f"s{LATER_BUCKET}", f"s = {LATER_BUCKET}", HET_ATTACKS, bucket=LATER_BUCKET),
+    ]
+    if (opts.model or "mlr") != LATER_MODEL:
+        groups.append(Later(LATER_MODEL, "DNN 784-100-10", HET_ATTACKS, model=LATER_MODEL))
+    return groups
+
+
+def later_cells(group: Later, algorithms: list[str], chosen: dict[str, Config]) -> list[Cell]:
+    """A group's cells: each algorithm's chosen configuration and the clean mean, or with
+    ``bucket`` the chosen configuration re-bucketed (none when the mean was chosen)."""
+    cells: list[Cell] = []
+    for alg in algorithms:
+        if group.bucket is not None:
+            if chosen[alg].rule != "mean":
+                cells.append((alg, SELECT_ON, replace(chosen[alg], bucket=group.bucket)))
+        else:
+            cells += [(alg, SELECT_ON, chosen[alg]), (alg, SELECT_ON, REFERENCE)]
+    return list(dict.fromkeys(cells))
+
+
+def later_opts(opts: ReproOptions, group: Later) -> ReproOptions:
+    """The options of a group's runs: the run's, with the group's model."""
+    return replace(opts, model=group.model) if group.model else opts
+
+
+def gap(entry: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """``entry``'s accuracy minus ``base``'s in points ("—" without one of them)."""
+    if base is None or math.isnan(entry["acc"]) or math.isnan(base["acc"]):
+        return "—"
+    return f"{100 * (entry['acc'] - base['acc']):+.2f}"
+
+
+def later_table(
+    algorithm: str,
+    chosen: Config,
+    groups: list[Later],
+    later: dict[str, dict[HetKey, dict[str, Any]]],
+    test: dict[HetKey, dict[str, Any]],
+    seeds: range,
+) -> str:
+    """An algorithm's later rows: the chosen configuration and the clean mean per setting (mean ±
+    std over the seeds), the chosen one's distance to its own attack-free accuracy and to the
+    clean mean's (the same model's: the test stage's for MLR, the DNN group's for the DNN)."""
+    body = []
+    for group in groups:
+        if group.name not in later:
+            continue
+        results = {**test, **later[group.name]} if group.model is None else later[group.name]
+        own = results.get((algorithm, SELECT_ON, chosen, "none"))
+        ref = results.get((algorithm, SELECT_ON, REFERENCE, "none"))
+        cfg = chosen if group.bucket is None else replace(chosen, bucket=group.bucket)
+        for attack in group.attacks:
+            mine = later[group.name].get((algorithm, SELECT_ON, cfg, attack))
+            if mine is None:
+                continue
+            mean = results.get((algorithm, SELECT_ON, REFERENCE, attack))
+            if group.bucket is not None:  # the mean with buckets is the mean: the test stage's
+                mean = test.get((algorithm, SELECT_ON, REFERENCE, attack))
+            body.append(
+                [
+                    group.row_title(attack),
+                    cell(mine, spread=True),
+                    cell(mean, spread=True),
+                    gap(mine, own),
+                    gap(mine, ref),
+                ]
+            )
+    header = [
+        "setting",
+        f"chosen: {chosen.label}",
+        "the mean",
+        "chosen Δ its own attack-free",
+        "chosen Δ clean mean attack-free",
+    ]
+    return (
+        f"### {LABELS[algorithm]}: the later rows ({HET_PARTITIONS[SELECT_ON][0]}, test, mean ± "
+        f"std over seeds 0..{len(seeds) - 1}; s = {LATER_BUCKET}: the chosen configuration with "
+        f"buckets of {LATER_BUCKET}, the mean's column the test stage's plain mean)\n\n"
+        + markdown_table(header, body)
+    )
+
+
+def later_text(algorithms: list[str]) -> str:
+    """The later rows' sentence in the description."""
+    taus = ", ".join(
+        f"{LABELS[a]} {' / '.join(f'{DNN_S[(a, lv)]:g}' for lv in levels)}"
+        for a in algorithms
+        for levels in [["cloud"] if a == "fedavg" else ["edge", "cloud"]]
+    )
+    return (
+        f" Later rows (test, the test seeds): the chosen configuration and the clean mean under "
+        f"label flip at {100 * HET_FRACTION:g} % (y → 9 − y), sign flip / ALIE / IPM at "
+        f"{100 * LATER_FRACTION:g} % (Multi-Krum's f and the trimmed mean's share set for "
+        f"{round(LATER_FRACTION * CLIENTS)} attackers), the chosen configuration with buckets of "
+        f"{LATER_BUCKET} (attack-free and the core attacks at {100 * HET_FRACTION:g} %), and "
+        f"both on the DNN 784-100-10 (attack-free and the core attacks at "
+        f"{100 * HET_FRACTION:g} %; cclip's τ = its scale × the DNN's own S, measured as MLR's: "
+        f"{taus})."
+    )
+
+
+def heterogeneity(name: str, opts: ReproOptions, later: bool = False) -> dict[str, Any]:
     """``fedhp reproduce robust --heterogeneity`` (issue 41, deliverable 4): FedAvg's core grid
     (every partition × attack × configuration, validation, seed 0); the selection on
     :data:`SELECT_ON`; HierFAVG's stage (its candidates from FedAvg's best rules); the chosen
@@ -1107,6 +1310,9 @@ def heterogeneity(name: str, opts: ReproOptions) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if "fedavg" in configs:  # (its left panel is FedAvg's grid)
         het_figure(out, val, partitions, configs["fedavg"], test, chosen, trivial)
+    groups = later_groups(opts) if later else []
+    if groups:
+        description += later_text(algorithms)
     result = {
         "dataset": opts.dataset,
         "quick": opts.quick,
@@ -1131,6 +1337,23 @@ def heterogeneity(name: str, opts: ReproOptions) -> dict[str, Any]:
     }
     (out / "table.md").write_text(f"{description}\n\n{text}")
     write_json_atomic(out / "table.json", result)
+    rows: dict[str, dict[HetKey, dict[str, Any]]] = {}
+    tables: list[str] = []
+    for group in groups:  # (the tables are rewritten after each group: a long stage shows)
+        cells = later_cells(group, algorithms, chosen)
+        rows[group.name] = run_cells(
+            later_opts(opts, group), runs, cells, "test", seeds, group.attacks, group.fraction
+        )
+        tables = [later_table(alg, chosen[alg], groups, rows, test, seeds) for alg in algorithms]
+        result["later"] = [
+            {"group": g.name, "fraction": g.fraction, "model": g.model or opts.model or "mlr", **e}
+            for g in groups
+            if g.name in rows
+            for e in entries_json(rows[g.name], "test")
+        ]
+        result["later_seconds"] = sum(e["seconds"] for r in rows.values() for e in r.values())
+        (out / "table.md").write_text(f"{description}\n\n{text}\n" + "\n".join(tables))
+        write_json_atomic(out / "table.json", result)
     if not opts.quiet:
-        print(text, file=sys.stderr)
+        print("\n".join([text, *tables]), file=sys.stderr)
     return result
