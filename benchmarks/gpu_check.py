@@ -310,6 +310,10 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
     return [*cmd, "--smoke"] if smoke else cmd
 
 
+LINE_PREFIX = {"graph-probe": "graph-probe ", "sweep-lam": "bench sweep-inprocess "}
+"""Pieces whose numbers are the ``key=value`` pairs of their lines that start so."""
+
+
 def parse(name: str, output: str, out: Path) -> dict[str, float]:
     """The numbers of a piece's output: pytest's passed/failed/skipped counts, a device-table
     line's ``key=value`` numbers, the run's summary.json ``seconds``."""
@@ -333,15 +337,9 @@ def parse(name: str, output: str, out: Path) -> dict[str, float]:
                 values["round_s"] = seconds[-1] - seconds[-2]
                 values["full_run_h"] = LEAF_ROUNDS * LEAF_EPOCHS * values["round_s"] / 3600
         return values
-    if name == "graph-probe":
+    if name in LINE_PREFIX:
         for line in output.splitlines():
-            if line.startswith("graph-probe "):
-                for key, value in re.findall(r"(\w+)=([-+0-9.e]+)(?:\s|$)", line):
-                    values[key] = float(value)
-        return values
-    if name == "sweep-lam":
-        for line in output.splitlines():
-            if line.startswith("bench sweep-inprocess "):
+            if line.startswith(LINE_PREFIX[name]):
                 for key, value in re.findall(r"(\w+)=([-+0-9.e]+)(?:\s|$)", line):
                     values[key] = float(value)
         return values

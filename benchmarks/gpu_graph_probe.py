@@ -31,23 +31,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from gpu_profile import build_default, sync
 
 
 def build(device: str, overrides: list[str]) -> tuple[Any, Any, torch.device]:
-    """The default experiment on ``device``: its model, its options and the device."""
-    from fedhp.build import build_experiment
-    from fedhp.config import resolve_config
-
-    cfg = resolve_config(
-        None, ["progress=false", "checkpoint_every=0", f"device={device}", *overrides]
-    )
-    exp = build_experiment(cfg)
+    """The default experiment on ``device``: it, its algorithm's options and the device."""
+    exp = build_default(device, overrides)
     return exp, exp.options, exp.ctx.device
 
 

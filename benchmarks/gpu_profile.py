@@ -36,15 +36,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(device: str, overrides: list[str]) -> tuple[Any, Any, torch.device]:
-    """The default experiment on ``device``: its algorithm, a started state and the device."""
+def build_default(device: str, overrides: list[str]) -> Any:
+    """The default ``fedhp run`` experiment on ``device``, with ``overrides``."""
     from fedhp.build import build_experiment
     from fedhp.config import resolve_config
 
     cfg = resolve_config(
         None, ["progress=false", "checkpoint_every=0", f"device={device}", *overrides]
     )
-    exp = build_experiment(cfg)
+    return build_experiment(cfg)
+
+
+def build(device: str, overrides: list[str]) -> tuple[Any, Any, torch.device]:
+    """The default experiment on ``device``: its algorithm, a started state and the device."""
+    exp = build_default(device, overrides)
     dev = exp.ctx.device
     state = exp.algorithm.init_state(exp.model.init_params(0).to(dev))
     return exp.algorithm, state, dev

@@ -248,6 +248,18 @@ def test_selection_needs_the_clean_condition() -> None:
     assert robust.best_families(ranking, 2) == [("cclip", 1.0), ("geomed", None)]
 
 
+def record_fake_het_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], Path]]:
+    """Replace every run with :func:`fake_het_run`; the list of (overrides, folder) it fills."""
+    calls: list[tuple[list[str], Path]] = []
+
+    def fake(overrides: list[str], folder: Path) -> dict[str, Any]:
+        calls.append((overrides, folder))
+        return fake_het_run(overrides, folder)
+
+    monkeypatch.setattr(common, "run_config", fake)
+    return calls
+
+
 def het_main(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
     assert main(["reproduce", "robust", "--heterogeneity", "--out", str(out), *args]) == 0
     return capsys.readouterr().out.strip().splitlines()
@@ -256,13 +268,7 @@ def het_main(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_heterogeneity_full_with_fake_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    calls: list[tuple[list[str], Path]] = []
-
-    def fake(overrides: list[str], folder: Path) -> dict[str, Any]:
-        calls.append((overrides, folder))
-        return fake_het_run(overrides, folder)
-
-    monkeypatch.setattr(common, "run_config", fake)
+    calls = record_fake_het_runs(monkeypatch)
     out = tmp_path / "out"
     lines = het_main([], out, capsys)
     # FedAvg 4 partitions × 30 × 4 attacks; HierFAVG (2 + 2 rules × 12) × 4; test 2 × 2 × 4 × 3
@@ -663,13 +669,7 @@ LATER_LINE = re.compile(
 def test_later_rows_with_fake_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    calls: list[tuple[list[str], Path]] = []
-
-    def fake(overrides: list[str], folder: Path) -> dict[str, Any]:
-        calls.append((overrides, folder))
-        return fake_het_run(overrides, folder)
-
-    monkeypatch.setattr(common, "run_config", fake)
+    calls = record_fake_het_runs(monkeypatch)
     out = tmp_path / "out"
     lines = het_main(["--later-rows"], out, capsys)
     # label flip 2 × 2 × 3 seeds; 10 %: 2 × 2 × 3 attacks × 3; s = 5: 2 × 4 × 3; DNN 2 × 2 × 4 × 3
