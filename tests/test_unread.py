@@ -168,6 +168,11 @@ SCENARIOS: dict[str, list[str] | Callable[[Path], list[str]]] = {
         f"partition {p}": [f"partition.name={p}", "partition.min_samples=2", *SMALL_MNIST]
         for p in ("dirichlet", "quantity")
     },
+    "partition label_sorted": [
+        "partition.name=label_sorted",
+        "partition.iid_clients=1",
+        *SMALL_MNIST,
+    ],
     "partition quantity lognormal": [
         "partition.name=quantity",
         "partition.distribution=lognormal",

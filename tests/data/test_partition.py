@@ -46,7 +46,7 @@ ALL_SCHEMES = [
 def test_registry_names() -> None:
     assert set(PARTITIONERS.names()) == {
         "labels", "shards", "dirichlet", "quantity", "feature_noise", "mixed", "natural",
-        "categories",
+        "categories", "label_sorted",
     }  # fmt: skip
 
 

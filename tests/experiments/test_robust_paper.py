@@ -113,7 +113,6 @@ def test_label_sorted_split() -> None:
 def test_label_sorted_bad_option_is_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         "run",
-        f"plugins=[{rp.PLUGIN}]",
         "dataset.name=mnist",
         "partition.name=label_sorted",
         "partition.iid_clients=25",

@@ -11,6 +11,7 @@ with ``test_per_client`` every client gets exactly that many test samples in its
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Literal
 
@@ -707,6 +708,39 @@ def rows_by_owner(owner: np.ndarray, num_clients: int) -> list[np.ndarray]:
     order = np.argsort(owner, kind="stable")
     bounds = np.cumsum(np.bincount(owner, minlength=num_clients))[:-1]
     return np.split(order, bounds)
+
+
+@PARTITIONERS.register("label_sorted")
+class LabelSortedPartitioner(Partitioner):
+    """The label-sorted split of the Byzantine-robustness papers (Karimireddy, He and Jaggi,
+    ICLR 2022; ``fedhp reproduce robust-paper``): the last ``num_clients − iid_clients`` clients
+    hold the training set sorted by label (dataset order within a label) in equal contiguous
+    chunks; the first ``iid_clients`` hold as many samples each, drawn at random from the whole
+    training set (so they repeat good clients' samples, as their Byzantine workers' do). The test
+    set is dealt evenly at random over all clients."""
+
+    iid_clients: int = Field(0, ge=0)
+
+    def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
+        """The sorted chunks, the IID draws and the dealt test set."""
+        good = num_clients - self.iid_clients
+        if good < 1:
+            raise ConfigError(
+                f"partition.iid_clients: {self.iid_clients} leaves no sorted client of "
+                f"{num_clients}"
+            )
+        y = _labels(data.train_y)
+        size = math.ceil(len(y) / good)
+        if size > len(y):
+            raise DatasetError(f"partition: {len(y)} training samples for {good} clients")
+        rng = np.random.default_rng(seed)
+        order = np.argsort(y, kind="stable")
+        order = np.concatenate([order, order[: size * good - len(order)]])  # theirs: wrap
+        sorted_part = [order[i * size : (i + 1) * size] for i in range(good)]
+        iid = [np.sort(rng.choice(len(y), size, replace=False)) for _ in range(self.iid_clients)]
+        test = np.array_split(rng.permutation(int(data.test_y.shape[0])), num_clients)
+        empty = [np.zeros(0, np.int64)] * num_clients
+        return _build(data, [*iid, *sorted_part], [np.sort(t) for t in test], empty)
 
 
 def split_dataset(

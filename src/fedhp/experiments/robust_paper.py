@@ -7,8 +7,8 @@ experiment 3 of its code (epfml/byzantine-robust-noniid-optimizer, ``exp3.py``, 
 * 25 workers, 5 of them Byzantine (FedAvg, every client in every round, uniform weights).
 * Their non-IID split: the 20 good workers hold the MNIST training set sorted by label and cut
   into 20 contiguous chunks of 3,000; the Byzantine workers hold IID samples (3,000 each, drawn
-  from the whole training set). Partition ``label_sorted`` (registered here, loaded into each
-  run as a plugin), with the Byzantine workers the first 5 clients (one edge,
+  from the whole training set). Partition ``label_sorted`` (a built-in partitioner,
+  ``partition.iid_clients=5``), with the Byzantine workers the first 5 clients (one edge,
   ``placement=concentrated``). The test set is dealt evenly at random over the clients, so the
   global accuracy is the whole 10,000-image test set's.
 * One SGD step per round (``algorithm.local_steps=1``), batch 32, lr 0.01. The upload minus the
@@ -52,12 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from pydantic import Field
-
-from fedhp.data.partition import PARTITIONERS, Partitioner, _build, _labels
-from fedhp.data.types import ClientData, DatasetArrays
-from fedhp.errors import ConfigError, DatasetError
+from fedhp.errors import ConfigError
 from fedhp.experiments.common import MODELS, ReproOptions, markdown_table, mean_std, run_keyed
 from fedhp.reporting import write_json_atomic
 
@@ -100,39 +95,6 @@ BUCKETS, MOMENTA = (0, 2), (0.0, 0.9)
 """Their s (0: no bucketing; fedhp's ``bucket: 1``) and β."""
 QUICK_RULES, QUICK_ATTACKS = ("CM", "CClip"), ("BF", "ALIE")
 MODEL_CHOICES = ("dnn", "mlr", "cnn")
-PLUGIN = "fedhp.experiments.robust_paper"
-
-
-@PARTITIONERS.register("label_sorted")
-class LabelSortedPartitioner(Partitioner):
-    """Karimireddy et al.'s split: the last ``num_clients − iid_clients`` clients hold the
-    training set sorted by label (dataset order within a label) in equal contiguous chunks; the
-    first ``iid_clients`` hold as many samples each, drawn at random from the whole training set
-    (so they repeat good clients' samples, as their Byzantine workers' do). The test set is dealt
-    evenly at random over all clients."""
-
-    iid_clients: int = Field(0, ge=0)
-
-    def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
-        """The sorted chunks, the IID draws and the dealt test set."""
-        good = num_clients - self.iid_clients
-        if good < 1:
-            raise ConfigError(
-                f"partition.iid_clients: {self.iid_clients} leaves no sorted client of "
-                f"{num_clients}"
-            )
-        y = _labels(data.train_y)
-        size = math.ceil(len(y) / good)
-        if size > len(y):
-            raise DatasetError(f"partition: {len(y)} training samples for {good} clients")
-        rng = np.random.default_rng(seed)
-        order = np.argsort(y, kind="stable")
-        order = np.concatenate([order, order[: size * good - len(order)]])  # theirs: wrap
-        sorted_part = [order[i * size : (i + 1) * size] for i in range(good)]
-        iid = [np.sort(rng.choice(len(y), size, replace=False)) for _ in range(self.iid_clients)]
-        test = np.array_split(rng.permutation(int(data.test_y.shape[0])), num_clients)
-        empty = [np.zeros(0, np.int64)] * num_clients
-        return _build(data, [*iid, *sorted_part], [np.sort(t) for t in test], empty)
 
 
 @dataclass(frozen=True)
@@ -201,7 +163,6 @@ def run_overrides(opts: ReproOptions, cell: Cell, seed: int) -> list[str]:
     """Every override of one run."""
     model = check(opts)
     return [
-        f"plugins=[{PLUGIN}]",
         "dataset.name=mnist",
         *([f"dataset.data_dir={opts.data_dir}"] if opts.data_dir else []),
         "partition.name=label_sorted",
