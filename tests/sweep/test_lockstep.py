@@ -83,6 +83,8 @@ def test_lockstep_writes_what_each_run_writes_alone(method: str, tmp_path: Path)
     fused = run_batch(_runs(method, tmp_path / "fused"), "lockstep", log=lambda _: None)
     assert alone.batching == "sequential" and fused.batching == "lockstep"
     assert fused.fused_calls > 0  # the kernels did meet
+    # sFedHP's plain rounds meet whole (runs as rows); its sparse ones fuse kernels only
+    assert (fused.stacked_rounds > 0) == (method == "sfedhp"), fused.stacked_rounds
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
     assert len(a) >= 4 and a.keys() == b.keys()
     for name in a:
@@ -100,7 +102,9 @@ def test_a_fused_call_that_mixes_runs_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Plant a crossing: the fused step hands each run the rows of the NEXT run. The equality
-    check above must then fail (the runs' files differ from the runs alone)."""
+    check above must then fail (the runs' files differ from the runs alone). (pFedMe: its
+    rounds fuse kernels; sFedHP's stacked rounds are checked in
+    tests/algorithms/test_sfedhp_stacked.py and below.)"""
     real = lockstep._fused
 
     def crossed(group: list) -> None:
@@ -110,9 +114,30 @@ def test_a_fused_call_that_mixes_runs_is_caught(
             for call, other in zip(group, rows[1:] + rows[:1], strict=True):
                 call.flat.copy_(other)
 
-    alone = run_batch(_runs("sfedhp", tmp_path / "alone"), "sequential", log=lambda _: None)
+    alone = run_batch(_runs("pfedme", tmp_path / "alone"), "sequential", log=lambda _: None)
     monkeypatch.setattr(lockstep, "_fused", crossed)
-    run_batch(_runs("sfedhp", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    run_batch(_runs("pfedme", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
+    assert any(a[name] != b[name] for name in a)
+    assert alone.summaries
+
+
+def test_a_stacked_round_that_mixes_runs_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plant a crossing in sFedHP's stacked round (each run handed the next run's λ): the runs'
+    files must differ from the runs alone."""
+    from fedhp.algorithms import sfedhp_stacked
+
+    real = sfedhp_stacked._per_row
+
+    def crossed(values: list[float], sizes: list[int], like: torch.Tensor) -> object:
+        return real(values[1:] + values[:1], sizes, like)
+
+    alone = run_batch(_runs("sfedhp", tmp_path / "alone"), "sequential", log=lambda _: None)
+    monkeypatch.setattr(sfedhp_stacked, "_per_row", crossed)
+    fused = run_batch(_runs("sfedhp", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    assert fused.stacked_rounds > 0
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
     assert any(a[name] != b[name] for name in a)
     assert alone.summaries
@@ -131,6 +156,26 @@ def test_a_diverged_run_stops_alone(tmp_path: Path) -> None:
     ok, bad = report.summaries
     assert "stopped" not in ok and ok["rounds"] == 4
     assert "stopped" in bad and bad["rounds"] < 4
+
+
+def test_a_diverged_run_of_a_stack_stops_alone(tmp_path: Path) -> None:
+    """sFedHP's stacked rounds: the run whose λ makes its θ steps overshoot (lr·λ1 = 4) stops
+    on its own; its partner goes on to the last round and writes what it writes alone."""
+    base = [*BASE, "rounds=4", "algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=2"]
+    grid = points_of(parse_grid(["algorithm.lam=20.0,80.0"]))
+    report = run_batch(plan_runs(base, grid, [0], tmp_path / "b"), "lockstep", log=lambda _: None)
+    ok, bad = report.summaries
+    assert report.stacked_rounds > 0
+    assert "stopped" not in ok and ok["rounds"] == 4
+    assert "stopped" in bad and bad["rounds"] < 4
+    alone = run_batch(plan_runs(base, grid[:1], [0], tmp_path / "a"), "sequential")
+    run = plan_runs(base, grid[:1], [0], tmp_path / "a")[0].folder.relative_to(tmp_path / "a")
+    name = f"{run}/metrics.csv"
+    timing = ("seconds", "seconds_per_round")
+    assert {k: v for k, v in alone.summaries[0].items() if k not in timing} == {
+        k: v for k, v in ok.items() if k not in timing
+    }
+    assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
 def test_resume_of_a_batch_is_bit_exact(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ statistics the algorithm's :class:`~fedhp.algorithms.buffers.BufferPolicy` (``se
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -171,6 +172,18 @@ class Algorithm(MessageRows, ABC):
     @abstractmethod
     def train(self, state: State, task: Task) -> Update:
         """Below the cloud: the round's local work on the rows of ``state`` this process holds."""
+
+    def stack_key(self, state: State, task: Task) -> Hashable | None:
+        """Runs as rows (``fedhp sweep``'s lockstep batches): a key under which this round's
+        ``train`` may run together with other runs' in one :meth:`stacked_train`, each run's
+        clients a block of rows (runs with equal keys meet); None: it trains alone."""
+        return None
+
+    @staticmethod
+    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+        """The ``train`` of several runs (``(algorithm, state, task)`` each, of one
+        :meth:`stack_key`) at once; each run's update, as its ``train`` would return it."""
+        raise NotImplementedError("stack_key returned a key, so stacked_train must be defined")
 
     @abstractmethod
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:

@@ -18,7 +18,8 @@ in a fraction of the time and memory; :attr:`SFedHP.fused` picks).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
 import pydantic
 import torch
@@ -33,6 +34,7 @@ from fedhp.algorithms.options import (
 )
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp_fused import fused_train
+from fedhp.algorithms.sfedhp_stacked import stack_key, stacked_train
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
@@ -102,6 +104,15 @@ class SFedHP(Algorithm):
         if ctx.attack is not None or not ctx.edge_uplink.folds:
             raise ConfigError("sfedhp: the reference round has no attacks or robust edge rules")
         return self.reference_train(state, task)
+
+    def stack_key(self, state: State, task: Task) -> Hashable | None:
+        """Runs as rows: :func:`fedhp.algorithms.sfedhp_stacked.stack_key`."""
+        return stack_key(self, state, task)
+
+    @staticmethod
+    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+        """S runs' rounds as one (:mod:`fedhp.algorithms.sfedhp_stacked`)."""
+        return stacked_train([(cast(SFedHP, a), s, t) for a, s, t in items])
 
     def reference_train(self, state: State, task: Task) -> Update:
         """Algorithm 1 below the cloud, as the module docstring writes it: one tensor per formula,

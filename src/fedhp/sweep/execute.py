@@ -62,7 +62,13 @@ class BatchReport:
     batching: str
     fused_calls: int = 0
     single_calls: int = 0
+    stacked_rounds: int = 0  # rounds of several runs trained as one (runs as rows)
     statuses: list[str] = field(default_factory=list)  # finished / resume / new, before it ran
+
+    def lockstep_line(self) -> str:
+        """How a lockstep batch ran, for its log line."""
+        stacked = f", {self.stacked_rounds} rounds stacked" if self.stacked_rounds else ""
+        return f"in lockstep ({self.fused_calls} fused model calls{stacked})"
 
     def carried(self) -> str:
         """What the batch took over from an earlier, interrupted sweep, for its log line:
@@ -200,6 +206,7 @@ def _lockstep(
     step = Lockstep(len(todo))
     for slot, i in enumerate(todo):
         step.attach(slot, exps[i].model)
+        step.attach_algorithm(slot, exps[i].algorithm)
     errors: dict[int, BaseException] = {}
     lock = threading.Lock()
 
@@ -232,5 +239,6 @@ def _lockstep(
     for thread in threads:
         thread.join()
     report.fused_calls, report.single_calls = step.fused_calls, step.single_calls
+    report.stacked_rounds = step.stacked_rounds
     if errors:
         raise errors[min(errors)]

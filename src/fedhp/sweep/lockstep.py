@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,25 +36,32 @@ ColumnHook = Callable[[int, int], None]
 
 @dataclass
 class _Call:
-    """One run's pending model call."""
+    """One run's pending call: a model kernel, or the algorithm's round below the cloud."""
 
     run: int
-    kind: str  # "sgd_step" | "loss_and_grad"
-    model: BatchedModel
+    kind: str  # "sgd_step" | "loss_and_grad" | "train"
+    model: BatchedModel | None
     original: Callable[..., Any]
-    flat: torch.Tensor
-    x: torch.Tensor
-    y: torch.Tensor
+    flat: torch.Tensor | None = None
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
     lr: float | None = None
     before: ColumnHook | None = None
     opts: dict[str, Any] = field(default_factory=dict)
+    algorithm: Any = None  # "train": the run's algorithm, state, task and its stack key
+    state: Any = None
+    task: Any = None
+    key: Hashable | None = None
     result: Any = None
     error: BaseException | None = None
     done: bool = False
 
     def group_key(self) -> tuple[Any, ...]:
         """Calls with equal keys can be fused: same kernel, shapes past the client dimension,
-        dtypes, device, step size and the same optional inputs."""
+        dtypes, device, step size and the same optional inputs; or rounds of one algorithm
+        class with equal stack keys."""
+        if self.kind == "train":
+            return ("train", type(self.algorithm), self.key)
         tensors = [self.flat, self.x, self.y, *self.opts.values()]
         shapes = tuple(
             (tuple(t.shape[1:]), t.dtype, t.device) if isinstance(t, torch.Tensor) else repr(t)
@@ -85,7 +92,8 @@ class Lockstep:
         # kernel that calls another routed kernel (the generic ``sgd_step`` calls
         # ``self.loss_and_grad``) calls it directly, not through the rendezvous again.
         self._executing: threading.Thread | None = None
-        self.fused_calls = 0  # fused kernel calls made (for the log and tests)
+        self.fused_calls = 0  # fused kernel calls and stacked rounds made (log and tests)
+        self.stacked_rounds = 0  # of which rounds of several runs trained as one
         self.single_calls = 0  # calls that ran alone (no partner of the same shape)
 
     def attach(self, run: int, model: BatchedModel) -> None:
@@ -94,6 +102,14 @@ class Lockstep:
         step, grad = model.sgd_step, model.loss_and_grad
         model.sgd_step = functools.partial(self._sgd_step, run, model, step)  # type: ignore[method-assign]
         model.loss_and_grad = functools.partial(self._loss_and_grad, run, model, grad)  # type: ignore[method-assign]
+
+    def attach_algorithm(self, run: int, algorithm: Any) -> None:
+        """Route run ``run``'s ``algorithm.train`` through the rendezvous: rounds whose
+        :meth:`~fedhp.algorithms.base.Algorithm.stack_key` is not None meet, and those with
+        equal keys train as ONE round (``stacked_train``: every run's clients rows of the same
+        tensors); the others train as they would alone."""
+        original = algorithm.train
+        algorithm.train = functools.partial(self._train, run, algorithm, original)
 
     def begin(self) -> None:
         """Give the first turn (call once, after every run's thread has started)."""
@@ -154,6 +170,16 @@ class Lockstep:
         result: tuple[torch.Tensor, torch.Tensor] = self._wait(call)
         return result
 
+    def _train(
+        self, run: int, algorithm: Any, original: Callable[..., Any], state: Any, task: Any
+    ) -> Any:
+        key = algorithm.stack_key(state, task)
+        if key is None or self._executing is threading.current_thread():
+            return original(state, task)
+        call = _Call(run, "train", None, original, algorithm=algorithm, state=state, task=task)
+        call.key = key
+        return self._wait(call)
+
     def _wait(self, call: _Call) -> Any:
         """Register ``call`` (its thread has the turn); run every pending call if it was the
         last awaited, else hand the turn on and sleep until the call is done and the turn
@@ -190,6 +216,7 @@ class Lockstep:
                         _alone(group[0])
                     else:
                         self.fused_calls += 1
+                        self.stacked_rounds += group[0].kind == "train"
                         _fused(group)
                 except BaseException as err:  # each run raises it in its own thread
                     for call in group:
@@ -202,25 +229,34 @@ class Lockstep:
 
 
 def _alone(call: _Call) -> None:
-    if call.kind == "sgd_step":
+    if call.kind == "train":
+        call.result = call.original(call.state, call.task)
+    elif call.kind == "sgd_step":
         call.result = call.original(call.flat, call.x, call.y, call.lr, call.before)
     else:
         call.result = call.original(call.flat, call.x, call.y, **call.opts)
 
 
 def _fused(group: list[_Call]) -> None:
-    """One kernel call on the rows of every call of ``group``; each gets its rows back."""
-    sizes = [c.flat.shape[0] for c in group]
-    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-    rows = [slice(bounds[i], bounds[i + 1]) for i in range(len(group))]
-    flat = torch.cat([c.flat for c in group])
-    x, y = torch.cat([c.x for c in group]), torch.cat([c.y for c in group])
+    """One kernel call on the rows of every call of ``group``; each gets its rows back (or one
+    stacked round of their algorithms)."""
     lead = group[0]
+    if lead.kind == "train":
+        items = [(c.algorithm, c.state, c.task) for c in group]
+        for call, update in zip(group, type(lead.algorithm).stacked_train(items), strict=True):
+            call.result = update
+        return
+    flats = [_rows(c.flat) for c in group]
+    bounds = [sum(f.shape[0] for f in flats[:i]) for i in range(len(flats) + 1)]
+    rows = [slice(bounds[i], bounds[i + 1]) for i in range(len(group))]
+    flat = torch.cat(flats)
+    x = torch.cat([_rows(c.x) for c in group])
+    y = torch.cat([_rows(c.y) for c in group])
     if lead.kind == "sgd_step":
         before = None if lead.before is None else _fused_hook(group, flat, rows)
         loss = lead.original(flat, x, y, lead.lr, before)
-        for call, part in zip(group, rows, strict=True):
-            call.flat.copy_(flat[part])
+        for own, part, call in zip(flats, rows, group, strict=True):
+            own.copy_(flat[part])
             call.result = loss[part]
         return
     opts = {k: torch.cat([c.opts[k] for c in group]) for k in lead.opts}
@@ -231,6 +267,12 @@ def _fused(group: list[_Call]) -> None:
         call.result = (loss[part], grad[part])
 
 
+def _rows(t: torch.Tensor | None) -> torch.Tensor:
+    """A kernel call's tensor (present on every model call)."""
+    assert t is not None
+    return t
+
+
 def _fused_hook(group: list[_Call], flat: torch.Tensor, rows: list[slice]) -> ColumnHook:
     """The fused step's column hook: each run's own hook on its own (not yet stepped) rows,
     then those columns into the fused rows, before the model steps them."""
@@ -239,6 +281,6 @@ def _fused_hook(group: list[_Call], flat: torch.Tensor, rows: list[slice]) -> Co
         for call, part in zip(group, rows, strict=True):
             assert call.before is not None
             call.before(lo, hi)
-            flat[part, lo:hi].copy_(call.flat[:, lo:hi])
+            flat[part, lo:hi].copy_(_rows(call.flat)[:, lo:hi])
 
     return before

@@ -82,7 +82,7 @@ def _work(batch: Sequence[RunSpec], batching: str) -> _Outcome:
 
 def _how(report: BatchReport) -> str:
     if report.batching == "lockstep":
-        return f"in lockstep ({report.fused_calls} fused model calls){report.carried()}"
+        return f"{report.lockstep_line()}{report.carried()}"
     how = {"kept": "all finished before: kept", "sequential": "one after another"}.get(
         report.batching, report.batching
     )

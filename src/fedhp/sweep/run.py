@@ -206,7 +206,7 @@ def _execute(
             reports.append(report)
             how = {
                 "kept": "all finished before: kept",
-                "lockstep": f"in lockstep ({report.fused_calls} fused model calls)",
+                "lockstep": report.lockstep_line(),
                 "sequential": "one after another (their kernels are not fused)",
             }[report.batching]
             log(

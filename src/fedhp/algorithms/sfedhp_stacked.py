@@ -1,0 +1,304 @@
+"""sFedHP's round for S runs at once — runs as rows (issue 40, ``fedhp sweep``).
+
+S runs of one sweep batch (same model, R, K, minibatch size, step sizes; their own seeds and λ)
+train their R local rounds as ONE round: run s's clients are a block of rows of one
+``theta [ΣC, P]``, its edges a block of one ``[ΣE, P]``, and each local round's work is one
+pass over all of them, written as the fused round writes it for one run
+(:mod:`fedhp.algorithms.sfedhp_fused`)::
+
+    for r in range(R):
+        phi_sent, w_sent = truncate(phi_edge), truncate(w_edge)       # every run's edges
+        x, y = cat(draw_s() for each run s)          # each run's own generator, as alone
+        theta = phi_sent[edge_of]                    # at r = 0 (theta_init round)
+        K times: theta <- lerp(theta, phi_sent[edge_of], lr * lam1[row]) - lr grad
+        phi_ij = lerp(w_sent[edge_of], theta, lam1 / (lam1 + lam2)[row])    # the uploads
+        phi_edge = segment_mean(phi_ij, edge_of)     # edge rows never mix runs
+        w_edge -= eta1 * lam2[edge] * (w_edge - phi_edge)
+
+Nothing crosses a run's block: every operation is per row (or per edge, whose clients are all of
+one run), each run's λ enters as its rows' value, and each run draws its minibatches from its own
+generator, bills its own ledger and gets its own :class:`~fedhp.algorithms.task.Update` — what
+:func:`~fedhp.algorithms.sfedhp_fused.fused_train` gives it alone, bit for bit on the CPU
+(``tests/algorithms/test_sfedhp_stacked.py``; ``tests/sweep/test_lockstep.py`` on whole runs).
+What one run does alone S times (launches, Python work per local round) is done once.
+
+The runs meet through :class:`~fedhp.sweep.lockstep.Lockstep` (:meth:`SFedHP.stack_key`). A run
+whose round this module does not cover — sparse penalties (γ > 0), the Nesterov inner solver, an
+attack on the uploads or a robust rule at the edges — trains alone
+(:func:`stack_key` returns None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedhp.algorithms.base import State
+from fedhp.algorithms.fused import count_sent, truncate_
+from fedhp.algorithms.penalties import truncate
+from fedhp.algorithms.task import Task, Update
+from fedhp.data.rows import slice_rows
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fedhp.algorithms.sfedhp import SFedHP
+
+
+def stack_key(algo: SFedHP, state: State, task: Task) -> Hashable | None:
+    """What runs must share to train this round stacked (None: this round trains alone): the
+    round's shapes and step sizes, the model, the device and the zero threshold."""
+    opt, ctx = algo.options, algo.ctx
+    uplink = ctx.edge_uplink
+    forges = uplink.attack is not None and uplink.attack.on_uploads
+    plain = opt.inner == "gd" and not task.scalars["gamma1"] and not task.scalars["gamma2"]
+    if not (algo.fused and plain and uplink.folds and not forges and not uplink.momentum):
+        return None
+    w = task.broadcast["global"]
+    model = (type(ctx.model).__qualname__, ctx.model.num_params)
+    steps = (opt.R, opt.K, opt.batch_size, opt.lr, opt.global_lr, opt.theta_init)
+    return ("sfedhp", steps, model, w.shape[-1], w.dtype, str(w.device), ctx.zero_threshold)
+
+
+@dataclass
+class _Run:
+    """One run's share of the stacked round: its clients ``rows`` and edges ``edge_rows`` (slices
+    of the stacked tensors) and what it bills and draws with."""
+
+    algo: SFedHP
+    state: State
+    task: Task
+    rows: slice
+    edge_rows: slice
+    draw: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    ids: torch.Tensor  # the clients' global ids (ledger)
+    recv_seg: torch.Tensor  # receivers of the edges' broadcasts (clients, stragglers): edge pos.
+    recv_ids: torch.Tensor
+
+    @property
+    def pull(self) -> float:
+        """``lr * lam1``: how far one θ step moves towards the received centre."""
+        opt = self.algo.options
+        return opt.lr * opt.lam1_value
+
+    @property
+    def mix_weight(self) -> float:
+        """``lam1 / (lam1 + lam2)``: the upload as a lerp from ``w_i`` towards θ."""
+        opt = self.algo.options
+        return opt.lam1_value / (opt.lam1_value + opt.lam2_value)
+
+
+def _per_row(values: list[float], sizes: list[int], like: torch.Tensor) -> float | torch.Tensor:
+    """One value per run as a ``[rows, 1]`` column (each run's value on its rows), or the value
+    itself where every run has the same (the scalar form of the fused round)."""
+    if len(set(values)) == 1:
+        return values[0]
+    column = torch.tensor(values, dtype=like.dtype).repeat_interleave(torch.tensor(sizes))
+    return column.to(like.device).unsqueeze(1)
+
+
+def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
+    """The R local rounds of every run of ``items`` (each ``(algorithm, state, task)`` of one
+    run, all with the same :func:`stack_key`) as one round; each run's update, as alone."""
+    lead = items[0][0]
+    opt, eps = lead.options, lead.ctx.zero_threshold
+    runs, c0, e0 = [], 0, 0
+    for algo, state, task in items:
+        ctx, edges = algo.ctx, task.edges
+        assert edges is not None
+        c, n = len(task.clients), len(edges)
+        late = task.stragglers if task.stragglers is not None else task.clients[:0]
+        ids = ctx.global_clients(task.clients)
+        recv_seg = torch.cat(
+            (ctx.edge_positions(task.clients, edges), ctx.edge_positions(late, edges))
+        )
+        runs.append(
+            _Run(
+                algo, state, task, slice(c0, c0 + c), slice(e0, e0 + n),
+                ctx.batches(task.clients, opt.batch_size), ids, recv_seg,
+                torch.cat((ids, ctx.global_clients(late))),
+            )
+        )  # fmt: skip
+        c0, e0 = c0 + c, e0 + n
+    # Each client's edge as a row of the stacked edges: run s's edges follow run s - 1's.
+    edge_of = torch.cat(
+        [
+            r.algo.ctx.edge_positions(r.task.clients, r.task.edges) + r.edge_rows.start  # type: ignore[arg-type]
+            for r in runs
+        ]
+    )
+    w_edge = torch.cat([r.task.broadcast["global"].expand(len(r.task.edges), -1) for r in runs])  # type: ignore[arg-type]
+    p, dtype, dev = w_edge.shape[1], w_edge.dtype, w_edge.device
+    phi_edge, phi_sum = w_edge.clone(), torch.empty_like(w_edge)
+    w_sent = w_edge if eps <= 0 else torch.empty_like(w_edge)
+    scratch = torch.empty_like(w_edge)
+    if opt.theta_init == "warm":
+        theta = torch.cat([r.state["theta"][r.task.clients] for r in runs])
+    else:
+        theta = w_edge.new_empty(c0, p)
+    weights = torch.cat([r.algo.ctx.client_weights(r.task.clients) for r in runs]).to(dtype)
+    uniform = bool((weights == 1).all())
+    totals = torch.zeros(e0, dtype=dtype, device=dev).index_add_(0, edge_of, weights)
+    denominator = totals.clamp(min=torch.finfo(dtype).tiny).unsqueeze(1)
+    client_sizes = [r.rows.stop - r.rows.start for r in runs]
+    edge_sizes = [r.edge_rows.stop - r.edge_rows.start for r in runs]
+    mix = _per_row([r.mix_weight for r in runs], client_sizes, theta)
+    lam2 = _per_row([r.algo.options.lam2_value for r in runs], edge_sizes, w_edge)
+    steps = _ThetaSteps.of(runs, edge_of, theta)
+    chunk = lead.ctx.policy.chunk(p, c0)
+    bounds = [(a, min(a + chunk, c0)) for a in range(0, c0, chunk)]
+    buffer = theta.new_empty(min(chunk, c0), p)
+    part_scratch = buffer if uniform else torch.empty_like(buffer)
+    down_counts, up_counts = theta.new_empty(opt.R, 2, e0), theta.new_empty(opt.R, c0)
+    start_theta = opt.theta_init == "reset"
+    losses = []
+    for r in range(opt.R):
+        phi_sent = truncate_(phi_edge, eps)
+        w_sent = w_sent if eps <= 0 else truncate_(w_edge, eps, out=w_sent)
+        count_sent(phi_sent, eps, scratch, out=down_counts[r, 0])
+        count_sent(w_sent, eps, scratch, out=down_counts[r, 1])
+        drawn = [run.draw() for run in runs]
+        x = torch.cat([d[0] for d in drawn]) if len(drawn) > 1 else drawn[0][0]
+        y = torch.cat([d[1] for d in drawn]) if len(drawn) > 1 else drawn[0][1]
+        loss = torch.empty(c0, device=dev)
+        phi_sum.zero_()
+        for a, b in bounds:  # cache-sized parts, each trained K steps and uploaded in one pass
+            if start_theta or (opt.theta_init == "round" and r == 0):
+                torch.index_select(phi_sent, 0, edge_of[a:b], out=theta[a:b])
+            loss[a:b] = steps.solve(theta, phi_sent, x, y, a, b)
+            mixed = torch.index_select(w_sent, 0, edge_of[a:b], out=buffer[: b - a])
+            mix_rows = mix if isinstance(mix, float) else mix[a:b]
+            torch.lerp(mixed, theta[a:b], mix_rows, out=mixed)
+            truncate_(mixed, eps)
+            if uniform:  # count last, on the values themselves
+                phi_sum.index_add_(0, edge_of[a:b], mixed)
+                count_sent(mixed, eps, mixed, out=up_counts[r, a:b])
+            else:
+                count_sent(mixed, eps, part_scratch[: b - a], out=up_counts[r, a:b])
+                mixed.mul_(weights[a:b].unsqueeze(1))
+                phi_sum.index_add_(0, edge_of[a:b], mixed)
+        losses.append(loss)
+        phi_edge, phi_sum = phi_sum.div_(denominator), phi_edge
+        step = torch.sub(w_edge, phi_edge, out=scratch).mul_(lam2)
+        w_edge.sub_(step, alpha=opt.global_lr)
+    loss_rows = torch.stack(losses)
+    return [_finish(run, theta, w_edge, down_counts, up_counts, loss_rows) for run in runs]
+
+
+def _finish(
+    run: _Run,
+    theta: torch.Tensor,
+    w_edge: torch.Tensor,
+    down_counts: torch.Tensor,
+    up_counts: torch.Tensor,
+    losses: torch.Tensor,
+) -> Update:
+    """Run ``run``'s share of the stacked round: its messages billed to its ledger, its state
+    written, its update (as :func:`~fedhp.algorithms.sfedhp_fused.fused_train` returns it)."""
+    ctx, task, p = run.algo.ctx, run.task, theta.shape[1]
+    edges, agg = task.edges, task.up_edges
+    assert edges is not None and agg is not None
+    down = down_counts[:, :, run.edge_rows][:, :, run.recv_seg]  # [R, 2, receivers]
+    nodes = run.recv_ids.expand_as(down)
+    ctx.ledger.record_counts("client_edge", "down", down.to(torch.int64), p, nodes=nodes)
+    up = up_counts[:, run.rows]
+    ctx.ledger.record_counts(
+        "client_edge", "up", up.to(torch.int64), p, nodes=run.ids.expand_as(up)
+    )
+    mine = w_edge[run.edge_rows]
+    run.state["theta"][task.clients] = theta[run.rows]
+    run.state["edge"][edges] = mine
+    sent_up = truncate(mine[torch.searchsorted(edges, agg)], ctx.zero_threshold)
+    return Update(per_edge={"w": sent_up}, losses=losses[:, run.rows].clone())
+
+
+@dataclass
+class _ThetaSteps:
+    """The K θ steps of the stacked clients: the model's ``sgd_step`` on a part's rows, with each
+    run's pull towards its received centre applied to each layer's columns inside it (the
+    ``_prox_steps`` of the fused round). On the CPU each edge's clients are pulled towards the
+    edge's row in place (as alone); on a GPU the centres are gathered and pulled in one launch."""
+
+    runs: Sequence[_Run]
+    edge_of: torch.Tensor
+    segments: list[tuple[int, int, int, float]]  # (first row, end row, edge row, pull)
+    pull_rows: torch.Tensor | float  # each row's run's pull (GPU path)
+    landing: list[tuple[int, int]]  # row ranges whose pull is exactly 1 (the step lands on c)
+    gather: bool
+
+    @classmethod
+    def of(cls, runs: Sequence[_Run], edge_of: torch.Tensor, theta: torch.Tensor) -> _ThetaSteps:
+        segments: list[tuple[int, int, int, float]] = []
+        for run in runs:
+            for row, edge in enumerate(edge_of[run.rows].tolist(), start=run.rows.start):
+                if segments and segments[-1][2] == edge and segments[-1][1] == row:
+                    a, _, e, pull = segments[-1]
+                    segments[-1] = (a, row + 1, e, pull)
+                else:
+                    segments.append((row, row + 1, edge, run.pull))
+        sizes = [r.rows.stop - r.rows.start for r in runs]
+        landing = [(r.rows.start, r.rows.stop) for r in runs if r.pull == 1.0]
+        pull_rows = _per_row([r.pull for r in runs], sizes, theta)
+        return cls(runs, edge_of, segments, pull_rows, landing, theta.device.type == "cuda")
+
+    def solve(
+        self, theta: torch.Tensor, centres: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+        a: int, b: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """K steps on rows ``a .. b - 1`` of ``theta``, in place; the data loss at the last
+        step's start point."""
+        run0 = self.runs[0]
+        opt, model = run0.algo.options, run0.algo.ctx.model
+        rows, xa, ya = theta[a:b], slice_rows(x, a, b), y[a:b]
+        hook = (
+            self._gathered(centres, rows, a, b)
+            if self.gather
+            else self._by_edge(centres, theta, a, b)
+        )
+        loss = torch.zeros(b - a, device=theta.device)
+        for _ in range(opt.K):
+            for run in self.runs:  # each run's own counter of trained samples
+                lo, hi = max(a, run.rows.start), min(b, run.rows.stop)
+                if lo < hi:
+                    run.algo.ctx.model.count_trained(slice_rows(x, lo, hi))
+            loss = model.sgd_step(rows, xa, ya, opt.lr, hook)
+        return loss
+
+    def _by_edge(
+        self, centres: torch.Tensor, theta: torch.Tensor, a: int, b: int
+    ) -> Callable[[int, int], None]:
+        """Each edge's clients (rows of ``a .. b - 1``) pulled towards its row, in place."""
+        parts = [
+            (max(s, a), min(t, b), e, pull) for s, t, e, pull in self.segments if s < b and t > a
+        ]
+
+        def towards_centre(lo: int, hi: int) -> None:
+            for s, t, e, pull in parts:
+                rows, centre = theta[s:t, lo:hi], centres[e, lo:hi]
+                if pull == 1.0:
+                    rows.copy_(centre)  # lerp with weight 1 is the centre itself
+                else:
+                    rows.lerp_(centre, pull)
+
+        return towards_centre
+
+    def _gathered(
+        self, centres: torch.Tensor, rows: torch.Tensor, a: int, b: int
+    ) -> Callable[[int, int], None]:
+        """The part's centres gathered once, every row pulled in one launch per layer."""
+        mine = centres.index_select(0, self.edge_of[a:b])
+        pull = self.pull_rows if isinstance(self.pull_rows, float) else self.pull_rows[a:b]
+        landing = [(max(s, a) - a, min(t, b) - a) for s, t in self.landing if s < b and t > a]
+
+        def towards_centre(lo: int, hi: int) -> None:
+            if isinstance(pull, float) and pull == 1.0:
+                rows[:, lo:hi].copy_(mine[:, lo:hi])
+                return
+            rows[:, lo:hi].lerp_(mine[:, lo:hi], pull)
+            for s, t in landing:  # (a lerp with weight 1 may flip the sign of a zero)
+                rows[s:t, lo:hi].copy_(mine[s:t, lo:hi])
+
+        return towards_centre
