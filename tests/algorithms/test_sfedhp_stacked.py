@@ -13,6 +13,7 @@ from fedhp.algorithms import sfedhp_stacked
 from fedhp.algorithms.sfedhp_stacked import stack_key, stacked_train
 from fedhp.build import build_experiment
 from fedhp.config import resolve_config
+from fedhp.engine import run_rows
 from fedhp.engine.experiment import MODEL_SEED_OFFSET
 
 BASE = [
@@ -96,6 +97,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
         ["algorithm.theta_init=reset"],
         ["federation.num_edges=3", "federation.edges_per_round=2"],  # edges sampled per run
         ["engine.clients_per_chunk=4"],  # parts that span two runs
+        ["federation.sampling=with_replacement"],  # each run draws alone
     ],
 )
 def test_each_run_of_a_stack_gets_what_it_gets_alone(extra: list[str]) -> None:
@@ -164,3 +166,30 @@ def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:
     exp, state, task = _start(extra)
     assert stack_key(exp.algorithm, state, task) is None
     assert exp.algorithm.stack_key(state, task) is None
+
+
+def test_the_runs_draw_their_minibatches_as_one_where_they_can() -> None:
+    """Without replacement and with every client holding a minibatch, the runs' draws are one
+    (:mod:`fedhp.engine.run_rows`); with replacement each run draws alone."""
+    together = [_start(overrides)[0].ctx for overrides in RUNS]
+    assert run_rows.stacks(together, 20)
+    assert not run_rows.stacks(together, 10_000)  # a minibatch larger than a client
+    apart = [_start([*o, "federation.sampling=with_replacement"])[0].ctx for o in RUNS]
+    assert not run_rows.stacks(apart, 20)
+
+
+def test_a_draw_from_another_runs_data_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant a crossing in the stacked draw (each run's samples read from the next run's
+    data): the comparison with the runs alone must see it."""
+    alone = _alone(RUNS, [])
+    real = run_rows.StackedData.of
+
+    def shifted(contexts: Any) -> run_rows.StackedData:
+        data = real(contexts)
+        return run_rows.StackedData(data.x, data.y, data.starts[1:] + data.starts[:1])
+
+    monkeypatch.setattr(run_rows.StackedData, "of", shifted)
+    monkeypatch.setattr(run_rows, "_LAST", [])
+    with pytest.raises(AssertionError):
+        for a, b in zip(alone, _stacked(RUNS, []), strict=True):
+            _same(a, b)

@@ -41,6 +41,7 @@ from fedhp.algorithms.fused import count_sent, truncate_
 from fedhp.algorithms.penalties import truncate
 from fedhp.algorithms.task import Task, Update
 from fedhp.data.rows import slice_rows
+from fedhp.engine.run_rows import Draw, stacked_data, stacked_draw, stacks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -143,9 +144,7 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
     uniform = bool((weights == 1).all())
     totals = torch.zeros(e0, dtype=dtype, device=dev).index_add_(0, edge_of, weights)
     denominator = totals.clamp(min=torch.finfo(dtype).tiny).unsqueeze(1)
-    client_sizes = [r.rows.stop - r.rows.start for r in runs]
     edge_sizes = [r.edge_rows.stop - r.edge_rows.start for r in runs]
-    mix = _per_row([r.mix_weight for r in runs], client_sizes, theta)
     lam2 = _per_row([r.algo.options.lam2_value for r in runs], edge_sizes, w_edge)
     steps = _ThetaSteps.of(runs, edge_of, theta)
     chunk = lead.ctx.policy.chunk(p, c0)
@@ -154,24 +153,21 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
     part_scratch = buffer if uniform else torch.empty_like(buffer)
     down_counts, up_counts = theta.new_empty(opt.R, 2, e0), theta.new_empty(opt.R, c0)
     start_theta = opt.theta_init == "reset"
+    draw = _draws(runs, opt.batch_size)
     losses = []
     for r in range(opt.R):
         phi_sent = truncate_(phi_edge, eps)
         w_sent = w_sent if eps <= 0 else truncate_(w_edge, eps, out=w_sent)
         count_sent(phi_sent, eps, scratch, out=down_counts[r, 0])
         count_sent(w_sent, eps, scratch, out=down_counts[r, 1])
-        drawn = [run.draw() for run in runs]
-        x = torch.cat([d[0] for d in drawn]) if len(drawn) > 1 else drawn[0][0]
-        y = torch.cat([d[1] for d in drawn]) if len(drawn) > 1 else drawn[0][1]
+        x, y = draw()
         loss = torch.empty(c0, device=dev)
         phi_sum.zero_()
         for a, b in bounds:  # cache-sized parts, each trained K steps and uploaded in one pass
             if start_theta or (opt.theta_init == "round" and r == 0):
                 torch.index_select(phi_sent, 0, edge_of[a:b], out=theta[a:b])
             loss[a:b] = steps.solve(theta, phi_sent, x, y, a, b)
-            mixed = torch.index_select(w_sent, 0, edge_of[a:b], out=buffer[: b - a])
-            mix_rows = mix if isinstance(mix, float) else mix[a:b]
-            torch.lerp(mixed, theta[a:b], mix_rows, out=mixed)
+            mixed = steps.uploads(w_sent, theta, a, b, buffer[: b - a])
             truncate_(mixed, eps)
             if uniform:  # count last, on the values themselves
                 phi_sum.index_add_(0, edge_of[a:b], mixed)
@@ -186,6 +182,23 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
         w_edge.sub_(step, alpha=opt.global_lr)
     loss_rows = torch.stack(losses)
     return [_finish(run, theta, w_edge, down_counts, up_counts, loss_rows) for run in runs]
+
+
+def _draws(runs: Sequence[_Run], batch_size: int) -> Draw:
+    """Every run's minibatches of a local round, run after run: drawn as one where the runs'
+    draws allow it (:mod:`fedhp.engine.run_rows`), else each run's own draw."""
+    contexts = [run.algo.ctx for run in runs]
+    if len(runs) > 1 and stacks(contexts, batch_size):
+        clients = [run.task.clients for run in runs]
+        return stacked_draw(contexts, clients, batch_size, stacked_data(contexts))
+
+    def each() -> tuple[torch.Tensor, torch.Tensor]:
+        drawn = [run.draw() for run in runs]
+        if len(drawn) == 1:
+            return drawn[0]
+        return torch.cat([d[0] for d in drawn]), torch.cat([d[1] for d in drawn])
+
+    return each
 
 
 def _finish(
@@ -224,25 +237,47 @@ class _ThetaSteps:
 
     runs: Sequence[_Run]
     edge_of: torch.Tensor
-    segments: list[tuple[int, int, int, float]]  # (first row, end row, edge row, pull)
+    segments: list[tuple[int, int, int, _Run]]  # (first row, end row, edge row, its run)
     pull_rows: torch.Tensor | float  # each row's run's pull (GPU path)
-    landing: list[tuple[int, int]]  # row ranges whose pull is exactly 1 (the step lands on c)
+    mix_rows: torch.Tensor | float  # each row's run's upload mix weight (GPU path)
+    lands: torch.Tensor | None  # [rows, 1]: the run's pull is exactly 1 (the step lands on c)
     gather: bool
 
     @classmethod
     def of(cls, runs: Sequence[_Run], edge_of: torch.Tensor, theta: torch.Tensor) -> _ThetaSteps:
-        segments: list[tuple[int, int, int, float]] = []
+        segments: list[tuple[int, int, int, _Run]] = []
         for run in runs:
             for row, edge in enumerate(edge_of[run.rows].tolist(), start=run.rows.start):
                 if segments and segments[-1][2] == edge and segments[-1][1] == row:
-                    a, _, e, pull = segments[-1]
-                    segments[-1] = (a, row + 1, e, pull)
+                    a, _, e, _ = segments[-1]
+                    segments[-1] = (a, row + 1, e, run)
                 else:
-                    segments.append((row, row + 1, edge, run.pull))
+                    segments.append((row, row + 1, edge, run))
         sizes = [r.rows.stop - r.rows.start for r in runs]
-        landing = [(r.rows.start, r.rows.stop) for r in runs if r.pull == 1.0]
+        landing = [float(r.pull == 1.0) for r in runs]
+        column = _per_row(landing, sizes, theta)  # (None where no run, or every run, lands)
+        lands = column.bool() if isinstance(column, torch.Tensor) else None
         pull_rows = _per_row([r.pull for r in runs], sizes, theta)
-        return cls(runs, edge_of, segments, pull_rows, landing, theta.device.type == "cuda")
+        mix_rows = _per_row([r.mix_weight for r in runs], sizes, theta)
+        gather = theta.device.type == "cuda"
+        return cls(runs, edge_of, segments, pull_rows, mix_rows, lands, gather)
+
+    def _segments(self, a: int, b: int) -> list[tuple[int, int, int, _Run]]:
+        """The edge segments of rows ``a .. b - 1`` (cut at the part's ends)."""
+        return [(max(s, a), min(t, b), e, r) for s, t, e, r in self.segments if s < b and t > a]
+
+    def uploads(
+        self, w_sent: torch.Tensor, theta: torch.Tensor, a: int, b: int, out: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows ``a .. b - 1``'s uploads ``lerp(w_i, theta, lam1 / (lam1 + lam2))`` into ``out``:
+        edge by edge from the edge's row (CPU), or from the gathered rows in one launch (GPU)."""
+        if self.gather:
+            torch.index_select(w_sent, 0, self.edge_of[a:b], out=out)
+            mix = self.mix_rows if isinstance(self.mix_rows, float) else self.mix_rows[a:b]
+            return torch.lerp(out, theta[a:b], mix, out=out)
+        for s, t, e, run in self._segments(a, b):
+            torch.lerp(w_sent[e], theta[s:t], run.mix_weight, out=out[s - a : t - a])
+        return out
 
     def solve(
         self, theta: torch.Tensor, centres: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
@@ -271,9 +306,7 @@ class _ThetaSteps:
         self, centres: torch.Tensor, theta: torch.Tensor, a: int, b: int
     ) -> Callable[[int, int], None]:
         """Each edge's clients (rows of ``a .. b - 1``) pulled towards its row, in place."""
-        parts = [
-            (max(s, a), min(t, b), e, pull) for s, t, e, pull in self.segments if s < b and t > a
-        ]
+        parts = [(s, t, e, run.pull) for s, t, e, run in self._segments(a, b)]
 
         def towards_centre(lo: int, hi: int) -> None:
             for s, t, e, pull in parts:
@@ -291,14 +324,15 @@ class _ThetaSteps:
         """The part's centres gathered once, every row pulled in one launch per layer."""
         mine = centres.index_select(0, self.edge_of[a:b])
         pull = self.pull_rows if isinstance(self.pull_rows, float) else self.pull_rows[a:b]
-        landing = [(max(s, a) - a, min(t, b) - a) for s, t in self.landing if s < b and t > a]
+        lands = None if self.lands is None else self.lands[a:b]
 
         def towards_centre(lo: int, hi: int) -> None:
+            own, centre = rows[:, lo:hi], mine[:, lo:hi]
             if isinstance(pull, float) and pull == 1.0:
-                rows[:, lo:hi].copy_(mine[:, lo:hi])
-                return
-            rows[:, lo:hi].lerp_(mine[:, lo:hi], pull)
-            for s, t in landing:  # (a lerp with weight 1 may flip the sign of a zero)
-                rows[s:t, lo:hi].copy_(mine[s:t, lo:hi])
+                own.copy_(centre)
+            elif lands is None:
+                own.lerp_(centre, pull)
+            else:  # (a lerp with weight 1 may flip the sign of a zero: those rows copy)
+                torch.where(lands, centre, own.lerp_(centre, pull), out=own)
 
         return towards_centre

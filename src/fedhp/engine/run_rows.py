@@ -1,0 +1,114 @@
+"""Runs as rows: the minibatches of several runs' clients drawn and gathered as one.
+
+Run s draws exactly what it draws alone — the random keys from its own generator, its own clients'
+rows of them — but the rest of a draw (masking past each client's count, the top-k, the gather
+of the samples) is one operation over every run's clients, from the runs' training data stacked
+once. Used by a method's stacked round (``Algorithm.stacked_train``) so that S runs cost one
+draw's launches, not S; where the runs' draws differ in kind (with replacement, a minibatch larger
+than a client, per-access feature noise, sparse features, another key width), each run draws
+alone.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fedhp.data.rows import take_rows
+from fedhp.engine.context import RunContext
+from fedhp.engine.sampler import MAX_KEYS
+
+Draw = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class StackedData:
+    """The training samples of several runs in one tensor: run s's sample i is row
+    ``starts[s] + i``."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    starts: list[int]
+
+    @classmethod
+    def of(cls, contexts: Sequence[RunContext]) -> StackedData:
+        trains = [ctx.fed.train for ctx in contexts]
+        sizes = [int(t.x.shape[0]) for t in trains]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return cls(torch.cat([t.x for t in trains]), torch.cat([t.y for t in trains]), starts)
+
+
+_LAST: list[tuple[list[weakref.ref[object]], StackedData]] = []
+
+
+def stacked_data(contexts: Sequence[RunContext]) -> StackedData:
+    """:meth:`StackedData.of` the runs' training data, kept for the next call on the same runs
+    (a batch's rounds: the data is stacked once per batch, not per round)."""
+    trains = [ctx.fed.train for ctx in contexts]
+    if _LAST:
+        refs, data = _LAST[0]
+        if len(refs) == len(trains) and all(r() is t for r, t in zip(refs, trains, strict=True)):
+            return data
+    data = StackedData.of(contexts)
+    _LAST[:] = [([weakref.ref(t) for t in trains], data)]
+    return data
+
+
+def stacks(contexts: Sequence[RunContext], batch_size: int) -> bool:
+    """Whether the runs' draws can be made as one: each draws its minibatches by one top-k over a
+    key per sample (without replacement, every client holding at least ``batch_size``), all with
+    the same key width, from dense features without per-access noise."""
+    first = contexts[0]
+    for ctx in contexts:
+        sampler, train = ctx.sampler, ctx.fed.train
+        if sampler.replacement or batch_size > sampler.min_count:
+            return False
+        if sampler.total * sampler.max_count > MAX_KEYS or sampler.rows is not None:
+            return False
+        if train.noise_std is not None or train.x.is_sparse:
+            return False
+        same = sampler.max_count == first.sampler.max_count
+        if not same or train.x.shape[1:] != first.fed.train.x.shape[1:]:
+            return False
+        if train.x.dtype != first.fed.train.x.dtype or train.x.device != first.fed.train.x.device:
+            return False
+    return True
+
+
+def stacked_draw(
+    contexts: Sequence[RunContext],
+    clients: Sequence[torch.Tensor],
+    batch_size: int,
+    data: StackedData,
+) -> Draw:
+    """A callable yielding one minibatch of every run's ``clients`` (run s's rows follow run
+    s - 1's), each run's indices drawn as its :meth:`BatchSampler.draw
+    <fedhp.engine.sampler.BatchSampler.draw>` draws them (requires :func:`stacks`)."""
+    device = contexts[0].sampler.counts.device
+    counts = torch.cat([ctx.sampler.counts[c] for ctx, c in zip(contexts, clients, strict=True)])
+    first_rows = torch.cat(
+        [
+            ctx.fed.train.offsets[c].to(device) + start
+            for ctx, c, start in zip(contexts, clients, data.starts, strict=True)
+        ]
+    ).unsqueeze(1)
+    width = contexts[0].sampler.max_count
+    keys_of = [(ctx.sampler.total, ctx.sampler.generator) for ctx in contexts]
+    beyond = torch.arange(width, device=device).unsqueeze(0) >= counts.unsqueeze(1)
+
+    def draw() -> tuple[torch.Tensor, torch.Tensor]:
+        keys = torch.cat(
+            [
+                torch.rand(total, width, generator=gen, device=device)[c]
+                for (total, gen), c in zip(keys_of, clients, strict=True)
+            ]
+        )
+        keys = keys.masked_fill(beyond, 2.0)
+        idx = torch.topk(keys, batch_size, dim=1, largest=False, sorted=False).indices
+        rows = first_rows.to(idx.device) + idx
+        return take_rows(data.x, rows), data.y[rows]
+
+    return draw
