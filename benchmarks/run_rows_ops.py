@@ -1,0 +1,141 @@
+"""What runs as rows save a GPU, counted on any machine (issue 40): the kernels S runs launch.
+
+A small federation on a GPU is launch-bound (docs/gpu.md, "Measured on an H200": the default
+sFedHP run's round is 4,160 launches and 0.024 s of kernels in 0.070 s). Every torch operation
+that is not a view launches (at least) one kernel there, so counting the operations dispatched
+— here, on the CPU, with a ``TorchDispatchMode`` — counts the launches a GPU would make, without
+one. For S runs of sFedHP (the default ``fedhp run`` experiment, seeds × λ), it counts
+
+* ``train_alone``: one round below the cloud (``train``: the R local rounds), every run alone;
+* ``train_stacked``: the same S rounds as one stacked round (:mod:`fedhp.algorithms.sfedhp_stacked`;
+  the GPU's form: each part's centres and uploads gathered, the minibatches drawn as one);
+* ``outside_train``: what one run's round launches besides ``train`` (plan, the cloud's
+  aggregate, the ledger), paid per run in lockstep too;
+* ``evaluation``: one evaluation of one run (and its host syncs), every ``eval_every`` rounds;
+
+and prints the ratio of launches per round, alone / stacked, evaluation amortized. It is a
+count, not a time: the GPU check (``benchmarks/gpu_check.py --issue 40``, ``sweep-lam``) times it.
+
+Usage: python benchmarks/run_rows_ops.py [--lams 15,20,25,30,35] [--seeds 0,1,2] [key=value ...]
+Prints one line ``run-rows-ops key=value ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+VIEWS = frozenset(
+    "aten." + name
+    for name in (
+        "slice.Tensor", "view.default", "unsqueeze.default", "transpose.int", "select.int",
+        "expand.default", "t.default", "alias.default", "as_strided.default", "permute.default",
+        "detach.default", "_unsafe_view.default", "squeeze.dim", "split.Tensor", "unbind.int",
+    )
+)  # fmt: skip
+"""Operations that make a view (no kernel)."""
+
+
+class CountLaunches(TorchDispatchMode):
+    """Counts the operations dispatched that are not views (kernel launches on a GPU), and the
+    host syncs among them (``_local_scalar_dense``: a tensor read as a Python number)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches = 0
+        self.syncs = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func)
+        if name not in VIEWS:
+            self.launches += 1
+            self.syncs += name == "aten._local_scalar_dense.default"
+        return func(*args, **(kwargs or {}))
+
+
+def count(work: Callable[[], object]) -> CountLaunches:
+    """The launches of ``work()``."""
+    with CountLaunches() as counter:
+        work()
+    return counter
+
+
+def start(seed: int, lam: float, overrides: list[str]) -> tuple[Any, dict[str, Any], Any]:
+    """One run of the default experiment at round 0: its experiment, state and round's task, as
+    the GPU would hold them (its centres gathered: the stacked round's CUDA form)."""
+    from fedhp.build import build_experiment
+    from fedhp.config import resolve_config
+    from fedhp.engine.experiment import MODEL_SEED_OFFSET
+
+    cfg = resolve_config(
+        None, ["progress=false", "threads=1", f"seed={seed}", f"algorithm.lam={lam}", *overrides]
+    )
+    exp = build_experiment(cfg)
+    state = exp.algorithm.init_state(exp.model.init_params(seed + MODEL_SEED_OFFSET))
+    exp.ctx.begin_round(0)
+    return exp, state, exp.algorithm.plan(state, 0)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lams", default="15,20,25,30,35")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("overrides", nargs="*", help="key=value for every run")
+    args = parser.parse_args(argv)
+    from fedhp.algorithms import sfedhp_stacked
+    from fedhp.engine.metrics import evaluate_state
+
+    torch.set_num_threads(1)
+    lams = [float(v) for v in args.lams.split(",")]
+    seeds = [int(v) for v in args.seeds.split(",")]
+    pairs = [(s, lam) for lam in lams for s in seeds]
+    # The GPU's form on this machine: centres and uploads gathered, one part.
+    gathered = sfedhp_stacked._ThetaSteps.of
+
+    def on_gpu(*a: Any) -> Any:
+        steps = gathered(*a)
+        steps.gather = True
+        return steps
+
+    sfedhp_stacked._ThetaSteps.of = on_gpu  # type: ignore[method-assign]
+    overrides = ["engine.clients_per_chunk=100000", *args.overrides]
+    runs = [start(s, lam, overrides) for s, lam in pairs]
+    alone = count(lambda: [exp.algorithm.train(st, task) for exp, st, task in runs])
+    runs = [start(s, lam, overrides) for s, lam in pairs]
+    items = [(exp.algorithm, st, task) for exp, st, task in runs]
+    stacked = count(lambda: sfedhp_stacked.stacked_train(items))
+    exp, state, _ = start(seeds[0], lams[0], overrides)
+    whole = count(lambda: exp.algorithm.run_round(state, 0))
+    train_one = count(lambda: exp.algorithm.train(state, exp.algorithm.plan(state, 1)))
+    evaluation = count(lambda: evaluate_state(exp, state))
+    n, every = len(runs), exp.cfg.eval_every
+    outside = whole.launches - train_one.launches
+    per_eval = evaluation.launches / every
+    per_run_alone = alone.launches / n + outside + per_eval
+    per_run_stacked = stacked.launches / n + outside + per_eval
+    out = {
+        "runs": n,
+        "train_alone": alone.launches,
+        "train_stacked": stacked.launches,
+        "train_ratio": alone.launches / stacked.launches,
+        "outside_train": outside,
+        "evaluation": evaluation.launches,
+        "evaluation_syncs": evaluation.syncs,
+        "eval_every": every,
+        "per_run_round_alone": per_run_alone,
+        "per_run_round_stacked": per_run_stacked,
+        "round_ratio": per_run_alone / per_run_stacked,
+    }
+    fields = " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in out.items()
+    )
+    print(f"run-rows-ops {fields}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
