@@ -126,12 +126,12 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     """Plant crossings: each run given the next run's λ, or the next run's rows back. The
     comparison above must see them."""
     alone = _alone(RUNS, [])
-    real_rows = sfedhp_stacked._per_row
+    real_rows = sfedhp_stacked.per_row
 
     def next_runs_values(values: list[float], sizes: list[int], like: torch.Tensor) -> Any:
         return real_rows(values[1:] + values[:1], sizes, like)
 
-    monkeypatch.setattr(sfedhp_stacked, "_per_row", next_runs_values)
+    monkeypatch.setattr(sfedhp_stacked, "per_row", next_runs_values)
     with pytest.raises(AssertionError):
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)

@@ -103,9 +103,9 @@ def test_a_fused_call_that_mixes_runs_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Plant a crossing: the fused step hands each run the rows of the NEXT run. The equality
-    check above must then fail (the runs' files differ from the runs alone). (pFedMe: its
-    rounds fuse kernels; sFedHP's stacked rounds are checked in
-    tests/algorithms/test_sfedhp_stacked.py and below.)"""
+    check above must then fail (the runs' files differ from the runs alone). (Ditto: its
+    rounds fuse kernels; the stacked rounds of sFedHP, pFedMe and FedAvg / FedProx are checked
+    in tests/algorithms/test_*_stacked.py and below.)"""
     real = lockstep._fused
 
     def crossed(group: list) -> None:
@@ -115,9 +115,9 @@ def test_a_fused_call_that_mixes_runs_is_caught(
             for call, other in zip(group, rows[1:] + rows[:1], strict=True):
                 call.flat.copy_(other)
 
-    alone = run_batch(_runs("pfedme", tmp_path / "alone"), "sequential", log=lambda _: None)
+    alone = run_batch(_runs("ditto", tmp_path / "alone"), "sequential", log=lambda _: None)
     monkeypatch.setattr(lockstep, "_fused", crossed)
-    run_batch(_runs("pfedme", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    run_batch(_runs("ditto", tmp_path / "fused"), "lockstep", log=lambda _: None)
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
     assert any(a[name] != b[name] for name in a)
     assert alone.summaries
@@ -130,13 +130,13 @@ def test_a_stacked_round_that_mixes_runs_is_caught(
     files must differ from the runs alone."""
     from fedhp.algorithms import sfedhp_stacked
 
-    real = sfedhp_stacked._per_row
+    real = sfedhp_stacked.per_row
 
     def crossed(values: list[float], sizes: list[int], like: torch.Tensor) -> object:
         return real(values[1:] + values[:1], sizes, like)
 
     alone = run_batch(_runs("sfedhp", tmp_path / "alone"), "sequential", log=lambda _: None)
-    monkeypatch.setattr(sfedhp_stacked, "_per_row", crossed)
+    monkeypatch.setattr(sfedhp_stacked, "per_row", crossed)
     fused = run_batch(_runs("sfedhp", tmp_path / "fused"), "lockstep", log=lambda _: None)
     assert fused.stacked_rounds > 0
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")

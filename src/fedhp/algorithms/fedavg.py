@@ -10,14 +10,20 @@ rule where configured). Under ``faults.straggler_work: partial`` (FedProx's syst
 heterogeneity, Li et al. 2020) a straggler does 1 .. E-1 of its E local epochs (or steps):
 FedAvg drops its update, FedProx aggregates its partial solution (``keeps_partial_work``).
 The plumbing (broadcast, billing, streamed folding of the uploads, BatchNorm statistics, the
-device model) is :class:`~fedhp.algorithms.flat.FlatRounds`'.
+device model) is :class:`~fedhp.algorithms.flat.FlatRounds`'. In a lockstep sweep batch the plain
+rounds of several runs train as one local SGD, each run's clients a block of rows
+(:mod:`fedhp.algorithms.fedavg_stacked`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+from typing import cast
+
 import pydantic
 import torch
 
+from fedhp.algorithms import fedavg_stacked
 from fedhp.algorithms.base import (
     ALGORITHMS,
     PARTIAL_WORK,
@@ -56,6 +62,19 @@ class FedAvg(FlatRounds):
             partial=partial,
         )
         return self.client_update(state, task, trained, bufs)
+
+    def stack_key(self, state: State, task: Task) -> Hashable | None:
+        """Runs as rows: :func:`fedhp.algorithms.fedavg_stacked.stack_key` for FedAvg and
+        FedProx themselves (a subclass with its own local work — MOON, FedNova, Ditto — trains
+        alone)."""
+        if type(self) not in (FedAvg, FedProx):
+            return None
+        return fedavg_stacked.stack_key(self, state, task)
+
+    @staticmethod
+    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+        """S runs' local SGD as one (:mod:`fedhp.algorithms.fedavg_stacked`)."""
+        return fedavg_stacked.stacked_train([(cast(FedAvg, a), s, t) for a, s, t in items])
 
     def local_extra_grad(self, w: torch.Tensor) -> ExtraGrad | None:
         """Additive gradient term of the local objective around ``w`` (none for FedAvg)."""

@@ -16,7 +16,8 @@ cache-sized parts of the clients; :attr:`PFedMe.fused` picks).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import pydantic
 import torch
@@ -31,6 +32,7 @@ from fedhp.algorithms.options import (
     theta_init_field,
 )
 from fedhp.algorithms.pfedme_fused import fused_train
+from fedhp.algorithms.pfedme_stacked import stack_key, stacked_train
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
@@ -59,6 +61,15 @@ class PFedMe(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         """The R local rounds of the task's clients."""
         return fused_train(self, state, task) if self.fused else self.reference_train(state, task)
+
+    def stack_key(self, state: State, task: Task) -> Hashable | None:
+        """Runs as rows: :func:`fedhp.algorithms.pfedme_stacked.stack_key`."""
+        return stack_key(self, state, task)
+
+    @staticmethod
+    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+        """S runs' rounds as one (:mod:`fedhp.algorithms.pfedme_stacked`)."""
+        return stacked_train([(cast(PFedMe, a), s, t) for a, s, t in items])
 
     def reference_train(self, state: State, task: Task) -> Update:
         """The local rounds as the module docstring writes them, one tensor per formula."""

@@ -41,7 +41,7 @@ from fedhp.algorithms.fused import count_sent, truncate_
 from fedhp.algorithms.penalties import truncate
 from fedhp.algorithms.task import Task, Update
 from fedhp.data.rows import slice_rows
-from fedhp.engine.run_rows import Draw, stacked_data, stacked_draw, stacks
+from fedhp.engine.run_rows import one_draw, per_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -92,15 +92,6 @@ class _Run:
         return opt.lam1_value / (opt.lam1_value + opt.lam2_value)
 
 
-def _per_row(values: list[float], sizes: list[int], like: torch.Tensor) -> float | torch.Tensor:
-    """One value per run as a ``[rows, 1]`` column (each run's value on its rows), or the value
-    itself where every run has the same (the scalar form of the fused round)."""
-    if len(set(values)) == 1:
-        return values[0]
-    column = torch.tensor(values, dtype=like.dtype).repeat_interleave(torch.tensor(sizes))
-    return column.to(like.device).unsqueeze(1)
-
-
 def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
     """The R local rounds of every run of ``items`` (each ``(algorithm, state, task)`` of one
     run, all with the same :func:`stack_key`) as one round; each run's update, as alone."""
@@ -145,7 +136,7 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
     totals = torch.zeros(e0, dtype=dtype, device=dev).index_add_(0, edge_of, weights)
     denominator = totals.clamp(min=torch.finfo(dtype).tiny).unsqueeze(1)
     edge_sizes = [r.edge_rows.stop - r.edge_rows.start for r in runs]
-    lam2 = _per_row([r.algo.options.lam2_value for r in runs], edge_sizes, w_edge)
+    lam2 = per_row([r.algo.options.lam2_value for r in runs], edge_sizes, w_edge)
     steps = _ThetaSteps.of(runs, edge_of, theta)
     chunk = lead.ctx.policy.chunk(p, c0)
     bounds = [(a, min(a + chunk, c0)) for a in range(0, c0, chunk)]
@@ -153,7 +144,10 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
     part_scratch = buffer if uniform else torch.empty_like(buffer)
     down_counts, up_counts = theta.new_empty(opt.R, 2, e0), theta.new_empty(opt.R, c0)
     start_theta = opt.theta_init == "reset"
-    draw = _draws(runs, opt.batch_size)
+    draw = one_draw(
+        [r.algo.ctx for r in runs], [r.task.clients for r in runs], opt.batch_size,
+        [r.draw for r in runs],
+    )  # fmt: skip
     losses = []
     for r in range(opt.R):
         phi_sent = truncate_(phi_edge, eps)
@@ -182,23 +176,6 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
         w_edge.sub_(step, alpha=opt.global_lr)
     loss_rows = torch.stack(losses)
     return [_finish(run, theta, w_edge, down_counts, up_counts, loss_rows) for run in runs]
-
-
-def _draws(runs: Sequence[_Run], batch_size: int) -> Draw:
-    """Every run's minibatches of a local round, run after run: drawn as one where the runs'
-    draws allow it (:mod:`fedhp.engine.run_rows`), else each run's own draw."""
-    contexts = [run.algo.ctx for run in runs]
-    if len(runs) > 1 and stacks(contexts, batch_size):
-        clients = [run.task.clients for run in runs]
-        return stacked_draw(contexts, clients, batch_size, stacked_data(contexts))
-
-    def each() -> tuple[torch.Tensor, torch.Tensor]:
-        drawn = [run.draw() for run in runs]
-        if len(drawn) == 1:
-            return drawn[0]
-        return torch.cat([d[0] for d in drawn]), torch.cat([d[1] for d in drawn])
-
-    return each
 
 
 def _finish(
@@ -255,10 +232,10 @@ class _ThetaSteps:
                     segments.append((row, row + 1, edge, run))
         sizes = [r.rows.stop - r.rows.start for r in runs]
         landing = [float(r.pull == 1.0) for r in runs]
-        column = _per_row(landing, sizes, theta)  # (None where no run, or every run, lands)
+        column = per_row(landing, sizes, theta)  # (None where no run, or every run, lands)
         lands = column.bool() if isinstance(column, torch.Tensor) else None
-        pull_rows = _per_row([r.pull for r in runs], sizes, theta)
-        mix_rows = _per_row([r.mix_weight for r in runs], sizes, theta)
+        pull_rows = per_row([r.pull for r in runs], sizes, theta)
+        mix_rows = per_row([r.mix_weight for r in runs], sizes, theta)
         gather = theta.device.type == "cuda"
         return cls(runs, edge_of, segments, pull_rows, mix_rows, lands, gather)
 

@@ -112,3 +112,35 @@ def stacked_draw(
         return take_rows(data.x, rows), data.y[rows]
 
     return draw
+
+
+def per_row(
+    values: Sequence[float], sizes: Sequence[int], like: torch.Tensor
+) -> float | torch.Tensor:
+    """One value per run as a ``[rows, 1]`` column of ``like``'s dtype and device (run s's value on
+    its ``sizes[s]`` rows), or the value itself where every run has the same (the scalar form a
+    run alone uses)."""
+    if len(set(values)) == 1:
+        return values[0]
+    column = torch.tensor(list(values), dtype=like.dtype).repeat_interleave(torch.tensor(sizes))
+    return column.to(like.device).unsqueeze(1)
+
+
+def one_draw(
+    contexts: Sequence[RunContext],
+    clients: Sequence[torch.Tensor],
+    batch_size: int,
+    own: Sequence[Draw],
+) -> Draw:
+    """Every run's minibatches of a step, run after run: drawn as one where the runs' draws
+    allow it (:func:`stacks`), else each run's ``own`` draw, concatenated."""
+    if len(contexts) > 1 and stacks(contexts, batch_size):
+        return stacked_draw(contexts, clients, batch_size, stacked_data(contexts))
+
+    def each() -> tuple[torch.Tensor, torch.Tensor]:
+        drawn = [d() for d in own]
+        if len(drawn) == 1:
+            return drawn[0]
+        return torch.cat([d[0] for d in drawn]), torch.cat([d[1] for d in drawn])
+
+    return each

@@ -1,0 +1,279 @@
+"""pFedMe's stacked round (runs as rows): S runs trained as one round give each run, bit for bit,
+what its fused round gives it alone — state, update, ledger, trained samples — and nothing
+crosses a run's rows (a planted crossing is caught); whole runs in a lockstep batch write what
+they write one after another."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fedhp.algorithms import pfedme_stacked
+from fedhp.algorithms.pfedme_stacked import stack_key, stacked_train
+from fedhp.build import build_experiment
+from fedhp.config import resolve_config
+from fedhp.engine.experiment import MODEL_SEED_OFFSET
+from fedhp.sweep.execute import run_batch
+from fedhp.sweep.grid import parse_grid, points_of
+from fedhp.sweep.plan import plan_runs
+
+BASE = [
+    "progress=false",
+    "threads=1",
+    "subsample.train=600",
+    "subsample.test=300",
+    "partition.train_per_class=30",
+    "partition.test_per_class=15",
+    "federation.num_clients=6",
+    "federation.num_edges=2",
+    "model.name=dnn",
+    "model.hidden=[12]",
+    "algorithm.name=pfedme",
+    "algorithm.K=2",
+    "algorithm.R=3",
+]
+
+# Each run: its seed and its λ (λ = 20 with personal_lr 0.05 makes the θ pull a lerp of weight
+# 1); run 3 has another local-model step lr (another w_loc step per row).
+RUNS = [
+    ["seed=0", "algorithm.lam=15"],
+    ["seed=1", "algorithm.lam=20"],
+    ["seed=2", "algorithm.lam=25"],
+]
+MIXED = [["seed=3", "algorithm.lam=10", "algorithm.lr=0.02"]]
+
+
+def _start(
+    overrides: list[str], base: list[str] = BASE
+) -> tuple[Any, dict[str, torch.Tensor], Any]:
+    """A run's experiment, initial state and first round's task."""
+    exp = build_experiment(resolve_config(None, [*base, *overrides]))
+    init = exp.model.init_params(exp.cfg.seed + MODEL_SEED_OFFSET)
+    state = exp.algorithm.init_state(init)
+    exp.ctx.begin_round(0)
+    return exp, state, exp.algorithm.plan(state, 0)
+
+
+def _outcome(exp: Any, state: dict[str, torch.Tensor], update: Any) -> dict[str, Any]:
+    return {
+        "theta": state["theta"].clone(),
+        "local": update.per_client["local"],
+        "losses": update.losses,
+        "ledger": exp.ctx.ledger.totals(),
+        "trained": exp.model.trained_samples,
+    }
+
+
+def _alone(runs: list[list[str]], extra: list[str], base: list[str] = BASE) -> list[dict[str, Any]]:
+    out = []
+    for overrides in runs:
+        exp, state, task = _start([*overrides, *extra], base)
+        out.append(_outcome(exp, state, exp.algorithm.train(state, task)))
+    return out
+
+
+def _stacked(
+    runs: list[list[str]], extra: list[str], base: list[str] = BASE
+) -> list[dict[str, Any]]:
+    started = [_start([*overrides, *extra], base) for overrides in runs]
+    keys = {stack_key(exp.algorithm, state, task) for exp, state, task in started}
+    assert len(keys) == 1 and None not in keys
+    updates = stacked_train([(exp.algorithm, state, task) for exp, state, task in started])
+    return [
+        _outcome(exp, state, update)
+        for (exp, state, _), update in zip(started, updates, strict=True)
+    ]
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for key in ("theta", "local", "losses"):
+        assert torch.equal(a[key], b[key]), key
+    assert a["ledger"] == b["ledger"] and a["trained"] == b["trained"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["federation.weighting=samples"],
+        ["comm.zero_threshold=0.001"],
+        ["algorithm.theta_init=warm"],
+        ["algorithm.theta_init=reset"],
+        ["federation.client_fraction=0.5"],  # clients sampled per run
+        ["engine.clients_per_chunk=4"],  # parts that span two runs (and parts alone)
+        ["federation.sampling=with_replacement"],  # each run draws alone
+    ],
+)
+def test_each_run_of_a_stack_gets_what_it_gets_alone(extra: list[str]) -> None:
+    for alone, stacked in zip(
+        _alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True
+    ):
+        _same(alone, stacked)
+
+
+# Fresh Gaussian feature noise at every access (drawn while gathering): each run draws alone.
+NOISY = [
+    *(o for o in BASE if not o.startswith("partition.")),
+    "partition.name=feature_noise",
+    "partition.resample=true",
+    "partition.noise=0.1",
+]
+
+
+@pytest.mark.parametrize("extra", [[], ["engine.clients_per_chunk=4"]])
+def test_runs_with_feature_noise_get_what_they_get_alone(extra: list[str]) -> None:
+    exp = _start([], NOISY)[0]
+    assert exp.ctx.fed.train.noise_std is not None
+    for alone, stacked in zip(
+        _alone(RUNS + MIXED, extra, NOISY), _stacked(RUNS + MIXED, extra, NOISY), strict=True
+    ):
+        _same(alone, stacked)
+
+
+@pytest.mark.parametrize("extra", [[], ["engine.clients_per_chunk=4"]])
+def test_the_gpu_form_computes_the_same_values(
+    extra: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's form (one pull per layer and one w_loc step per part, per-row weights) computes
+    the same bits as the CPU's run-by-run form."""
+    real = pfedme_stacked._Steps.of
+
+    def per_row(*args: Any) -> pfedme_stacked._Steps:
+        steps = real(*args)
+        steps.gather = True
+        return steps
+
+    monkeypatch.setattr(pfedme_stacked._Steps, "of", per_row)
+    for alone, stacked in zip(
+        _alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True
+    ):
+        _same(alone, stacked)
+
+
+def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plant crossings: each run given the next run's λ (in either form), or the next run's rows
+    back. The comparison above must see them."""
+    alone = _alone(RUNS, [])
+    real_rows = pfedme_stacked.per_row
+
+    def next_runs_values(values: list[float], sizes: list[int], like: torch.Tensor) -> Any:
+        return real_rows(values[1:] + values[:1], sizes, like)
+
+    monkeypatch.setattr(pfedme_stacked, "per_row", next_runs_values)
+    real_of = pfedme_stacked._Steps.of
+
+    def per_row(*args: Any) -> pfedme_stacked._Steps:
+        steps = real_of(*args)
+        steps.gather = True
+        return steps
+
+    monkeypatch.setattr(pfedme_stacked._Steps, "of", per_row)
+    with pytest.raises(AssertionError):
+        for a, b in zip(alone, _stacked(RUNS, []), strict=True):
+            _same(a, b)
+    monkeypatch.undo()
+
+    real_blocks = pfedme_stacked._Steps._blocks
+
+    def next_runs_blocks(self: Any, a: int, b: int) -> list[tuple[int, int, Any]]:
+        runs = list(self.runs)
+        after = {id(r): runs[(i + 1) % len(runs)] for i, r in enumerate(runs)}
+        return [(lo, hi, after[id(run)]) for lo, hi, run in real_blocks(self, a, b)]
+
+    monkeypatch.setattr(pfedme_stacked._Steps, "_blocks", next_runs_blocks)  # (CPU form)
+    with pytest.raises(AssertionError):
+        for a, b in zip(alone, _stacked(RUNS, []), strict=True):
+            _same(a, b)
+    monkeypatch.undo()
+    real_finish = pfedme_stacked._finish
+
+    def next_runs_rows(run: Any, theta: torch.Tensor, *rest: Any) -> Any:
+        c = run.rows.stop - run.rows.start
+        start = (run.rows.start + c) % theta.shape[0]
+        run.rows = slice(start, start + c)
+        return real_finish(run, theta, *rest)
+
+    monkeypatch.setattr(pfedme_stacked, "_finish", next_runs_rows)
+    with pytest.raises(AssertionError):
+        for a, b in zip(alone, _stacked(RUNS, []), strict=True):
+            _same(a, b)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["algorithm.l2=0.001"],
+        ["faults.attack.name=sign_flip", "faults.attack.fraction=0.2"],
+        ["faults.attack.name=label_flip", "faults.attack.fraction=0.2"],
+        ["robust.cloud.name=median"],
+    ],
+)
+def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:
+    """The hidden L2 on θ, an attack (on the uploads or the labels) or a robust rule at the
+    cloud: no stack key (the run trains alone)."""
+    exp, state, task = _start(extra)
+    assert stack_key(exp.algorithm, state, task) is None
+    assert exp.algorithm.stack_key(state, task) is None
+
+
+def test_the_reference_round_trains_alone() -> None:
+    exp, state, task = _start([])
+    assert exp.algorithm.stack_key(state, task) is not None
+    exp.algorithm.fused = False
+    assert exp.algorithm.stack_key(state, task) is None
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.name in ("metrics.csv", "per_client.csv")
+    }
+
+
+def test_a_lockstep_batch_stacks_its_rounds_and_writes_what_each_run_writes(
+    tmp_path: Path,
+) -> None:
+    """2 λ × 2 seeds of pFedMe in lockstep: the rounds meet whole (stacked) and every run's
+    files are byte for byte those of the runs one after another."""
+    base = [*BASE, "rounds=2", "eval_every=1", "checkpoint_every=1", "algorithm.R=2"]
+    points = points_of(parse_grid(["algorithm.lam=15.0,20.0"]))
+    alone = run_batch(
+        plan_runs(base, points, [0, 1], tmp_path / "alone"), "sequential", log=lambda _: None
+    )
+    stacked = run_batch(
+        plan_runs(base, points, [0, 1], tmp_path / "stacked"), "lockstep", log=lambda _: None
+    )
+    assert alone.batching == "sequential" and stacked.batching == "lockstep"
+    assert stacked.stacked_rounds > 0
+    a, b = _files(tmp_path / "alone"), _files(tmp_path / "stacked")
+    assert len(a) >= 4 and a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+
+
+def test_a_lockstep_batch_whose_stacked_round_mixes_runs_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plant a crossing in the stacked rounds of a lockstep batch (each run's θ pulled with the
+    next run's λ): the runs' files must differ from the runs one after another."""
+    base = [*BASE, "rounds=2", "eval_every=1", "algorithm.R=2"]
+    points = points_of(parse_grid(["algorithm.lam=15.0,20.0"]))
+    run_batch(plan_runs(base, points, [0], tmp_path / "alone"), "sequential", log=lambda _: None)
+    real_blocks = pfedme_stacked._Steps._blocks
+
+    def next_runs_blocks(self: Any, a: int, b: int) -> list[tuple[int, int, Any]]:
+        runs = list(self.runs)
+        after = {id(r): runs[(i + 1) % len(runs)] for i, r in enumerate(runs)}
+        return [(lo, hi, after[id(run)]) for lo, hi, run in real_blocks(self, a, b)]
+
+    monkeypatch.setattr(pfedme_stacked._Steps, "_blocks", next_runs_blocks)
+    crossed = run_batch(
+        plan_runs(base, points, [0], tmp_path / "crossed"), "lockstep", log=lambda _: None
+    )
+    assert crossed.stacked_rounds > 0
+    a, b = _files(tmp_path / "alone"), _files(tmp_path / "crossed")
+    assert a.keys() == b.keys() and any(a[name] != b[name] for name in a)
