@@ -13,27 +13,10 @@ import pytest
 import torch
 
 from fedhp.algorithms import fedavg_stacked
-from fedhp.build import build_experiment
-from fedhp.config import resolve_config
 from fedhp.engine import run_rows
-from fedhp.engine.experiment import MODEL_SEED_OFFSET
-from fedhp.sweep.execute import run_batch
-from fedhp.sweep.grid import parse_grid, points_of
-from fedhp.sweep.plan import plan_runs
+from tests.algorithms.stacked_runs import TINY, lockstep_writes_the_sequential_files, same, start
 
-BASE = [
-    "progress=false",
-    "threads=1",
-    "subsample.train=600",
-    "subsample.test=300",
-    "partition.train_per_class=30",
-    "partition.test_per_class=15",
-    "federation.num_clients=6",
-    "federation.num_edges=2",
-    "model.name=dnn",
-    "model.hidden=[12]",
-    "algorithm.local_steps=3",
-]
+BASE = [*TINY, "algorithm.local_steps=3"]
 
 FEDAVG = [["algorithm.name=fedavg", f"seed={s}"] for s in range(3)]
 # FedProx across seeds × μ (μ = 20 with lr 0.05 makes lr·μ = 1: the pull lands on the centre)
@@ -44,7 +27,7 @@ FEDPROX = [
 ]
 SAME_MU = [["algorithm.name=fedprox", f"seed={s}", "algorithm.mu=0.1"] for s in range(3)]
 
-Started = tuple[Any, dict[str, torch.Tensor], list[Any]]
+Started = tuple[Any, dict[str, torch.Tensor], list[Any]]  # (its task in parts)
 
 
 def _start(overrides: list[str]) -> Started:
@@ -54,11 +37,7 @@ def _start(overrides: list[str]) -> Started:
     dropped = {"algorithm.local_steps"} if "algorithm.local_epochs" in keys else set()
     dropped |= {"model.hidden"} if "model.name" in keys else set()
     base = [o for o in BASE if o.split("=")[0] not in dropped]
-    exp = build_experiment(resolve_config(None, [*base, *overrides]))
-    init = exp.model.init_params(exp.cfg.seed + MODEL_SEED_OFFSET)
-    state = exp.algorithm.init_state(init)
-    exp.ctx.begin_round(0)
-    task = exp.algorithm.plan(state, 0)
+    exp, state, task = start([*base, *overrides])
     return exp, state, exp.algorithm.round_parts(task)
 
 
@@ -95,10 +74,7 @@ def _stacked(runs: list[list[str]], extra: list[str]) -> list[dict[str, Any]]:
     return [_outcome(exp, u) for (exp, _, _), u in zip(started, updates, strict=True)]
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    for key in ("params", "losses", "steps", "generator"):
-        assert torch.equal(a[key], b[key]), key
-    assert a["ledger"] == b["ledger"] and a["trained"] == b["trained"]
+_same = same
 
 
 EXTRAS = [
@@ -263,14 +239,6 @@ def test_runs_of_other_local_work_do_not_meet() -> None:
     assert len(found) == 3 and None not in found
 
 
-def _files(folder: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(folder)): p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-        if p.name in ("metrics.csv", "per_client.csv")
-    }
-
-
 def test_a_lockstep_batch_of_fedprox_stacks_its_rounds(tmp_path: Path) -> None:
     """FedProx μ ∈ {0.01, 0.1} × 2 seeds in lockstep: the rounds train stacked, and every run
     writes what it writes in the batch run one after another."""
@@ -282,19 +250,5 @@ def test_a_lockstep_batch_of_fedprox_stacks_its_rounds(tmp_path: Path) -> None:
         "algorithm.name=fedprox",
         "algorithm.local_steps=3",
     ]
-    grid = points_of(parse_grid(["algorithm.mu=0.01,0.1"]))
-    alone = run_batch(
-        plan_runs(base, grid, [0, 1], tmp_path / "alone"), "sequential", log=lambda _: None
-    )
-    fused = run_batch(
-        plan_runs(base, grid, [0, 1], tmp_path / "fused"), "lockstep", log=lambda _: None
-    )
-    assert alone.batching == "sequential" and fused.batching == "lockstep"
-    assert fused.stacked_rounds > 0
-    a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
-    assert len(a) >= 8 and a.keys() == b.keys()
-    for name in a:
-        assert a[name] == b[name], name
-    assert [s["final_global_acc"] for s in alone.summaries] == [
-        s["final_global_acc"] for s in fused.summaries
-    ]
+    report = lockstep_writes_the_sequential_files(base, "algorithm.mu=0.01,0.1", [0, 1], tmp_path)
+    assert report.stacked_rounds > 0

@@ -12,29 +12,22 @@ import pytest
 import torch
 
 from fedhp.algorithms import pfedme_stacked
-from fedhp.algorithms.pfedme_stacked import stack_key, stacked_train
-from fedhp.build import build_experiment
-from fedhp.config import resolve_config
-from fedhp.engine.experiment import MODEL_SEED_OFFSET
+from fedhp.algorithms.pfedme_stacked import stack_key
 from fedhp.sweep.execute import run_batch
 from fedhp.sweep.grid import parse_grid, points_of
 from fedhp.sweep.plan import plan_runs
+from tests.algorithms.stacked_runs import (
+    TINY,
+    Started,
+    alone,
+    lockstep_writes_the_sequential_files,
+    run_files,
+    same,
+    stacked,
+    start,
+)
 
-BASE = [
-    "progress=false",
-    "threads=1",
-    "subsample.train=600",
-    "subsample.test=300",
-    "partition.train_per_class=30",
-    "partition.test_per_class=15",
-    "federation.num_clients=6",
-    "federation.num_edges=2",
-    "model.name=dnn",
-    "model.hidden=[12]",
-    "algorithm.name=pfedme",
-    "algorithm.K=2",
-    "algorithm.R=3",
-]
+BASE = [*TINY, "algorithm.name=pfedme", "algorithm.K=2", "algorithm.R=3"]
 
 # Each run: its seed and its λ (λ = 20 with personal_lr 0.05 makes the θ pull a lerp of weight
 # 1); run 3 has another local-model step lr (another w_loc step per row).
@@ -46,15 +39,8 @@ RUNS = [
 MIXED = [["seed=3", "algorithm.lam=10", "algorithm.lr=0.02"]]
 
 
-def _start(
-    overrides: list[str], base: list[str] = BASE
-) -> tuple[Any, dict[str, torch.Tensor], Any]:
-    """A run's experiment, initial state and first round's task."""
-    exp = build_experiment(resolve_config(None, [*base, *overrides]))
-    init = exp.model.init_params(exp.cfg.seed + MODEL_SEED_OFFSET)
-    state = exp.algorithm.init_state(init)
-    exp.ctx.begin_round(0)
-    return exp, state, exp.algorithm.plan(state, 0)
+def _start(overrides: list[str], base: list[str] = BASE) -> Started:
+    return start([*base, *overrides])
 
 
 def _outcome(exp: Any, state: dict[str, torch.Tensor], update: Any) -> dict[str, Any]:
@@ -68,30 +54,16 @@ def _outcome(exp: Any, state: dict[str, torch.Tensor], update: Any) -> dict[str,
 
 
 def _alone(runs: list[list[str]], extra: list[str], base: list[str] = BASE) -> list[dict[str, Any]]:
-    out = []
-    for overrides in runs:
-        exp, state, task = _start([*overrides, *extra], base)
-        out.append(_outcome(exp, state, exp.algorithm.train(state, task)))
-    return out
+    return alone([[*base, *r, *extra] for r in runs], _outcome)
 
 
 def _stacked(
     runs: list[list[str]], extra: list[str], base: list[str] = BASE
 ) -> list[dict[str, Any]]:
-    started = [_start([*overrides, *extra], base) for overrides in runs]
-    keys = {stack_key(exp.algorithm, state, task) for exp, state, task in started}
-    assert len(keys) == 1 and None not in keys
-    updates = stacked_train([(exp.algorithm, state, task) for exp, state, task in started])
-    return [
-        _outcome(exp, state, update)
-        for (exp, state, _), update in zip(started, updates, strict=True)
-    ]
+    return stacked([[*base, *r, *extra] for r in runs], _outcome)
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    for key in ("theta", "local", "losses"):
-        assert torch.equal(a[key], b[key]), key
-    assert a["ledger"] == b["ledger"] and a["trained"] == b["trained"]
+_same = same
 
 
 @pytest.mark.parametrize(
@@ -108,10 +80,8 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
     ],
 )
 def test_each_run_of_a_stack_gets_what_it_gets_alone(extra: list[str]) -> None:
-    for alone, stacked in zip(
-        _alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True
-    ):
-        _same(alone, stacked)
+    for one, both in zip(_alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True):
+        _same(one, both)
 
 
 # Fresh Gaussian feature noise at every access (drawn while gathering): each run draws alone.
@@ -127,10 +97,10 @@ NOISY = [
 def test_runs_with_feature_noise_get_what_they_get_alone(extra: list[str]) -> None:
     exp = _start([], NOISY)[0]
     assert exp.ctx.fed.train.noise_std is not None
-    for alone, stacked in zip(
+    for one, both in zip(
         _alone(RUNS + MIXED, extra, NOISY), _stacked(RUNS + MIXED, extra, NOISY), strict=True
     ):
-        _same(alone, stacked)
+        _same(one, both)
 
 
 @pytest.mark.parametrize("extra", [[], ["engine.clients_per_chunk=4"]])
@@ -147,10 +117,8 @@ def test_the_gpu_form_computes_the_same_values(
         return steps
 
     monkeypatch.setattr(pfedme_stacked._Steps, "of", per_row)
-    for alone, stacked in zip(
-        _alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True
-    ):
-        _same(alone, stacked)
+    for one, both in zip(_alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True):
+        _same(one, both)
 
 
 def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,33 +194,14 @@ def test_the_reference_round_trains_alone() -> None:
     assert exp.algorithm.stack_key(state, task) is None
 
 
-def _files(folder: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(folder)): p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-        if p.name in ("metrics.csv", "per_client.csv")
-    }
-
-
 def test_a_lockstep_batch_stacks_its_rounds_and_writes_what_each_run_writes(
     tmp_path: Path,
 ) -> None:
     """2 λ × 2 seeds of pFedMe in lockstep: the rounds meet whole (stacked) and every run's
     files are byte for byte those of the runs one after another."""
     base = [*BASE, "rounds=2", "eval_every=1", "checkpoint_every=1", "algorithm.R=2"]
-    points = points_of(parse_grid(["algorithm.lam=15.0,20.0"]))
-    alone = run_batch(
-        plan_runs(base, points, [0, 1], tmp_path / "alone"), "sequential", log=lambda _: None
-    )
-    stacked = run_batch(
-        plan_runs(base, points, [0, 1], tmp_path / "stacked"), "lockstep", log=lambda _: None
-    )
-    assert alone.batching == "sequential" and stacked.batching == "lockstep"
-    assert stacked.stacked_rounds > 0
-    a, b = _files(tmp_path / "alone"), _files(tmp_path / "stacked")
-    assert len(a) >= 4 and a.keys() == b.keys()
-    for name in a:
-        assert a[name] == b[name], name
+    report = lockstep_writes_the_sequential_files(base, "algorithm.lam=15.0,20.0", [0, 1], tmp_path)
+    assert report.stacked_rounds > 0
 
 
 def test_a_lockstep_batch_whose_stacked_round_mixes_runs_is_caught(
@@ -275,5 +224,5 @@ def test_a_lockstep_batch_whose_stacked_round_mixes_runs_is_caught(
         plan_runs(base, points, [0], tmp_path / "crossed"), "lockstep", log=lambda _: None
     )
     assert crossed.stacked_rounds > 0
-    a, b = _files(tmp_path / "alone"), _files(tmp_path / "crossed")
+    a, b = run_files(tmp_path / "alone"), run_files(tmp_path / "crossed")
     assert a.keys() == b.keys() and any(a[name] != b[name] for name in a)

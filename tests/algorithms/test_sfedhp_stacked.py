@@ -10,27 +10,11 @@ import pytest
 import torch
 
 from fedhp.algorithms import sfedhp_stacked
-from fedhp.algorithms.sfedhp_stacked import stack_key, stacked_train
-from fedhp.build import build_experiment
-from fedhp.config import resolve_config
+from fedhp.algorithms.sfedhp_stacked import stack_key
 from fedhp.engine import run_rows
-from fedhp.engine.experiment import MODEL_SEED_OFFSET
+from tests.algorithms.stacked_runs import TINY, Started, alone, same, stacked, start
 
-BASE = [
-    "progress=false",
-    "threads=1",
-    "subsample.train=600",
-    "subsample.test=300",
-    "partition.train_per_class=30",
-    "partition.test_per_class=15",
-    "federation.num_clients=6",
-    "federation.num_edges=2",
-    "model.name=dnn",
-    "model.hidden=[12]",
-    "algorithm.name=sfedhp",
-    "algorithm.K=2",
-    "algorithm.R=3",
-]
+BASE = [*TINY, "algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=3"]
 
 # Each run: its seed and its λ (λ = 20 with lr 0.05 makes lr·λ1 = 1: the step lands on the
 # centre, the fused round's copy path); run 3 has λ1 ≠ λ2 (another upload mix weight).
@@ -42,13 +26,8 @@ RUNS = [
 MIXED = [["seed=3", "algorithm.lam1=10", "algorithm.lam2=30"]]
 
 
-def _start(overrides: list[str]) -> tuple[Any, dict[str, torch.Tensor], Any]:
-    """A run's experiment, initial state and first round's task."""
-    exp = build_experiment(resolve_config(None, [*BASE, *overrides]))
-    init = exp.model.init_params(exp.cfg.seed + MODEL_SEED_OFFSET)
-    state = exp.algorithm.init_state(init)
-    exp.ctx.begin_round(0)
-    return exp, state, exp.algorithm.plan(state, 0)
+def _start(overrides: list[str]) -> Started:
+    return start([*BASE, *overrides])
 
 
 def _outcome(exp: Any, state: dict[str, torch.Tensor], update: Any) -> dict[str, Any]:
@@ -63,28 +42,14 @@ def _outcome(exp: Any, state: dict[str, torch.Tensor], update: Any) -> dict[str,
 
 
 def _alone(runs: list[list[str]], extra: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for overrides in runs:
-        exp, state, task = _start([*overrides, *extra])
-        out.append(_outcome(exp, state, exp.algorithm.train(state, task)))
-    return out
+    return alone([[*BASE, *r, *extra] for r in runs], _outcome)
 
 
 def _stacked(runs: list[list[str]], extra: list[str]) -> list[dict[str, Any]]:
-    started = [_start([*overrides, *extra]) for overrides in runs]
-    keys = {stack_key(exp.algorithm, state, task) for exp, state, task in started}
-    assert len(keys) == 1 and None not in keys
-    updates = stacked_train([(exp.algorithm, state, task) for exp, state, task in started])
-    return [
-        _outcome(exp, state, update)
-        for (exp, state, _), update in zip(started, updates, strict=True)
-    ]
+    return stacked([[*BASE, *r, *extra] for r in runs], _outcome)
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    for key in ("theta", "edge", "w", "losses"):
-        assert torch.equal(a[key], b[key]), key
-    assert a["ledger"] == b["ledger"] and a["trained"] == b["trained"]
+_same = same
 
 
 @pytest.mark.parametrize(
@@ -101,10 +66,8 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
     ],
 )
 def test_each_run_of_a_stack_gets_what_it_gets_alone(extra: list[str]) -> None:
-    for alone, stacked in zip(
-        _alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True
-    ):
-        _same(alone, stacked)
+    for one, both in zip(_alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True):
+        _same(one, both)
 
 
 def test_the_gpu_form_gathers_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,8 +81,8 @@ def test_the_gpu_form_gathers_the_same_values(monkeypatch: pytest.MonkeyPatch) -
         return steps
 
     monkeypatch.setattr(sfedhp_stacked._ThetaSteps, "of", gathered)
-    for alone, stacked in zip(_alone(RUNS, []), _stacked(RUNS, []), strict=True):
-        _same(alone, stacked)
+    for one, both in zip(_alone(RUNS, []), _stacked(RUNS, []), strict=True):
+        _same(one, both)
 
 
 def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,22 +12,9 @@ from fedhp.sweep import lockstep
 from fedhp.sweep.execute import run_batch
 from fedhp.sweep.grid import parse_grid, points_of
 from fedhp.sweep.plan import plan_runs
+from tests.algorithms.stacked_runs import TINY, run_files
 
-BASE = [
-    "rounds=2",
-    "eval_every=1",
-    "progress=false",
-    "threads=1",
-    "subsample.train=600",
-    "subsample.test=300",
-    "partition.train_per_class=30",
-    "partition.test_per_class=15",
-    "federation.num_clients=6",
-    "federation.num_edges=2",
-    "model.name=dnn",
-    "model.hidden=[12]",
-    "checkpoint_every=1",
-]
+BASE = ["rounds=2", "eval_every=1", *TINY, "checkpoint_every=1"]
 
 # method -> (its options, a float option the two grid points differ in)
 METHODS: dict[str, tuple[list[str], str]] = {
@@ -69,12 +56,7 @@ def _runs(method: str, folder: Path) -> list:
     return plan_runs([*BASE, *name, *options], points, [0, 1], folder)
 
 
-def _files(folder: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(folder)): p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-        if p.name in ("metrics.csv", "per_client.csv")
-    }
+_files = run_files
 
 
 @pytest.mark.parametrize("method", list(METHODS))
