@@ -7,8 +7,8 @@ that is not a view launches (at least) one kernel there, so counting the operati
 one. For S runs of sFedHP (the default ``fedhp run`` experiment, seeds × λ), it counts
 
 * ``train_alone``: one round below the cloud (``train``: the R local rounds), every run alone;
-* ``train_stacked``: the same S rounds as one stacked round (:mod:`fedhp.algorithms.sfedhp_stacked`;
-  the GPU's form: each part's centres and uploads gathered, the minibatches drawn as one);
+* ``train_stacked``: the same S rounds as one stacked round (``Algorithm.stacked_train``, in the
+  GPU's form: per-run rows gathered and acted on in one launch, the minibatches drawn as one);
 * ``outside_train``: what one run's round launches besides ``train`` (plan, the cloud's
   aggregate, the ledger), paid per run in lockstep too;
 * ``evaluation``: one evaluation of one run (and its host syncs), every ``eval_every`` rounds;
@@ -16,7 +16,8 @@ one. For S runs of sFedHP (the default ``fedhp run`` experiment, seeds × λ), i
 and prints the ratio of launches per round, alone / stacked, evaluation amortized. It is a
 count, not a time: the GPU check (``benchmarks/gpu_check.py --issue 40``, ``sweep-lam``) times it.
 
-Usage: python benchmarks/run_rows_ops.py [--lams 15,20,25,30,35] [--seeds 0,1,2] [key=value ...]
+Usage: python benchmarks/run_rows_ops.py [--method sfedhp|pfedme|fedavg|fedprox]
+[--values 15,20,25,30,35] [--seeds 0,1,2] [key=value ...] (FedAvg: seeds only; FedProx: μ values)
 Prints one line ``run-rows-ops key=value ...``.
 """
 
@@ -64,60 +65,73 @@ def count(work: Callable[[], object]) -> CountLaunches:
     return counter
 
 
-def start(seed: int, lam: float, overrides: list[str]) -> tuple[Any, dict[str, Any], Any]:
-    """One run of the default experiment at round 0: its experiment, state and round's task, as
-    the GPU would hold them (its centres gathered: the stacked round's CUDA form)."""
+GRID_KEY = {"sfedhp": "lam", "pfedme": "lam", "fedprox": "mu", "fedavg": None}
+"""The float option each method's sweep varies (FedAvg: the seeds alone)."""
+
+
+def start(
+    method: str, seed: int, value: float | None, overrides: list[str]
+) -> tuple[Any, dict[str, Any], Any]:
+    """One run of the default experiment under ``method`` at round 0: its experiment, state and
+    round's task."""
     from fedhp.build import build_experiment
     from fedhp.config import resolve_config
     from fedhp.engine.experiment import MODEL_SEED_OFFSET
 
+    key = GRID_KEY[method]
+    grid = [] if key is None or value is None else [f"algorithm.{key}={value}"]
     cfg = resolve_config(
-        None, ["progress=false", "threads=1", f"seed={seed}", f"algorithm.lam={lam}", *overrides]
-    )
+        None,
+        ["progress=false", "threads=1", f"seed={seed}", f"algorithm.name={method}", *grid,
+         *overrides],
+    )  # fmt: skip
     exp = build_experiment(cfg)
     state = exp.algorithm.init_state(exp.model.init_params(seed + MODEL_SEED_OFFSET))
     exp.ctx.begin_round(0)
     return exp, state, exp.algorithm.plan(state, 0)
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lams", default="15,20,25,30,35")
+    parser.add_argument("--method", choices=sorted(GRID_KEY), default="sfedhp")
+    parser.add_argument("--values", default="15,20,25,30,35", help="the grid (λ, μ; not FedAvg)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("overrides", nargs="*", help="key=value for every run")
     args = parser.parse_args(argv)
-    from fedhp.algorithms import sfedhp_stacked
+    from fedhp.engine import run_rows
     from fedhp.engine.metrics import evaluate_state
 
     torch.set_num_threads(1)
-    lams = [float(v) for v in args.lams.split(",")]
+    method = args.method
+    values: list[float | None] = [float(v) for v in args.values.split(",")]
+    if GRID_KEY[method] is None:
+        values = [None]
     seeds = [int(v) for v in args.seeds.split(",")]
-    pairs = [(s, lam) for lam in lams for s in seeds]
-    # The GPU's form on this machine: centres and uploads gathered, one part.
-    gathered = sfedhp_stacked._ThetaSteps.of
-
-    def on_gpu(*a: Any) -> Any:
-        steps = gathered(*a)
-        steps.gather = True
-        return steps
-
-    sfedhp_stacked._ThetaSteps.of = on_gpu  # type: ignore[method-assign]
-    overrides = ["engine.clients_per_chunk=100000", *args.overrides]
-    runs = [start(s, lam, overrides) for s, lam in pairs]
-    alone = count(lambda: [exp.algorithm.train(st, task) for exp, st, task in runs])
-    runs = [start(s, lam, overrides) for s, lam in pairs]
-    items = [(exp.algorithm, st, task) for exp, st, task in runs]
-    stacked = count(lambda: sfedhp_stacked.stacked_train(items))
-    exp, state, _ = start(seeds[0], lams[0], overrides)
-    whole = count(lambda: exp.algorithm.run_round(state, 0))
-    train_one = count(lambda: exp.algorithm.train(state, exp.algorithm.plan(state, 1)))
-    evaluation = count(lambda: evaluate_state(exp, state))
+    pairs = [(s, v) for v in values for s in seeds]
+    run_rows.GATHER_ON_CPU = True  # the GPU's form: per-run rows gathered, one launch each
+    overrides = ["engine.clients_per_chunk=100000", *args.overrides]  # (one part: the GPU's)
+    try:
+        runs = [start(method, s, v, overrides) for s, v in pairs]
+        alone = count(lambda: [exp.algorithm.train(st, task) for exp, st, task in runs])
+        runs = [start(method, s, v, overrides) for s, v in pairs]
+        items = [(exp.algorithm, st, task) for exp, st, task in runs]
+        keys = {algo.stack_key(st, task) for algo, st, task in items}
+        if len(keys) != 1 or None in keys:
+            raise SystemExit(f"run-rows-ops: {method}'s rounds do not stack here ({keys})")
+        stacked = count(lambda: type(items[0][0]).stacked_train(items))
+        exp, state, _ = start(method, seeds[0], values[0], overrides)
+        whole = count(lambda: exp.algorithm.run_round(state, 0))
+        train_one = count(lambda: exp.algorithm.train(state, exp.algorithm.plan(state, 1)))
+        evaluation = count(lambda: evaluate_state(exp, state))
+    finally:
+        run_rows.GATHER_ON_CPU = False
     n, every = len(runs), exp.cfg.eval_every
     outside = whole.launches - train_one.launches
     per_eval = evaluation.launches / every
     per_run_alone = alone.launches / n + outside + per_eval
     per_run_stacked = stacked.launches / n + outside + per_eval
     out = {
+        "method": method,
         "runs": n,
         "train_alone": alone.launches,
         "train_stacked": stacked.launches,

@@ -14,11 +14,17 @@ def test_stacked_rounds_launch_fewer_kernels(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.syspath_prepend(str(BENCH))
     import run_rows_ops
 
-    from fedhp.algorithms import sfedhp_stacked
+    from fedhp.engine import run_rows
 
-    monkeypatch.setattr(sfedhp_stacked._ThetaSteps, "of", sfedhp_stacked._ThetaSteps.of)
-    tiny = ["algorithm.R=2", "algorithm.K=1", "federation.num_clients=4", "federation.num_edges=2"]
-    out = run_rows_ops.main(["--lams", "15,20", "--seeds", "0,1", *tiny])
-    assert out["runs"] == 4
-    assert 0 < out["train_stacked"] < out["train_alone"]
-    assert out["round_ratio"] > 1 and out["evaluation"] > 0
+    tiny = ["federation.num_clients=4", "federation.num_edges=2"]
+    for method, work in [
+        ("sfedhp", ["algorithm.R=2", "algorithm.K=1"]),
+        ("pfedme", ["algorithm.R=2", "algorithm.K=1"]),
+        ("fedprox", ["algorithm.local_steps=2"]),
+    ]:
+        argv = ["--method", method, "--values", "0.1,0.2", "--seeds", "0,1", *tiny, *work]
+        out = run_rows_ops.main(argv)
+        assert out["runs"] == 4, method
+        assert 0 < out["train_stacked"] < out["train_alone"], method
+        assert out["round_ratio"] > 1 and out["evaluation"] > 0, method
+    assert not run_rows.GATHER_ON_CPU  # (put back)

@@ -45,7 +45,15 @@ from fedhp.algorithms.base import PARTIAL_WORK, State
 from fedhp.algorithms.task import Task, Update
 from fedhp.data.rows import slice_rows, take_rows
 from fedhp.engine.ops import ProxGrad
-from fedhp.engine.run_rows import Draw, StackedData, one_draw, per_row, stacked_data, stacks
+from fedhp.engine.run_rows import (
+    Draw,
+    StackedData,
+    gathers,
+    one_draw,
+    per_row,
+    stacked_data,
+    stacks,
+)
 
 if TYPE_CHECKING:
     from fedhp.algorithms.fedavg import FedAvg
@@ -209,7 +217,7 @@ class _Pull:
         sizes = [r.rows.stop - r.rows.start for r in runs]
         run_of_row = torch.arange(len(runs)).repeat_interleave(torch.tensor(sizes))
         weights = per_row([w for _, w in pulls], sizes, theta)
-        gather = theta.device.type == "cuda"
+        gather = gathers(theta.device)
         return cls(runs, pulls, run_of_row.to(theta.device), weights, gather)
 
     def hook(self, theta: torch.Tensor, a: int, b: int) -> Callable[[int, int], None]:

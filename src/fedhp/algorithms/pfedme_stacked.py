@@ -36,7 +36,7 @@ import torch
 from fedhp.algorithms.base import State
 from fedhp.algorithms.task import Task, Update
 from fedhp.data.rows import slice_rows
-from fedhp.engine.run_rows import one_draw, per_row
+from fedhp.engine.run_rows import gathers, one_draw, per_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -145,7 +145,7 @@ class _Steps:
         sizes = [r.rows.stop - r.rows.start for r in runs]
         pull_rows = per_row([r.pull for r in runs], sizes, theta)
         mix_rows = per_row([r.mix for r in runs], sizes, theta)
-        return cls(runs, pull_rows, mix_rows, theta.device.type == "cuda")
+        return cls(runs, pull_rows, mix_rows, gathers(theta.device))
 
     def _blocks(self, a: int, b: int) -> list[tuple[int, int, _Run]]:
         """Each run's rows among ``a .. b - 1``: ``(first, end, run)``."""

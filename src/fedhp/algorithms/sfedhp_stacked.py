@@ -41,7 +41,7 @@ from fedhp.algorithms.fused import count_sent, truncate_
 from fedhp.algorithms.penalties import truncate
 from fedhp.algorithms.task import Task, Update
 from fedhp.data.rows import slice_rows
-from fedhp.engine.run_rows import one_draw, per_row
+from fedhp.engine.run_rows import gathers, one_draw, per_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -236,7 +236,7 @@ class _ThetaSteps:
         lands = column.bool() if isinstance(column, torch.Tensor) else None
         pull_rows = per_row([r.pull for r in runs], sizes, theta)
         mix_rows = per_row([r.mix_weight for r in runs], sizes, theta)
-        gather = theta.device.type == "cuda"
+        gather = gathers(theta.device)
         return cls(runs, edge_of, segments, pull_rows, mix_rows, lands, gather)
 
     def _segments(self, a: int, b: int) -> list[tuple[int, int, int, _Run]]:

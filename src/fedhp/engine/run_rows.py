@@ -41,6 +41,18 @@ class StackedData:
         return cls(torch.cat([t.x for t in trains]), torch.cat([t.y for t in trains]), starts)
 
 
+GATHER_ON_CPU = False
+"""Whether stacked rounds take their GPU form on the CPU too (set by tests and
+``benchmarks/run_rows_ops.py``, which count the launches the GPU form makes)."""
+
+
+def gathers(device: torch.device) -> bool:
+    """Whether a stacked round gathers each part's per-run rows and acts on all of them in one
+    launch (the GPU form: launches are what a small federation's round costs there) rather than
+    run by run or edge by edge in place (the CPU form: no copies)."""
+    return device.type == "cuda" or GATHER_ON_CPU
+
+
 _LAST: list[tuple[list[weakref.ref[object]], StackedData]] = []
 
 
