@@ -16,8 +16,9 @@ one. For S runs of sFedHP (the default ``fedhp run`` experiment, seeds × λ), i
 and prints the ratio of launches per round, alone / stacked, evaluation amortized. It is a
 count, not a time: the GPU check (``benchmarks/gpu_check.py --issue 40``, ``sweep-lam``) times it.
 
-Usage: python benchmarks/run_rows_ops.py [--method sfedhp|pfedme|fedavg|fedprox]
-[--values 15,20,25,30,35] [--seeds 0,1,2] [key=value ...] (FedAvg: seeds only; FedProx: μ values)
+Usage: python benchmarks/run_rows_ops.py [--method sfedhp|pfedme|fedavg|fedprox|scaffold|local]
+[--values 15,20,25,30,35] [--seeds 0,1,2] [key=value ...] (FedAvg, LocalOnly: seeds only; FedProx:
+μ values; SCAFFOLD: η_g values)
 Prints one line ``run-rows-ops key=value ...``.
 """
 
@@ -65,8 +66,15 @@ def count(work: Callable[[], object]) -> CountLaunches:
     return counter
 
 
-GRID_KEY = {"sfedhp": "lam", "pfedme": "lam", "fedprox": "mu", "fedavg": None}
-"""The float option each method's sweep varies (FedAvg: the seeds alone)."""
+GRID_KEY = {
+    "sfedhp": "lam",
+    "pfedme": "lam",
+    "fedprox": "mu",
+    "fedavg": None,
+    "scaffold": "server_lr",
+    "local": None,
+}
+"""The float option each method's sweep varies (FedAvg, LocalOnly: the seeds alone)."""
 
 
 def start(

@@ -31,20 +31,27 @@ round this module does not cover trains alone (:func:`stack_key` returns None): 
 momentum or weight decay in the local optimizer, gradient clipping, BatchNorm statistics,
 stragglers' partial work, client momentum, a rule or attack that needs the whole round at once,
 another local objective (MOON, FedNova, Ditto: subclasses), or a round without clients.
+
+Other methods whose round is this plain local SGD with another start, another additive term or
+another ending say so with their own :class:`LocalRows`: SCAFFOLD (:mod:`fedhp.algorithms.
+scaffold`: each client's correction ``c - c_i`` added to every step, ``theta -= lr * (c - c_i)``
+on its rows inside the model's step, as :class:`~fedhp.engine.ops.ConstantGrad` shifts them
+alone; its control variates set after) and LocalOnly (:mod:`fedhp.algorithms.local`: each client
+from its own model, kept in the state).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
-from fedhp.algorithms.base import PARTIAL_WORK, State
+from fedhp.algorithms.base import PARTIAL_WORK, Algorithm, State
 from fedhp.algorithms.task import Task, Update
 from fedhp.data.rows import slice_rows, take_rows
-from fedhp.engine.ops import ProxGrad
+from fedhp.engine.ops import ConstantGrad, ProxGrad
 from fedhp.engine.run_rows import (
     Draw,
     StackedData,
@@ -63,40 +70,96 @@ StepDraw = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
 order)."""
 
 
-def stack_key(algo: FedAvg, state: State, task: Task) -> Hashable | None:
+Term = ProxGrad | ConstantGrad | None
+"""A run's additive term of the local gradient: FedProx's pull towards its centre, SCAFFOLD's
+constant correction, or none."""
+
+
+class LocalRows:
+    """How a method's plain round enters and leaves the stacked local SGD. This one is FedAvg's
+    and FedProx's: every client starts from the broadcast global model, steps with the method's
+    :meth:`~fedhp.algorithms.fedavg.FedAvg.local_extra_grad` and uploads its
+    :meth:`~fedhp.algorithms.messages.MessageRows.client_update`. Another method's round (its
+    ``train`` the same local SGD from other rows, with another term, or another ending)
+    overrides what differs; each method must do exactly what its ``train`` does."""
+
+    name = "fedavg"
+
+    def like(self, algo: Algorithm, state: State, task: Task) -> torch.Tensor:
+        """A tensor of the rows' width, dtype and device (for the key; not copied)."""
+        return task.broadcast["global"]
+
+    def kind(self, algo: Algorithm, state: State, task: Task) -> str | None:
+        """The kind of the round's local objective (runs of one kind meet); None: not covered."""
+        fedavg = cast("FedAvg", algo)
+        term = fedavg.local_extra_grad(task.broadcast["global"])
+        if fedavg.local_loss_grad(state, task) is not None:
+            return None
+        if term is None:
+            return "plain"
+        return "prox" if isinstance(term, ProxGrad) and term.center.dim() == 1 else None
+
+    def term(self, algo: Algorithm, state: State, task: Task) -> Term:
+        """The run's additive gradient term, as its ``train`` passes it to its local SGD."""
+        term = cast("FedAvg", algo).local_extra_grad(task.broadcast["global"])
+        assert term is None or isinstance(term, ProxGrad)
+        return term
+
+    def start(self, algo: Algorithm, state: State, task: Task) -> torch.Tensor:
+        """The clients' start rows ``[C, P]`` (read, not written)."""
+        return task.broadcast["global"].expand(len(task.clients), -1)
+
+    def finish(
+        self,
+        algo: Algorithm,
+        state: State,
+        task: Task,
+        trained: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> Update:
+        """The run's update from its local SGD's ``trained`` (parameters, summed losses, step
+        counts, as :meth:`~fedhp.engine.context.RunContext.local_sgd` returns them)."""
+        return algo.client_update(state, task, trained, None)
+
+
+FEDAVG = LocalRows()
+
+
+def stack_key(
+    algo: Algorithm, state: State, task: Task, method: LocalRows = FEDAVG
+) -> Hashable | None:
     """What runs must share to train this round stacked (None: this round trains alone): the
-    local work (steps, minibatch size, step size), the kind of local objective (FedAvg's, or
-    FedProx's prox term), the model, its execution policy, dtype and device. The runs' clients,
-    centres and μ may differ."""
+    method, the local work (steps, minibatch size, step size), the kind of local objective
+    (:meth:`LocalRows.kind`: FedAvg's, FedProx's prox term, SCAFFOLD's correction), the model,
+    its execution policy, dtype and device. The runs' clients, centres, μ and corrections may
+    differ."""
     opt, ctx = algo.options, algo.ctx
     work = opt.work()
     uplink = ctx.cloud_uplink
-    w = task.broadcast["global"]
-    term = algo.local_extra_grad(w)
     plain = work.epochs is None and work.optimizer is None and opt.clip_grad_norm is None
     plain = plain and not algo.buffers.width and "global_buffers" not in task.broadcast
     plain = plain and PARTIAL_WORK not in task.per_client and len(task.clients) > 0
     plain = plain and not uplink.momentum and not ctx.whole_rounds
     plain = plain and (task.batches is None or isinstance(task.batches, torch.Tensor))
-    prox = isinstance(term, ProxGrad) and term.center.dim() == 1
-    if not plain or not (term is None or prox) or algo.local_loss_grad(state, task) is not None:
+    objective = method.kind(algo, state, task) if plain else None
+    if objective is None:
         return None
+    w = method.like(algo, state, task)
     model = (type(ctx.model).__qualname__, ctx.model.num_params, ctx.policy)
     steps = (work.steps, work.batch_size, work.lr)
-    objective = "prox" if prox else "plain"
-    return ("fedavg", objective, steps, model, w.shape[-1], w.dtype, str(w.device))
+    return (method.name, objective, steps, model, w.shape[-1], w.dtype, str(w.device))
 
 
 @dataclass
 class _Run:
-    """One run's share of the stacked round: its clients ``rows`` (a slice of the stacked rows)
-    and its local objective's prox term (None: FedAvg's)."""
+    """One run's share of the stacked round: its clients ``rows`` (a slice of the stacked rows),
+    its local objective's additive term (None: FedAvg's) and its method's :class:`LocalRows`."""
 
-    algo: FedAvg
+    algo: Algorithm
     state: State
     task: Task
     rows: slice
-    term: ProxGrad | None
+    term: Term
+    method: LocalRows = FEDAVG
 
 
 def _pulls(runs: Sequence[_Run], lr: float) -> list[tuple[torch.Tensor, float]]:
@@ -104,26 +167,42 @@ def _pulls(runs: Sequence[_Run], lr: float) -> list[tuple[torch.Tensor, float]]:
     computes it), run after run."""
     out = []
     for run in runs:
-        assert run.term is not None
+        assert isinstance(run.term, ProxGrad)
         out.append((run.term.center, lr * run.term.mu))
     return out
 
 
-def stacked_train(items: Sequence[tuple[FedAvg, State, Task]]) -> list[Update]:
+def _shifts(runs: Sequence[_Run]) -> list[torch.Tensor]:
+    """Each run's constant correction (SCAFFOLD's ``c - c_i``: ``[C_s, P]``, or ``[P]`` / ``[1,
+    P]`` shared by its clients), run after run."""
+    out = []
+    for run in runs:
+        assert isinstance(run.term, ConstantGrad)
+        out.append(run.term.term)
+    return out
+
+
+def stacked_train(
+    items: Sequence[tuple[Algorithm, State, Task]], method: LocalRows = FEDAVG
+) -> list[Update]:
     """The local SGD of every run of ``items`` (each ``(algorithm, state, task)`` of one run,
-    all with the same :func:`stack_key`) as one; each run's update, as its ``train`` alone."""
+    all with the same :func:`stack_key` under ``method``) as one; each run's update, as its
+    ``train`` alone."""
     lead = items[0][0]
     work, model = lead.options.work(), lead.ctx.model
     runs, c0 = [], 0
     for algo, state, task in items:
         c = len(task.clients)
-        term = algo.local_extra_grad(task.broadcast["global"])
-        assert term is None or isinstance(term, ProxGrad)
-        runs.append(_Run(algo, state, task, slice(c0, c0 + c), term))
+        term = method.term(algo, state, task)
+        runs.append(_Run(algo, state, task, slice(c0, c0 + c), term, method))
         c0 += c
-    theta = torch.cat([r.task.broadcast["global"].expand(len(r.task.clients), -1) for r in runs])
+    theta = torch.cat([r.method.start(r.algo, r.state, r.task) for r in runs])
     p = theta.shape[1]
-    pull = _Pull.of(runs, theta, work.lr) if runs[0].term is not None else None
+    pull: _Pull | _Shift | None = None
+    if isinstance(runs[0].term, ProxGrad):
+        pull = _Pull.of(runs, theta, work.lr)
+    elif isinstance(runs[0].term, ConstantGrad):
+        pull = _Shift.of(runs, theta, work.lr)
     chunk = model.policy.chunk(p, c0)
     bounds = [(a, min(a + chunk, c0)) for a in range(0, c0, chunk)]
     batch = _draws(runs, work.batch_size)  # drawn as the steps go (as a run trained whole)
@@ -150,12 +229,12 @@ def stacked_train(items: Sequence[tuple[FedAvg, State, Task]]) -> list[Update]:
 
 
 def _finish(run: _Run, theta: torch.Tensor, losses: torch.Tensor, steps: int) -> Update:
-    """Run ``run``'s update from its rows (:meth:`~fedhp.algorithms.messages.MessageRows.
-    client_update`, as its ``train`` makes it)."""
+    """Run ``run``'s update from its rows (:meth:`LocalRows.finish`, as its ``train`` makes
+    it)."""
     ctx = run.algo.ctx
     counts = torch.full((len(run.task.clients),), steps, dtype=torch.int64, device=ctx.device)
     trained = (theta[run.rows], losses[run.rows].clone(), counts)
-    return run.algo.client_update(run.state, run.task, trained, None)
+    return run.method.finish(run.algo, run.state, run.task, trained)
 
 
 def _draws(runs: Sequence[_Run], batch_size: int) -> StepDraw:
@@ -247,3 +326,53 @@ class _Pull:
             rows[:, lo:hi].lerp_(mine[:, lo:hi], weight)
 
         return towards_centre
+
+
+@dataclass
+class _Shift:
+    """SCAFFOLD's correction of the stacked rows, ``theta -= lr * (c - c_i)`` on each layer's
+    columns inside the model's step (``ConstantGrad.pull``, the same ``add_`` with the same
+    ``alpha``: every element as alone). On the CPU each run's rows are shifted by its own
+    correction rows, in place; on a GPU the runs' corrections are stacked once per round and each
+    part's rows shifted in one launch per layer."""
+
+    runs: Sequence[_Run]
+    terms: list[torch.Tensor]
+    lr: float
+    stacked: torch.Tensor | None
+
+    @classmethod
+    def of(cls, runs: Sequence[_Run], theta: torch.Tensor, lr: float) -> _Shift:
+        terms = _shifts(runs)
+        stacked = None
+        if gathers(theta.device):
+            sizes = [r.rows.stop - r.rows.start for r in runs]
+            stacked = torch.cat([t.expand(n, -1) for t, n in zip(terms, sizes, strict=True)])
+        return cls(runs, terms, lr, stacked)
+
+    def hook(self, theta: torch.Tensor, a: int, b: int) -> Callable[[int, int], None]:
+        """The column hook of the part of rows ``a .. b - 1``."""
+        alpha = -self.lr
+        if self.stacked is not None:
+            rows, term = theta[a:b], self.stacked[a:b]
+
+            def shift_all(lo: int, hi: int) -> None:
+                rows[:, lo:hi].add_(term[:, lo:hi], alpha=alpha)
+
+            return shift_all
+        parts = []
+        for run, term in zip(self.runs, self.terms, strict=True):
+            lo, hi = max(a, run.rows.start), min(b, run.rows.stop)
+            if lo < hi:
+                mine = (
+                    term
+                    if term.dim() == 1 or term.shape[0] == 1
+                    else term[lo - run.rows.start : hi - run.rows.start]
+                )
+                parts.append((theta[lo:hi], mine))
+
+        def shift(lo: int, hi: int) -> None:
+            for rows, mine in parts:
+                rows[:, lo:hi].add_(mine[..., lo:hi], alpha=alpha)
+
+        return shift
