@@ -207,7 +207,6 @@ def test_a_draw_from_another_runs_data_is_caught(
         ["algorithm.name=fedavg", "model.name=vgg", "model.cfg=[4,M,8,M]", "model.batch_norm=true"],
         ["algorithm.name=moon"],
         ["algorithm.name=fednova"],
-        ["algorithm.name=ditto"],
     ],
 )
 def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:

@@ -85,7 +85,7 @@ def test_a_fused_call_that_mixes_runs_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Plant a crossing: the fused step hands each run the rows of the NEXT run. The equality
-    check above must then fail (the runs' files differ from the runs alone). (Ditto: its
+    check above must then fail (the runs' files differ from the runs alone). (HeurFedAMP: its
     rounds fuse kernels; the stacked rounds of sFedHP, pFedMe and FedAvg / FedProx are checked
     in tests/algorithms/test_*_stacked.py and below.)"""
     real = lockstep._fused
@@ -97,9 +97,9 @@ def test_a_fused_call_that_mixes_runs_is_caught(
             for call, other in zip(group, rows[1:] + rows[:1], strict=True):
                 call.flat.copy_(other)
 
-    alone = run_batch(_runs("ditto", tmp_path / "alone"), "sequential", log=lambda _: None)
+    alone = run_batch(_runs("heurfedamp", tmp_path / "alone"), "sequential", log=lambda _: None)
     monkeypatch.setattr(lockstep, "_fused", crossed)
-    run_batch(_runs("ditto", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    run_batch(_runs("heurfedamp", tmp_path / "fused"), "lockstep", log=lambda _: None)
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
     assert any(a[name] != b[name] for name in a)
     assert alone.summaries

@@ -65,8 +65,8 @@ class FedAvg(FlatRounds):
 
     def stack_key(self, state: State, task: Task) -> Hashable | None:
         """Runs as rows: :func:`fedhp.algorithms.fedavg_stacked.stack_key` for FedAvg and
-        FedProx themselves (a subclass with its own local work — MOON, FedNova, Ditto — trains
-        alone)."""
+        FedProx themselves (a subclass with its own local work — MOON, FedNova — trains alone;
+        Ditto has its own)."""
         if type(self) not in (FedAvg, FedProx):
             return None
         return fedavg_stacked.stack_key(self, state, task)

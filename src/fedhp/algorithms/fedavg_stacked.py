@@ -30,7 +30,9 @@ The runs meet through :class:`~fedhp.sweep.lockstep.Lockstep` (:meth:`FedAvg.sta
 round this module does not cover trains alone (:func:`stack_key` returns None): local epochs,
 momentum or weight decay in the local optimizer, gradient clipping, BatchNorm statistics,
 stragglers' partial work, client momentum, a rule or attack that needs the whole round at once,
-another local objective (MOON, FedNova, Ditto: subclasses), or a round without clients.
+another local objective (MOON, FedNova: subclasses), or a round without clients. Ditto
+stacks its global round here and its personal round with its own :class:`LocalRows`
+(:mod:`fedhp.algorithms.ditto`).
 
 Other methods whose round is this plain local SGD with another start, another additive term or
 another ending say so with their own :class:`LocalRows`: SCAFFOLD (:mod:`fedhp.algorithms.
@@ -42,6 +44,7 @@ from its own model, kept in the state).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -183,13 +186,17 @@ def _shifts(runs: Sequence[_Run]) -> list[torch.Tensor]:
 
 
 def stacked_train(
-    items: Sequence[tuple[Algorithm, State, Task]], method: LocalRows = FEDAVG
+    items: Sequence[tuple[Algorithm, State, Task]],
+    method: LocalRows = FEDAVG,
+    lr: float | None = None,
 ) -> list[Update]:
     """The local SGD of every run of ``items`` (each ``(algorithm, state, task)`` of one run,
     all with the same :func:`stack_key` under ``method``) as one; each run's update, as its
-    ``train`` alone."""
+    ``train`` alone. ``lr``: the step size, where not the options' (Ditto's personal step)."""
     lead = items[0][0]
     work, model = lead.options.work(), lead.ctx.model
+    if lr is not None:
+        work = dataclasses.replace(work, lr=lr)
     runs, c0 = [], 0
     for algo, state, task in items:
         c = len(task.clients)
