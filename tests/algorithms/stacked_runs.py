@@ -44,18 +44,26 @@ def start(overrides: Sequence[str]) -> Started:
     return exp, state, exp.algorithm.plan(state, 0)
 
 
-def alone(runs: Sequence[Sequence[str]], outcome: Outcome) -> list[dict[str, Any]]:
-    """Each run's first round trained by its own ``train``."""
+Begin = Callable[[Sequence[str]], Started]
+"""How a run is brought to the round compared (default :func:`start`: its first round)."""
+
+
+def alone(
+    runs: Sequence[Sequence[str]], outcome: Outcome, begin: Begin = start
+) -> list[dict[str, Any]]:
+    """Each run's round trained by its own ``train``."""
     out = []
     for overrides in runs:
-        exp, state, task = start(overrides)
+        exp, state, task = begin(overrides)
         out.append(outcome(exp, state, exp.algorithm.train(state, task)))
     return out
 
 
-def stacked(runs: Sequence[Sequence[str]], outcome: Outcome) -> list[dict[str, Any]]:
-    """The runs' first rounds trained as one (their stack keys equal, none None)."""
-    started = [start(overrides) for overrides in runs]
+def stacked(
+    runs: Sequence[Sequence[str]], outcome: Outcome, begin: Begin = start
+) -> list[dict[str, Any]]:
+    """The runs' rounds trained as one (their stack keys equal, none None)."""
+    started = [begin(overrides) for overrides in runs]
     keys = {exp.algorithm.stack_key(state, task) for exp, state, task in started}
     assert len(keys) == 1 and None not in keys
     items = [(exp.algorithm, state, task) for exp, state, task in started]
@@ -99,3 +107,16 @@ def lockstep_writes_the_sequential_files(
     for name in a:
         assert a[name] == b[name], name
     return two
+
+
+def next_runs_rows(finish: Callable[..., Any]) -> Callable[..., Any]:
+    """A planted crossing: a stacked module's ``_finish(run, theta, ...)`` handed the block of
+    rows of the NEXT run (the last run the first's)."""
+
+    def crossed(run: Any, theta: torch.Tensor, *rest: Any) -> Any:
+        c = run.rows.stop - run.rows.start
+        begin = (run.rows.start + c) % theta.shape[0]
+        run.rows = slice(begin, begin + c)
+        return finish(run, theta, *rest)
+
+    return crossed

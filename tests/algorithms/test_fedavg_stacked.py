@@ -14,7 +14,13 @@ import torch
 
 from fedhp.algorithms import fedavg_stacked
 from fedhp.engine import run_rows
-from tests.algorithms.stacked_runs import TINY, lockstep_writes_the_sequential_files, same, start
+from tests.algorithms.stacked_runs import (
+    TINY,
+    lockstep_writes_the_sequential_files,
+    next_runs_rows,
+    same,
+    start,
+)
 
 BASE = [*TINY, "algorithm.local_steps=3"]
 
@@ -168,13 +174,7 @@ def test_a_crossing_of_rows_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant a crossing: each run handed the next run's rows back. Caught."""
     real = fedavg_stacked._finish
 
-    def next_runs_rows(run: Any, theta: torch.Tensor, *rest: Any) -> Any:
-        c = run.rows.stop - run.rows.start
-        start = (run.rows.start + c) % theta.shape[0]
-        run.rows = slice(start, start + c)
-        return real(run, theta, *rest)
-
-    monkeypatch.setattr(fedavg_stacked, "_finish", next_runs_rows)
+    monkeypatch.setattr(fedavg_stacked, "_finish", next_runs_rows(real))
     _caught(FEDAVG)
 
 

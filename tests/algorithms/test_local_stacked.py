@@ -14,7 +14,15 @@ import torch
 
 from fedhp.algorithms import fedavg_stacked
 from fedhp.engine import run_rows
-from tests.algorithms.stacked_runs import TINY, lockstep_writes_the_sequential_files, same, start
+from tests.algorithms.stacked_runs import (
+    TINY,
+    alone,
+    lockstep_writes_the_sequential_files,
+    next_runs_rows,
+    same,
+    stacked,
+    start,
+)
 
 BASE = [*TINY, "algorithm.name=local", "algorithm.local_steps=3"]
 
@@ -44,23 +52,11 @@ def _outcome(exp: Any, state: dict[str, torch.Tensor], update: Any) -> dict[str,
 
 
 def _alone(runs: list[list[str]], extra: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for overrides in runs:
-        exp, state, task = _start([*overrides, *extra])
-        out.append(_outcome(exp, state, exp.algorithm.train(state, task)))
-    return out
+    return alone([[*r, *extra] for r in runs], _outcome, _start)
 
 
 def _stacked(runs: list[list[str]], extra: list[str]) -> list[dict[str, Any]]:
-    started = [_start([*overrides, *extra]) for overrides in runs]
-    items = [(exp.algorithm, state, task) for exp, state, task in started]
-    keys = {algo.stack_key(state, task) for algo, state, task in items}
-    assert len(keys) == 1 and None not in keys
-    updates = type(items[0][0]).stacked_train(items)
-    return [
-        _outcome(exp, state, update)
-        for (exp, state, _), update in zip(started, updates, strict=True)
-    ]
+    return stacked([[*r, *extra] for r in runs], _outcome, _start)
 
 
 EXTRAS = [
@@ -72,8 +68,8 @@ EXTRAS = [
 
 @pytest.mark.parametrize("extra", EXTRAS)
 def test_each_run_of_a_stack_gets_what_it_gets_alone(extra: list[str]) -> None:
-    for alone, stacked in zip(_alone(RUNS, extra), _stacked(RUNS, extra), strict=True):
-        same(alone, stacked)
+    for one, both in zip(_alone(RUNS, extra), _stacked(RUNS, extra), strict=True):
+        same(one, both)
 
 
 def _caught(extra: list[str] | None = None) -> None:
@@ -87,13 +83,7 @@ def test_a_crossing_of_rows_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant a crossing: each run handed the next run's rows back. Caught."""
     real = fedavg_stacked._finish
 
-    def next_runs_rows(run: Any, theta: torch.Tensor, *rest: Any) -> Any:
-        c = run.rows.stop - run.rows.start
-        begin = (run.rows.start + c) % theta.shape[0]
-        run.rows = slice(begin, begin + c)
-        return real(run, theta, *rest)
-
-    monkeypatch.setattr(fedavg_stacked, "_finish", next_runs_rows)
+    monkeypatch.setattr(fedavg_stacked, "_finish", next_runs_rows(real))
     _caught()
 
 

@@ -21,6 +21,7 @@ from tests.algorithms.stacked_runs import (
     Started,
     alone,
     lockstep_writes_the_sequential_files,
+    next_runs_rows,
     run_files,
     same,
     stacked,
@@ -158,13 +159,7 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.undo()
     real_finish = pfedme_stacked._finish
 
-    def next_runs_rows(run: Any, theta: torch.Tensor, *rest: Any) -> Any:
-        c = run.rows.stop - run.rows.start
-        start = (run.rows.start + c) % theta.shape[0]
-        run.rows = slice(start, start + c)
-        return real_finish(run, theta, *rest)
-
-    monkeypatch.setattr(pfedme_stacked, "_finish", next_runs_rows)
+    monkeypatch.setattr(pfedme_stacked, "_finish", next_runs_rows(real_finish))
     with pytest.raises(AssertionError):
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)

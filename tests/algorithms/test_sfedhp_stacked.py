@@ -12,7 +12,7 @@ import torch
 from fedhp.algorithms import sfedhp_stacked
 from fedhp.algorithms.sfedhp_stacked import stack_key
 from fedhp.engine import run_rows
-from tests.algorithms.stacked_runs import TINY, Started, alone, same, stacked, start
+from tests.algorithms.stacked_runs import TINY, Started, alone, next_runs_rows, same, stacked, start
 
 BASE = [*TINY, "algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=3"]
 
@@ -101,14 +101,7 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.undo()
     real_finish = sfedhp_stacked._finish
 
-    def next_runs_rows(run: Any, theta: torch.Tensor, *rest: Any) -> Any:
-        c = run.rows.stop - run.rows.start
-        run.rows = slice(
-            (run.rows.start + c) % theta.shape[0], (run.rows.start + c) % theta.shape[0] + c
-        )
-        return real_finish(run, theta, *rest)
-
-    monkeypatch.setattr(sfedhp_stacked, "_finish", next_runs_rows)
+    monkeypatch.setattr(sfedhp_stacked, "_finish", next_runs_rows(real_finish))
     with pytest.raises(AssertionError):
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)
