@@ -73,8 +73,9 @@ GRID_KEY = {
     "fedavg": None,
     "scaffold": "server_lr",
     "local": None,
+    "ditto": "lam",
 }
-"""The float option each method's sweep varies (FedAvg, LocalOnly: the seeds alone)."""
+"""The float option each method's sweep varies (FedAvg, Local only: the seeds alone)."""
 
 
 def start(

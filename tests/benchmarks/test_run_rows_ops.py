@@ -23,6 +23,7 @@ def test_stacked_rounds_launch_fewer_kernels(monkeypatch: pytest.MonkeyPatch) ->
         ("fedprox", ["algorithm.local_steps=2"]),
         ("scaffold", ["algorithm.local_steps=2"]),
         ("local", ["algorithm.local_steps=2"]),
+        ("ditto", ["algorithm.local_steps=2"]),
     ]:
         argv = ["--method", method, "--values", "0.1,0.2", "--seeds", "0,1", *tiny, *work]
         out = run_rows_ops.main(argv)
