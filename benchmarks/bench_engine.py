@@ -17,7 +17,7 @@ The conv models (``cnn2``, ``vgg11-bn``, ``resnet18``) run one local epoch of a 
 steps for 10 clients, batch 20, on random inputs of their datasets' shape (1x28x28 for cnn2,
 3x32x32 for the others: CIFAR-10 cannot be downloaded here, and the timings do not depend on the
 values); their line adds ``vmap_all_s``, all clients in one vmap, beside the engine's choice
-(``chunk`` clients at a time: the run's :class:`~fedhp.engine.policy.ExecutionPolicy`).
+(``chunk`` clients at a time: the run's :class:`~fedhp.models.policy.ExecutionPolicy`).
 
 Then one line per method for whole rounds of the runner (``--rounds``, issue 15): a FedAvg round
 of 100 local steps, a sFedHP round (R = 20 local rounds of K = 5 steps), a pFedMe round
@@ -69,12 +69,12 @@ import torch
 from fedhp.build import build_experiment
 from fedhp.config import resolve_config
 from fedhp.engine.experiment import MODEL_SEED_OFFSET, Experiment
-from fedhp.engine.ops import _train_rows, sgd_steps, weighted_mean
-from fedhp.engine.policy import build_policy
+from fedhp.engine.ops import LocalSteps, _train_rows, sgd_steps, weighted_mean
 from fedhp.engine.reference import reference_fedavg_round, reference_local_sgd
 from fedhp.engine.runner import evaluate_state
 from fedhp.models import MODELS as ZOO
 from fedhp.models.base import BatchedModel
+from fedhp.models.policy import build_policy
 from fedhp.models.zoo import BatchedMLP, weight_step_
 
 MODELS = {
@@ -225,7 +225,7 @@ def bench_conv(name: str, repeats: int, peak_before: float) -> str:
             return x, y, None
 
         rows, bufs = slice(0, CONV_CLIENTS), b0.clone()
-        _train_rows(model, params, batch, rows, steps, 0.05, None, None, None, bufs, None, None)
+        _train_rows(LocalSteps(model, batch, steps, 0.05, buffers=bufs), params, rows, None)
         return params
 
     def reference() -> torch.Tensor:

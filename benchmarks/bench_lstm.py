@@ -8,7 +8,7 @@ clients, LEAF's model (embedding 8 → 2-layer LSTM → linear, ``--hidden`` uni
 not depend on the values), batch ``--batch``, ``--steps`` SGD steps per client on identical
 minibatches. Timings are the median of interleaved repeats. ``gflops`` is the arithmetic the engine
 computed per second (the model's training FLOPs per sample × the samples); ``chunk`` the clients
-the engine trains at once (the run's :class:`~fedhp.engine.policy.ExecutionPolicy`).
+the engine trains at once (the run's :class:`~fedhp.models.policy.ExecutionPolicy`).
 
 Two sizes by default (``--sizes CLIENTSxHIDDEN ...``): LEAF's (20 clients × 256 units) and a
 small model for many clients (100 × 16), where the per-client loop's fixed cost per step dominates.
@@ -37,10 +37,10 @@ import time
 import torch
 
 from fedhp.engine.ops import sgd_steps
-from fedhp.engine.policy import build_policy
 from fedhp.engine.reference import reference_local_sgd
 from fedhp.models import lstm
 from fedhp.models.lstm import LSTMOptions
+from fedhp.models.policy import build_policy
 
 VOCAB = 81
 

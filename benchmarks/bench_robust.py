@@ -7,12 +7,13 @@ Two measurements per (rule, clients, model):
   (training, the uplink with its rule, the ledger) after one warm-up round, MNIST on label
   shards, every client in every round, 10 local SGD steps of batch 20 (the setting of
   ``fedhp reproduce robust --heterogeneity``); ``ratio`` = the rule's round / the mean's round.
-* ``aggregate``: the rule alone (:func:`fedhp.engine.robust.aggregate`) on ``[n, P]`` random rows,
-  median of ``--repeats`` calls, beside the floor of an aggregate, one read of the ``n × P``
-  float32 rows at the copy bandwidth measured in the same run (``floor_s``), and the rule's
-  arithmetic in FLOPs (``flops``, counted from its algorithm: mean 2nP; median and trimmed mean a
-  sort of n per coordinate ~ nP log2 n comparisons; Multi-Krum the n² pairwise distances 3n²P/2
-  (one Gram matrix, symmetric); cclip 4LnP; geomed ~5nP per Weiszfeld step, at most max_iter + 1).
+* ``aggregate``: the rule alone (:func:`fedhp.engine.robust_rules.aggregate`) on ``[n, P]``
+  random rows, median of ``--repeats`` calls, beside the floor of an aggregate, one read of the
+  ``n × P`` float32 rows at the copy bandwidth measured in the same run (``floor_s``), and the
+  rule's arithmetic in FLOPs (``flops``, counted from its algorithm: mean 2nP; median and trimmed
+  mean a sort of n per coordinate ~ nP log2 n comparisons; Multi-Krum the n² pairwise distances
+  3n²P/2 (one Gram matrix, symmetric); cclip 4LnP; geomed ~5nP per Weiszfeld step, at most
+  max_iter + 1).
 
 The rules run with their defaults (trimmed mean β = 0.1, Multi-Krum f = 20 % of the rows, cclip
 τ = 10 and L = 3, geomed at most 4 Weiszfeld steps); ``bucket2`` rows are the same rule after
@@ -38,7 +39,7 @@ import torch
 
 from fedhp.build import build_experiment
 from fedhp.config import resolve_config
-from fedhp.engine.robust import aggregate
+from fedhp.engine.robust_rules import aggregate
 from fedhp.robust import RobustOptions
 
 RULES: dict[str, list[str]] = {
@@ -154,7 +155,7 @@ def bucketed_rows(
     rows: torch.Tensor, weights: torch.Tensor, size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's s-bucketing with a fixed generator."""
-    from fedhp.engine.robust import bucketed
+    from fedhp.engine.robust_rules import bucketed
 
     return bucketed(rows, weights, size, torch.Generator().manual_seed(1))
 

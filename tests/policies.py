@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fedhp.engine.policy import ExecutionPolicy
 from fedhp.models.base import BatchedModel
+from fedhp.models.policy import ExecutionPolicy
 
 
 def use_policy(model: BatchedModel, **changes: Any) -> ExecutionPolicy:

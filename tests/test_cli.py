@@ -137,7 +137,7 @@ def test_resolved_sections_round_trip() -> None:
     and FNR-FL hands its base method the same options."""
     from fedhp.algorithms import ALGORITHMS
     from fedhp.config import COMPONENT_SECTIONS, resolved_section
-    from fedhp.config import component_registry as _registry
+    from fedhp.unread import component_registry as _registry
 
     for section in COMPONENT_SECTIONS:
         registry = _registry(section)

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import fedhp.engine.robust as robust
+import fedhp.engine.robust_rules as robust
 from fedhp.engine.ops import weighted_mean
-from fedhp.engine.robust import (
+from fedhp.engine.robust_rules import (
     aggregate,
     bucketed,
     clip_updates,

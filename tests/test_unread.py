@@ -22,11 +22,11 @@ import pytest
 
 from fedhp.algorithms import ALGORITHMS
 from fedhp.algorithms.fedavg import FedAvgOptions
-from fedhp.config import COMPONENT_SECTIONS, RunConfig, component_registry, resolve_config
+from fedhp.config import COMPONENT_SECTIONS, RunConfig, resolve_config
 from fedhp.data import DATASETS, PARTITIONERS
 from fedhp.errors import ConfigError
 from fedhp.models import MODELS
-from fedhp.unread import unread_options
+from fedhp.unread import component_registry, unread_options
 
 TINY = [
     "progress=false",

@@ -19,8 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fedhp.errors import ConfigError, FedhpError
-
-__version__ = "0.1.0"
+from fedhp.version import __version__
 
 _LAZY = {
     "run": "fedhp.api",

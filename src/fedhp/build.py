@@ -23,11 +23,11 @@ from fedhp.engine.experiment import ENGINE_SEED_OFFSET, Experiment
 from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
 from fedhp.engine.participation import Participation
-from fedhp.engine.policy import build_policy
 from fedhp.engine.sampler import BatchSampler
 from fedhp.engine.uplink import client_level, safeguards
 from fedhp.errors import ConfigError
 from fedhp.models import MODELS
+from fedhp.models.policy import build_policy
 from fedhp.topology import Topology
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from fedhp.cli_args import add_items, split_positionals, warn_repeated
 from fedhp.errors import FedhpError, FedhpWarning
 
 DESCRIPTION = """\
@@ -34,29 +35,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"fedhp: error: {message} (see `fedhp --help`)\n")
-
-
-def split_positionals(items: Sequence[str]) -> tuple[Path | None, list[str]]:
-    """``[CONFIG] [key=value ...]``: the config file (if the first item has no ``=``) and the
-    overrides (a key given twice: a warning line, the later value is used)."""
-
-    config: Path | None = None
-    overrides: list[str] = []
-    for i, item in enumerate(items):
-        if i == 0 and "=" not in item:
-            config = Path(item)
-        else:
-            overrides.append(item)
-    warn_repeated(overrides)
-    return config, overrides
-
-
-def warn_repeated(overrides: Sequence[str]) -> None:
-    """A warning line for each key the overrides give twice (the later value is used)."""
-    from fedhp.config import repeated_overrides
-
-    for note in repeated_overrides(overrides):
-        warnings.warn(note, FedhpWarning, stacklevel=2)
 
 
 def _positive_int(text: str) -> int:
@@ -405,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fedhp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment")
-    run.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
+    add_items(run)
     run.add_argument("--out", help="results folder (default runs/<algorithm>-<dataset>-<time>)")
     run.add_argument(
         "--resume",
@@ -543,7 +521,7 @@ def _version() -> str:
     try:
         return metadata.version("fedhp")
     except metadata.PackageNotFoundError:
-        from fedhp import __version__
+        from fedhp.version import __version__
 
         return __version__
 

@@ -4,6 +4,7 @@ validated strictly (unknown keys, wrong types and out-of-range values are one-li
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any, Literal
 import pydantic
 import yaml
 
-from fedhp.errors import ConfigError, FedhpError
+from fedhp.errors import ConfigError, FedhpError, FedhpWarning
 from fedhp.privacy.options import PrivacyOptions
 from fedhp.registry import check_int_range, check_no_bools, format_validation_error
 from fedhp.robust import RobustOptions
@@ -185,7 +186,7 @@ class FlowerConfig(pydantic.BaseModel):
 
 
 class EngineConfig(pydantic.BaseModel):
-    """How the engine batches its work on the device (:mod:`fedhp.engine.policy`)."""
+    """How the engine batches its work on the device (:mod:`fedhp.models.policy`)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -402,12 +403,58 @@ def resolve_config(
         listed = user.get("plugins") or []
         user["plugins"] = [*listed, *plugins] if isinstance(listed, list) else listed
     data = dict(base) if base is not None else default_config_dict()
+    user = with_current_names(user, data)  # before the defaults' new names join them
     cfg = validate_config(with_natural_clients(deep_merge(data, user), user))
     if refuse_unread:
         from fedhp.unread import refuse_unread as refuse
 
         refuse(cfg, user, on_flower)
     return cfg
+
+
+_NOTED_OLD_NAMES: set[str] = set()
+"""The old option names (``section.key``) already reported in this process: each is reported
+once."""
+
+
+def with_current_names(
+    data: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``data`` with each component option given under its old name (the component's
+    ``old_names``, e.g. sFedHP's ``global_lr``, now ``edge_lr``) under its current name, said
+    in one warning line per old name and process; both names given is a one-line error.
+    ``base``: where a section's component ``name`` comes from when ``data`` gives none."""
+    from fedhp.unread import component_registry
+
+    out = dict(data)
+    for section in COMPONENT_SECTIONS:
+        given = out.get(section)
+        if not isinstance(given, Mapping):
+            continue
+        fallback = base.get(section) if base is not None else None
+        name = given.get("name", fallback.get("name") if isinstance(fallback, Mapping) else None)
+        registry = component_registry(section)
+        if not isinstance(name, str) or name not in registry:
+            continue  # validation names the problem
+        for old, new in getattr(registry.get(name), "old_names", {}).items():
+            if old not in given:
+                continue
+            if new in given:
+                raise ConfigError(
+                    f"{section}.{old} and {section}.{new} both given: {old} is the old name of "
+                    f"{new}; keep {section}.{new} only"
+                )
+            given = {(new if key == old else key): value for key, value in given.items()}
+            if f"{section}.{old}" not in _NOTED_OLD_NAMES:
+                _NOTED_OLD_NAMES.add(f"{section}.{old}")
+                warnings.warn(
+                    f"{section}.{old} is the old name of {section}.{new} ({name}); read as "
+                    f"{section}.{new}, the name to write from now on",
+                    FedhpWarning,
+                    stacklevel=2,
+                )
+        out[section] = given
+    return out
 
 
 def with_natural_clients(data: dict[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
@@ -439,6 +486,7 @@ def validate_config(data: Mapping[str, Any]) -> RunConfig:
     register can be named."""
     from fedhp.plugins import load_plugins
 
+    data = with_current_names(data)
     check_no_bools(RunConfig, data, "")  # rounds=true is an error, not 1 round
     try:
         cfg = RunConfig.model_validate(dict(data))
@@ -453,22 +501,6 @@ COMPONENT_SECTIONS = ("dataset", "partition", "model", "algorithm")
 """The sections validated by the component registered under their ``name``."""
 
 
-def component_registry(section: str) -> Any:
-    """The registry of a component section (``dataset``, ``partition``, ``model``,
-    ``algorithm``)."""
-    from fedhp.algorithms import ALGORITHMS
-    from fedhp.data import DATASETS, PARTITIONERS
-    from fedhp.models import MODELS
-
-    registries = {
-        "dataset": DATASETS,
-        "partition": PARTITIONERS,
-        "model": MODELS,
-        "algorithm": ALGORITHMS,
-    }
-    return registries[section]
-
-
 def resolved_section(section: str, data: Mapping[str, Any]) -> dict[str, Any]:
     """A component section with every option of the component and its value: ``name`` first,
     then the options in the component's field order (what ``config.yaml`` holds).
@@ -476,6 +508,8 @@ def resolved_section(section: str, data: Mapping[str, Any]) -> dict[str, Any]:
     An option left at its default is written only where writing it keeps the options the same:
     a default that holds only while the option is unset (``local_steps`` beside
     ``local_epochs``) stays out. Validating the result gives the same options."""
+    from fedhp.unread import component_registry
+
     registry = component_registry(section)
     options = registry.build(data, section)
     cls = type(options)

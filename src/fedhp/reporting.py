@@ -32,8 +32,9 @@ Value = float | int | str
 
 def _create_temp(path: Path) -> tuple[int, Path]:
     """A new, empty temporary file beside ``path``, created like any file the user creates
-    (mode 0666 minus the umask; ``tempfile.mkstemp`` would make it 0600)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    (mode 0666 minus the umask; ``tempfile.mkstemp`` would make it 0600), open to read and
+    write."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
         try:
@@ -43,12 +44,13 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write ``path`` atomically: ``write`` fills a temporary file that then replaces ``path``."""
+    """Write ``path`` atomically: ``write`` fills a temporary file (open to read back too) that
+    then replaces ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(path)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with os.fdopen(fd, "w+b") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())

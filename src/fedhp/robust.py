@@ -1,6 +1,7 @@
 """The ``robust:`` section of the configuration: which Byzantine-robust rule aggregates a level's
-rows, and its parameters (issue 20). The rules themselves are :mod:`fedhp.engine.robust`; this
-module imports no torch, so that :mod:`fedhp.config` stays light."""
+rows, and its parameters (issue 20). The rules themselves are
+:mod:`fedhp.engine.robust_rules`; this module imports no torch, so that :mod:`fedhp.config`
+stays light."""
 
 from __future__ import annotations
 

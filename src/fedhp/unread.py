@@ -14,11 +14,28 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from fedhp.config import COMPONENT_SECTIONS, RunConfig, component_registry
+from fedhp.config import COMPONENT_SECTIONS, RunConfig
 from fedhp.errors import ConfigError
 
 Unread = dict[str, str]
 """Dotted option key → why nothing reads it and what to set instead (one line)."""
+
+
+def component_registry(section: str) -> Any:
+    """The registry of a component section (``dataset``, ``partition``, ``model``,
+    ``algorithm``): the components, above :mod:`fedhp.config`, are found here by the name the
+    configuration gives."""
+    from fedhp.algorithms import ALGORITHMS
+    from fedhp.data import DATASETS, PARTITIONERS
+    from fedhp.models import MODELS
+
+    registries = {
+        "dataset": DATASETS,
+        "partition": PARTITIONERS,
+        "model": MODELS,
+        "algorithm": ALGORITHMS,
+    }
+    return registries[section]
 
 
 def _component(cfg: RunConfig, section: str) -> Any | None:
@@ -51,11 +68,10 @@ def section_unread(cfg: RunConfig, on_flower: bool = False) -> Unread:
     attack options no attack reads, robust options the level's rule does not use, privacy
     options with privacy off, Flower options in-process (unless ``on_flower``: a Flower
     deployment, whatever ``backend`` says), ``state_dir`` in memory."""
-    from fedhp.algorithms import ALGORITHMS
-
+    methods = component_registry("algorithm")
     out: Unread = {}
     name = cfg.algorithm.get("name")
-    method = ALGORITHMS.get(name) if name in ALGORITHMS else None
+    method = methods.get(name) if name in methods else None
     if method is not None and not method.federated:
         why = f"{name} trains on the pooled data and samples no one"
         out["federation.client_fraction"] = f"{why}; drop it"
@@ -72,7 +88,7 @@ def section_unread(cfg: RunConfig, on_flower: bool = False) -> Unread:
     if cfg.faults.straggler == 0:
         out["faults.straggler_work"] = "there are no stragglers; set faults.straggler above 0"
     elif method is not None and not method.keeps_partial_work:
-        keep = [n for n in ALGORITHMS.names() if ALGORITHMS.get(n).keeps_partial_work]
+        keep = [n for n in methods.names() if methods.get(n).keeps_partial_work]
         out["faults.straggler_work"] = (
             f"{name} drops its stragglers' updates either way; only {', '.join(keep) or 'none'} "
             "keeps partial work" + (f" (algorithm.name={keep[0]}), or drop it" if keep else "")

@@ -1,5 +1,5 @@
 """The dense methods' device model (``capabilities: off|fix|dyn``,
-:class:`fedhp.algorithms.device_cost.DenseDeviceCost`): off changes nothing, on changes no training,
+:class:`fedhp.algorithms.device_cost.DenseCostModel`): off changes nothing, on changes no training,
 T_k and the round time by hand, Fix vs Dyn, exact resume, one-line errors."""
 
 from __future__ import annotations

@@ -73,3 +73,30 @@ def test_fedavg_receivers_get_what_is_billed() -> None:
     assert cur["bytes_client_cloud_down"] == 3 * wire_bytes(tr(w, eps), eps) < 3 * 4 * 15
     assert cur["bytes_client_cloud_up"] == sum(wire_bytes(m, eps) for m in sent_up)
     assert cur["nnz_client_cloud_down"] == 3 * int((tr(w, eps) != 0).sum())
+
+
+def test_the_aggregation_is_average_and_the_docs_show_its_code() -> None:
+    """FedAvg's round ends in :func:`fedhp.algorithms.fedavg.average` (a pure function, bit for
+    bit the new global model of an unstreamed round), and docs/architecture.md's "What a method
+    file holds" shows that function's code verbatim."""
+    import inspect
+    from pathlib import Path
+
+    from fedhp.algorithms import fedavg
+
+    ctx = tiny_context(edge_sizes=(3, 2), n_train=COUNTS, weighting="samples")
+    algo = FedAvgOptions(local_steps=2, lr=0.3, batch_size=6).build(ctx)
+    state = algo.init_state(init_params())
+    task = algo.plan(state, 0)
+    update = algo.train(state, task)
+    params = update.per_client["params"].clone()
+    algo.aggregate(state, task, update)
+    expected = fedavg.average(params, ctx.client_weights(task.clients))
+    assert torch.equal(state["global"], expected)
+    assert algo.combine is fedavg.average
+    docs = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    section = docs.split("## What a method file holds")[1].split("\n## ")[0]
+    code = "@foldable\n" + inspect.getsource(fedavg.average).split("\n", 1)[1]
+    assert code in section
+    assert inspect.getsource(fedavg.FedAvg.train) in section
+    assert inspect.getsource(fedavg.FedProx.local_extra_grad) in section

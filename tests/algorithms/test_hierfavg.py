@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedhp.algorithms import hierfavg
 from fedhp.algorithms.hierfavg import HierFAVGOptions
+from fedhp.engine.context import RunContext
 from fedhp.engine.faults import RoundFaults
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context, tr, wire_bytes
 from tests.policies import use_policy
@@ -15,15 +17,11 @@ COUNTS = (3, 6, 2, 6, 3)  # every count divides the batch of 6: each batch is th
 EDGES = (3, 2)
 
 
-@pytest.mark.parametrize(
-    ("weighting", "eps"), [("samples", 0.0), ("samples", 0.3), ("uniform", 0.3)]
-)
-def test_one_round_matches_hand(weighting: str, eps: float) -> None:
-    ctx = tiny_context(EDGES, n_train=COUNTS, zero_threshold=eps, weighting=weighting)  # type: ignore[arg-type]
-    opt = HierFAVGOptions(kappa1=2, kappa2=3, lr=0.2, batch_size=6)
-    algo = opt.build(ctx)
-    state = algo.init_state(init_params())
-    w = state["global"].clone()
+def by_hand(
+    ctx: RunContext, opt: HierFAVGOptions, w: torch.Tensor, eps: float, weighting: str
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """One round as a plain per-edge, per-client loop: the global model, and the models sent
+    down to the clients, up by them and up by the edges."""
     n = [float(k) if weighting == "samples" else 1.0 for k in COUNTS]
     down, up, edge_up = [], [], []
     edge_models, edge_weights = [], []
@@ -49,6 +47,20 @@ def test_one_round_matches_hand(weighting: str, eps: float) -> None:
     expected = sum(a * m for a, m in zip(edge_weights, edge_models, strict=True)) / sum(
         edge_weights
     )
+    assert isinstance(expected, torch.Tensor)
+    return expected, down, up, edge_up
+
+
+@pytest.mark.parametrize(
+    ("weighting", "eps"), [("samples", 0.0), ("samples", 0.3), ("uniform", 0.3)]
+)
+def test_one_round_matches_hand(weighting: str, eps: float) -> None:
+    ctx = tiny_context(EDGES, n_train=COUNTS, zero_threshold=eps, weighting=weighting)  # type: ignore[arg-type]
+    opt = HierFAVGOptions(kappa1=2, kappa2=3, lr=0.2, batch_size=6)
+    algo = opt.build(ctx)
+    state = algo.init_state(init_params())
+    w = state["global"].clone()
+    expected, down, up, edge_up = by_hand(ctx, opt, w, eps, weighting)
     algo.run_round(state, 0)
     torch.testing.assert_close(state["global"], expected, atol=1e-6, rtol=1e-5)
     cur = ctx.ledger.current()
@@ -59,6 +71,29 @@ def test_one_round_matches_hand(weighting: str, eps: float) -> None:
     assert cur["bytes_edge_cloud_up"] == sum(wire_bytes(m, eps) for m in edge_up)
     if eps > 0:  # the threshold really cut something, so truncation is being tested
         assert cur["bytes_edge_cloud_down"] < 2 * 4 * w.numel()
+
+
+@pytest.mark.parametrize("mean", ["edge_mean", "cloud_mean"])
+def test_a_planted_wrong_weight_in_either_mean_misses_the_hand_round(
+    mean: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The round runs hierfavg.py's own means: one client (or edge) counted twice in either
+    takes the round away from the hand loop's."""
+    right = getattr(hierfavg, mean)
+
+    def planted(uploads: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        wrong = weights.clone()
+        wrong[0] *= 2
+        return right(uploads, wrong)
+
+    monkeypatch.setattr(hierfavg, mean, planted)
+    ctx = tiny_context(EDGES, n_train=COUNTS, weighting="samples")
+    opt = HierFAVGOptions(kappa1=2, kappa2=3, lr=0.2, batch_size=6)
+    algo = opt.build(ctx)
+    state = algo.init_state(init_params())
+    expected, *_ = by_hand(ctx, opt, state["global"].clone(), 0.0, "samples")
+    algo.run_round(state, 0)
+    assert (state["global"] - expected).abs().max() > 1e-4
 
 
 def test_straggler_is_billed_every_edge_model_it_received() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms import pfedme_stacked
+from fedhp.algorithms import pfedme_stacked, stacked_theta
 from fedhp.algorithms.pfedme_stacked import stack_key
 from fedhp.sweep.execute import run_batch
 from fedhp.sweep.grid import parse_grid, points_of
@@ -122,6 +122,19 @@ def test_the_gpu_form_computes_the_same_values(
         _same(one, both)
 
 
+def plant_next_runs_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted crossing: each run's rows of a part read as the next run's (its pull, its
+    ``w_loc`` step, its counter of trained samples)."""
+    real_blocks = stacked_theta.blocks
+
+    def next_runs_blocks(runs: Any, a: int, b: int) -> list[tuple[int, int, Any]]:
+        runs = list(runs)
+        after = {id(r): runs[(i + 1) % len(runs)] for i, r in enumerate(runs)}
+        return [(lo, hi, after[id(run)]) for lo, hi, run in real_blocks(runs, a, b)]
+
+    monkeypatch.setattr(stacked_theta, "blocks", next_runs_blocks)
+
+
 def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant crossings: each run given the next run's λ (in either form), or the next run's rows
     back. The comparison above must see them."""
@@ -145,14 +158,7 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
             _same(a, b)
     monkeypatch.undo()
 
-    real_blocks = pfedme_stacked._Steps._blocks
-
-    def next_runs_blocks(self: Any, a: int, b: int) -> list[tuple[int, int, Any]]:
-        runs = list(self.runs)
-        after = {id(r): runs[(i + 1) % len(runs)] for i, r in enumerate(runs)}
-        return [(lo, hi, after[id(run)]) for lo, hi, run in real_blocks(self, a, b)]
-
-    monkeypatch.setattr(pfedme_stacked._Steps, "_blocks", next_runs_blocks)  # (CPU form)
+    plant_next_runs_blocks(monkeypatch)  # (CPU form)
     with pytest.raises(AssertionError):
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)
@@ -207,14 +213,7 @@ def test_a_lockstep_batch_whose_stacked_round_mixes_runs_is_caught(
     base = [*BASE, "rounds=2", "eval_every=1", "algorithm.R=2"]
     points = points_of(parse_grid(["algorithm.lam=15.0,20.0"]))
     run_batch(plan_runs(base, points, [0], tmp_path / "alone"), "sequential", log=lambda _: None)
-    real_blocks = pfedme_stacked._Steps._blocks
-
-    def next_runs_blocks(self: Any, a: int, b: int) -> list[tuple[int, int, Any]]:
-        runs = list(self.runs)
-        after = {id(r): runs[(i + 1) % len(runs)] for i, r in enumerate(runs)}
-        return [(lo, hi, after[id(run)]) for lo, hi, run in real_blocks(self, a, b)]
-
-    monkeypatch.setattr(pfedme_stacked._Steps, "_blocks", next_runs_blocks)
+    plant_next_runs_blocks(monkeypatch)
     crossed = run_batch(
         plan_runs(base, points, [0], tmp_path / "crossed"), "lockstep", log=lambda _: None
     )

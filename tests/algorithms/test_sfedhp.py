@@ -22,7 +22,7 @@ from fedhp.topology import Topology
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context
 from tests.policies import use_policy
 
-OPTS = dict(lam1=2.0, lam2=3.0, K=3, R=2, lr=0.1, global_lr=0.2, beta=0.7, rho=0.5)
+OPTS = dict(lam1=2.0, lam2=3.0, K=3, R=2, lr=0.1, edge_lr=0.2, beta=0.7, rho=0.5)
 
 
 def _tr(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,7 +59,7 @@ def hand_round(
                 thetas[c] = th
                 sent.append(_tr((lam1 * th + lam2 * w_recv) / (lam1 + lam2), eps))
             phi_i = torch.stack(sent).mean(0)
-            w_i = w_i - OPTS["global_lr"] * (lam2 * (w_i - phi_i) + gamma * torch.tanh(w_i / rho))
+            w_i = w_i - OPTS["edge_lr"] * (lam2 * (w_i - phi_i) + gamma * torch.tanh(w_i / rho))
         edge_models.append(_tr(w_i, eps))
     w_new = (1 - OPTS["beta"]) * w + OPTS["beta"] * torch.stack(edge_models).mean(0)
     return w_new, thetas
@@ -268,7 +268,7 @@ def test_nesterov_inner_solver_matches_hand() -> None:
                 thetas[c] = th
                 sent.append((lam1 * th + lam2 * w_i) / (lam1 + lam2))
             phi_i = torch.stack(sent).mean(0)
-            w_i = w_i - opt.global_lr * (lam2 * (w_i - phi_i) + 0.05 * torch.tanh(w_i / rho))
+            w_i = w_i - opt.edge_lr * (lam2 * (w_i - phi_i) + 0.05 * torch.tanh(w_i / rho))
         edge_models.append(w_i)
     expected = (1 - opt.beta) * w + opt.beta * torch.stack(edge_models).mean(0)
     gd_state = {k: v.clone() for k, v in state.items()}  # the same round with plain GD

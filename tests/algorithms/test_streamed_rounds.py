@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from fedhp.algorithms.base import Algorithm, State, Task, Update
-from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions, FedProxOptions
+from fedhp.algorithms.ditto import Ditto
+from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions, FedProx, FedProxOptions
 from fedhp.algorithms.fednova import FedNova, FedNovaOptions
-from fedhp.algorithms.moon import MoonOptions
+from fedhp.algorithms.moon import Moon, MoonOptions
 from fedhp.engine.aggregation import LevelRule
 from fedhp.robust import RobustOptions
 from tests.algorithms.tiny import tiny_context
@@ -119,9 +120,11 @@ def test_one_part_is_the_plain_aggregate(monkeypatch: pytest.MonkeyPatch) -> Non
     assert torch.equal(state["global"], expected)
 
 
-def test_methods_with_their_own_aggregate_are_not_streamed() -> None:
-    """A subclass that overrides ``aggregate`` or ``train`` without declaring that it folds is
-    not streamed (a plugin's own training may draw minibatches of its own)."""
+def test_folding_is_declared_by_each_class_itself() -> None:
+    """``folds_uploads`` is read from a class's own body (:meth:`Algorithm.folds`), never
+    inherited and never changed: a subclass that does not declare it — whether it overrides
+    ``aggregate`` or ``train`` (a plugin's own training may draw minibatches of its own) or
+    nothing — is trained whole, and the class attribute it inherits is left as it was."""
 
     class Custom(FedAvg):
         def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
@@ -131,9 +134,47 @@ def test_methods_with_their_own_aggregate_are_not_streamed() -> None:
         def train(self, state: State, task: Task) -> Update:
             return super().train(state, task)
 
-    assert not Custom.folds_uploads and not OwnTraining.folds_uploads
-    assert FedAvg.folds_uploads and not Algorithm.folds_uploads
-    assert FedNova.folds_uploads  # declared again: its fold is its aggregate
+    class Declared(FedAvg):
+        folds_uploads = True
+
+        def train(self, state: State, task: Task) -> Update:
+            return super().train(state, task)
+
+    assert not Custom.folds() and not OwnTraining.folds() and Declared.folds()
+    assert Custom.folds_uploads and OwnTraining.folds_uploads  # (inherited, not flipped)
+    assert FedAvg.folds() and FedProx.folds() and not Algorithm.folds()
+    assert FedNova.folds() and Moon.folds() and not Ditto.folds()
+
+
+def test_a_combine_that_does_not_fold_sees_the_whole_round() -> None:
+    """A FedAvg subclass with its own aggregation (not declared ``foldable``) gets the rows of
+    every part of a streamed round at once, through the cloud's uplink."""
+    seen: list[int] = []
+
+    def first_row(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        seen.append(rows.shape[0])
+        return rows[0]
+
+    class FirstRow(FedAvg):
+        folds_uploads = True
+        combine = staticmethod(first_row)
+
+    ctx = tiny_context(weighting="samples", n_train=(3, 5, 2, 6, 4))
+    use_policy(ctx.model, cache_floats=SMALL_CACHE)
+    algo = FirstRow(FedAvgOptions(local_steps=2, batch_size=2, lr=0.3), ctx)
+    state = algo.init_state(ctx.model.init_params(0))
+    task = algo.plan(state, 0)
+    parts = algo.round_parts(task)
+    assert len(parts) > 1
+    fold = algo.open_fold(state, task)
+    first = None
+    for part in parts:
+        update = algo.train(state, part)
+        first = update.per_client["params"][0] if first is None else first
+        algo.fold_in(state, fold, part, update)
+    algo.close_fold(state, task, fold)
+    assert seen == [len(task.clients)]
+    assert first is not None and torch.equal(state["global"], first)
 
 
 ROBUST = {

@@ -53,10 +53,10 @@ from fedhp.data.types import ClientData, DatasetArrays
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedhp.engine.experiment import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET, Experiment
 from fedhp.engine.ops import sgd_steps
-from fedhp.engine.policy import ROW_COPIES, ExecutionPolicy, build_policy
 from fedhp.engine.runner import run_experiment
 from fedhp.engine.sampler import BatchSampler, EpochBatches
 from fedhp.models import MODELS
+from fedhp.models.policy import ROW_COPIES, ExecutionPolicy, build_policy
 from tests.engine.float64_reference import (
     assert_as_accurate,
     cpu_float32_rounds,

@@ -10,7 +10,9 @@ import torch
 
 from fedhp.cli import main
 from fedhp.engine.ops import sgd_steps
-from fedhp.engine.policy import (
+from fedhp.models import MODELS
+from fedhp.models.base import BatchedModel
+from fedhp.models.policy import (
     CPU_CHUNK_FLOATS,
     CPU_POLICY,
     ROW_COPIES,
@@ -19,8 +21,6 @@ from fedhp.engine.policy import (
     activation_floats,
     build_policy,
 )
-from fedhp.models import MODELS
-from fedhp.models.base import BatchedModel
 from tests.conftest import small_experiment
 from tests.policies import use_policy
 

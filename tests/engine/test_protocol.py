@@ -13,7 +13,7 @@ import torch
 from fedhp.algorithms import ALGORITHMS
 from fedhp.algorithms.base import LocalWorkOptions
 from fedhp.engine.divergence import likely_cause
-from fedhp.engine.protocol import LocalWork
+from fedhp.engine.protocol import LocalWorkOptionsLike
 
 
 def modules_loaded_by(statement: str) -> set[str]:
@@ -41,9 +41,9 @@ def test_the_configuration_imports_no_torch() -> None:
 def test_local_work_is_recognized_by_what_the_options_offer() -> None:
     for name in ALGORITHMS.names():
         opts = ALGORITHMS.build({"name": name}, "algorithm")
-        assert isinstance(opts, LocalWork) == isinstance(opts, LocalWorkOptions), name
+        assert isinstance(opts, LocalWorkOptionsLike) == isinstance(opts, LocalWorkOptions), name
     steps = ALGORITHMS.build({"name": "fedavg", "local_epochs": 2, "batch_size": 4}, "algorithm")
-    assert isinstance(steps, LocalWork)
+    assert isinstance(steps, LocalWorkOptionsLike)
     assert steps.step_counts(torch.tensor([8, 9])).tolist() == [4, 6]
 
 

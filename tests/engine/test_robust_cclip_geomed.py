@@ -14,7 +14,7 @@ from scipy.optimize import minimize
 from fedhp.config import AttackConfig
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.attacks import Attack
-from fedhp.engine.robust import (
+from fedhp.engine.robust_rules import (
     aggregate,
     centered_clip,
     clipped_mean,

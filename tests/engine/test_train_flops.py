@@ -12,10 +12,10 @@ import fedhp.engine.ops as ops
 from fedhp.build import build_experiment
 from fedhp.config import resolve_config
 from fedhp.engine.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from fedhp.engine.policy import CPU_CHUNK_FLOATS
 from fedhp.engine.runner import run_experiment
 from fedhp.models import MODELS
 from fedhp.models.base import BatchedModel
+from fedhp.models.policy import CPU_CHUNK_FLOATS
 from fedhp.unread import read_overrides
 from tests.policies import use_policy
 

@@ -39,6 +39,23 @@ def test_nothing_configured_is_the_weighted_mean_bit_for_bit() -> None:
     assert torch.equal(uplink(ROWS, SENDERS, WEIGHTS, START), weighted_mean(ROWS, WEIGHTS))
 
 
+def test_the_methods_combine_runs_where_the_level_has_no_rule() -> None:
+    """``combine``: the method's own aggregation (a pure function of the rows and weights) is
+    what a level without a robust or DP rule returns; a robust rule replaces it."""
+
+    def last(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return rows[-1] * weights[-1]
+
+    expected = ROWS[-1] * WEIGHTS[-1]
+    plain, mean = Uplink("cloud"), Uplink("cloud", LevelRule(RobustOptions(), "robust.cloud"))
+    for uplink in (plain, mean):
+        assert torch.equal(uplink.aggregate(ROWS, WEIGHTS, START, combine=last), expected)
+        assert torch.equal(uplink(ROWS, SENDERS, WEIGHTS, START, combine=last), expected)
+    median = Uplink("cloud", LevelRule(RobustOptions(name="median"), "robust.cloud"))
+    out = median.aggregate(ROWS, WEIGHTS, START, combine=last)
+    assert torch.equal(out, median.aggregate(ROWS, WEIGHTS, START))
+
+
 def test_the_attack_forges_before_the_send_and_the_rule_sees_what_arrived() -> None:
     rule = LevelRule(RobustOptions(name="median"), "robust.cloud")
     uplink = Uplink("cloud", rule, flip())

@@ -81,7 +81,7 @@ def test_paper_and_quick_settings() -> None:
     assert "algorithm.R=9620" in pfedme and "algorithm.K=1" in pfedme
     quick = leaf.method_overrides("sfedhp", leaf.QUICK_SCALE, fed)
     assert f"algorithm.R={leaf.QUICK_SCALE.local_steps}" in quick
-    assert "algorithm.global_lr=2.0" in quick  # η1·λ = 2
+    assert "algorithm.edge_lr=2.0" in quick  # η1·λ = 2
     assert fed.edges == 14
     with pytest.raises(ConfigError, match="--methods"):
         leaf.method_overrides("scaffold", leaf.QUICK_SCALE, fed)

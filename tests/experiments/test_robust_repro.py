@@ -404,7 +404,7 @@ def test_sfedhp_stage_configurations_and_overrides() -> None:
     options = " ".join(robust.algorithm_overrides("sfedhp"))
     assert options == (
         "algorithm.name=sfedhp algorithm.R=10 algorithm.K=1 algorithm.lam=5 "
-        "algorithm.global_lr=0.4 algorithm.beta=1"
+        "algorithm.edge_lr=0.4 algorithm.beta=1"
     )
     assert f"`{options}`" in doc
     assert robust.LEVELS[("sfedhp", "edge")][1] == 0.09
@@ -416,7 +416,7 @@ def test_sfedhp_stage_configurations_and_overrides() -> None:
             conf = resolve_config(None, over)
             check_components(conf)
             algo = conf.algorithm
-            assert (algo["R"], algo["K"], algo["lam"], algo["global_lr"]) == (10, 1, 5.0, 0.4)
+            assert (algo["R"], algo["K"], algo["lam"], algo["edge_lr"]) == (10, 1, 5.0, 0.4)
             assert conf.partition["shards_per_client"] == 2 and conf.eval_split == "val"
             edge, cloud = conf.robust.edge, conf.robust.cloud
             at_edge = cfg.rule != "mean" and cfg.placement in ("edge", "both")
@@ -493,7 +493,7 @@ SFEDHP_TINY = [
     "algorithm.R=2",
     "algorithm.K=1",
     "algorithm.lam=5",
-    "algorithm.global_lr=0.4",
+    "algorithm.edge_lr=0.4",
     "federation.num_edges=2",
     "rounds=2",
 ]

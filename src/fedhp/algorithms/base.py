@@ -74,6 +74,13 @@ its non-zero count per row, reported by the nodes, so densities can still be com
 class Algorithm(MessageRows, ABC):
     """One federated algorithm. State is a flat dict of tensors (checkpointable as is).
 
+    A method declares its behaviour in two places, each flag in one of them and none changed
+    for it: here, on the algorithm class, what its round object does (the flags below and
+    :attr:`folds_uploads`); on its options class (:class:`AlgorithmOptions`) what must be known
+    before the run is built, torch-free (``uploads``, ``hierarchical``, ``federated``,
+    ``flower_ready``, ``supports_buffers``, ``penalty_weights``, ``keeps_partial_work``,
+    ``keeps_centres``).
+
     ``node_keys`` names the state entries kept below the cloud (per-client or per-edge rows, e.g.
     personalized models); under Flower they live on the nodes, the rest on the cloud.
     ``personal_on_node``: the personalized models are computed from node state (evaluated there).
@@ -216,25 +223,28 @@ class Algorithm(MessageRows, ABC):
         }
 
     folds_uploads: ClassVar[bool] = False
-    """The method's :meth:`aggregate` is :meth:`open_fold`, :meth:`fold_in` of the whole update,
-    :meth:`close_fold`, and its ``train`` of a part of the clients (:meth:`Task.part`) touches
-    only their rows and draws no minibatches beyond ``Task.batches``: a round is then trained
-    and aggregated in parts of its clients (:meth:`round_parts`). A subclass that overrides
-    ``aggregate`` or ``train`` without saying so again is not streamed."""
+    """Declared (``folds_uploads = True``) by a method whose :meth:`aggregate` is
+    :meth:`open_fold`, :meth:`fold_in` of the whole update, :meth:`close_fold`, and whose
+    ``train`` of a part of the clients (:meth:`Task.part`) touches only their rows and draws no
+    minibatches beyond ``Task.batches``: a round is then trained and aggregated in parts of its
+    clients (:meth:`round_parts`). A promise about the class's own ``train`` and ``aggregate``,
+    so it is read from the class's own body (:meth:`folds`), not inherited: a subclass folds
+    where it says so itself, and one that does not (a plugin's FedAvgM overriding
+    ``aggregate``) is trained whole."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        overrides = "aggregate" in cls.__dict__ or "train" in cls.__dict__
-        if overrides and "folds_uploads" not in cls.__dict__:
-            cls.folds_uploads = False
+    @classmethod
+    def folds(cls) -> bool:
+        """Whether this very class declares :attr:`folds_uploads` (its parents' declarations
+        cover their own ``train`` and ``aggregate``, not a subclass's)."""
+        return bool(cls.__dict__.get("folds_uploads", False))
 
     def run_round(self, state: State, rnd: int) -> dict[str, float]:
         """Run global round ``rnd`` in place on ``state``; returns scalar round statistics.
 
-        A method that :attr:`folds_uploads` runs it in parts of the clients sized to the cache
-        (:meth:`round_parts`): each part is trained from the broadcast and its uploads folded into
-        the aggregate before the next starts, so no more than a part of the client models is
-        ever held."""
+        A method that declares :attr:`folds_uploads` runs it in parts of the clients sized to the
+        cache (:meth:`round_parts`): each part is trained from the broadcast and its uploads
+        folded into the aggregate before the next starts, so no more than a part of the client
+        models is ever held."""
         task = self.plan(state, rnd)
         parts = self.round_parts(task)
         if len(parts) == 1:
@@ -247,13 +257,13 @@ class Algorithm(MessageRows, ABC):
     def round_parts(self, task: Task) -> list[Task]:
         """The parts of a flat ``task`` trained one after another: ``task`` itself, or (for a
         method that :attr:`folds_uploads`) runs of the policy's
-        :meth:`~fedhp.engine.policy.ExecutionPolicy.chunk`
+        :meth:`~fedhp.models.policy.ExecutionPolicy.chunk`
         clients with the round's minibatches drawn ahead for all of them in the order the whole
         round would draw them, so the result does not depend on the parts. Data with per-access
         feature noise (drawn while gathering) is trained whole."""
         ctx = self.ctx
         n = len(task.clients)
-        if not self.folds_uploads or task.edges is not None or ctx.fed.train.noise_std is not None:
+        if not self.folds() or task.edges is not None or ctx.fed.train.noise_std is not None:
             return [task]
         if ctx.cloud_uplink.forges_from_whole_round:  # ALIE, IPM read all uploads at once
             return [task]  # (a robust or private rule gets the parts' rows kept: UploadFold)

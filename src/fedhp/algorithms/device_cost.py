@@ -10,14 +10,15 @@ Every method that models devices has one ``capabilities`` option of one type,
 :data:`CapabilityMode`: ``off`` (no device model), or each client's z drawn once (``fix``) or
 again every round (``dyn``). FedLPS, HeteroFL and LotteryFL size their sub-models by z, so they
 need it drawn (:data:`DrawnCapabilities`: ``fix|dyn``). The dense methods (FedAvg, FedProx,
-FedNova, FedPer, Ditto, Per-FedAvg) carry the same model when asked (:class:`DenseDeviceCost`,
-default ``off``): they train the full model whatever z is, so z only stretches their compute
-time. Their capabilities come from a generator of their own (:func:`capability_generator`), so
-drawing them leaves the training's random stream untouched.
+FedNova, FedPer, Ditto, Per-FedAvg) carry the same model when asked (default ``off``), a
+component they hold (:class:`DenseCostModel`): they train the full model whatever z is, so z
+only stretches their compute time. Their capabilities come from a generator of their own
+(:func:`capability_generator`), so drawing them leaves the training's random stream untouched.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -142,7 +143,7 @@ def cost_state() -> dict[str, torch.Tensor]:
 
 
 def capabilities_field() -> Any:
-    """The dense methods' ``capabilities`` option (:class:`DenseDeviceCost`)."""
+    """The dense methods' ``capabilities`` option (:class:`DenseCostModel`)."""
     return pydantic.Field(
         "off",
         description="FedLPS's device model (docs/fedlps.md): off, or capabilities z drawn once "
@@ -151,52 +152,87 @@ def capabilities_field() -> Any:
     )
 
 
-class DenseDeviceCost(Algorithm):
-    """FedLPS's heterogeneity and cost model for a method that trains the full model (the base of
-    such methods), on with ``capabilities: fix|dyn``.
+class DenseCostModel:
+    """FedLPS's heterogeneity and cost model for a method that trains the full model, on with
+    ``capabilities: fix|dyn``: a component the method holds (``self.cost_model``), not a base.
 
     Each client has a capability z ∈ {1, ½, ¼, ⅛, 1/16} (``state["capability"]``, drawn once, or
-    again every round under ``dyn``) from :attr:`capability_generator`, a generator of its own
-    seeded from the run's seed and checkpointed with the run (``algorithm.capability_generator``),
-    so the draws leave the training untouched. The model is trained at full width whatever z is:
-    T_k = 3 × the dense model's forward FLOPs per sample (``masked_flops`` with every unit kept,
-    FedLPS's convention) × the samples k processed / (z · 727 GFLOP/s) + the bytes the ledger
-    billed k this round up / 14.0 MB/s + down / 110.6 MB/s; the round lasts its slowest client.
-    ``off`` (default) adds nothing: no state entry, no generator, no metric."""
+    again every round under ``dyn``) from :attr:`generator`, a generator of its own seeded from
+    the run's seed (the method keeps it as ``capability_generator``, checkpointed with the run as
+    ``algorithm.capability_generator``), so the draws leave the training untouched. The model is
+    trained at full width whatever z is: T_k = 3 × the dense model's forward FLOPs per sample
+    (``masked_flops`` with every unit kept, FedLPS's convention) × the samples k processed /
+    (z · 727 GFLOP/s) + the bytes the ledger billed k this round up / 14.0 MB/s + down / 110.6
+    MB/s; the round lasts its slowest client. ``off`` (default) adds nothing: no state entry, no
+    generator, no metric."""
 
-    capabilities: CapabilityMode = "off"
+    generator: torch.Generator | None = None
     device_cost: DeviceCost
-    capability_generator: torch.Generator
     dense_forward_flops: float
 
     def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
         """The model set up from ``options.capabilities``; options without that field (a
         plugin's subclass of FedAvg with options of its own) leave it off."""
-        super().__init__(options, ctx)
-        mode: CapabilityMode = getattr(options, "capabilities", "off")
-        self.capabilities = mode
-        if mode == "off":
+        self.ctx = ctx
+        self.mode: CapabilityMode = getattr(options, "capabilities", "off")
+        if self.mode == "off":
             return
         from fedhp.models.masks import masked_flops, num_units
 
-        model = self.ctx.model
+        model = ctx.model
         self.device_cost = DeviceCost()
-        self.capability_generator = capability_generator(self.ctx.generator)
+        self.generator = capability_generator(ctx.generator)
         every_unit = torch.ones(1, num_units(model), dtype=torch.bool)
         self.dense_forward_flops = float(masked_flops(model, every_unit)[0])
 
-    def device_cost_state(self) -> State:
+    def state(self) -> State:
         """The initial state's entries: ``capability [C]`` and the running ``sim_time_s``,
         ``flops`` (none when off)."""
-        if self.capabilities == "off":
+        if self.generator is None:
             return {}
-        caps = draw_capabilities(self.ctx.num_clients, self.capability_generator)
+        caps = draw_capabilities(self.ctx.num_clients, self.generator)
         return {"capability": caps, **cost_state()}
 
-    def refresh_device_cost(self, state: State, rnd: int) -> None:
+    def refresh(self, state: State, rnd: int) -> None:
         """Start of round ``rnd`` (cloud, in ``plan``): ``dyn`` draws every z again."""
-        if self.capabilities != "off":
-            refresh_capabilities(state, self.capabilities, rnd, self.capability_generator)
+        if self.generator is not None:
+            refresh_capabilities(state, self.mode, rnd, self.generator)
+
+    def account(
+        self, state: State, clients: torch.Tensor, samples: Callable[[torch.Tensor], torch.Tensor]
+    ) -> dict[str, float]:
+        """End of a round (cloud, in ``aggregate``, after the uploads are billed): add the round
+        of ``clients`` to ``state``, ``samples(clients)`` being the samples (float64) each
+        trained on over its local work (the method's count); the round metrics ``sim_time_s``,
+        ``round_sim_time_s``, ``flops`` (none when off)."""
+        if self.generator is None:
+            return {}
+        ctx = self.ctx
+        ids = ctx.global_clients(clients)
+        up = ctx.ledger.round_node_bytes("client_cloud", "up", ids)
+        down = ctx.ledger.round_node_bytes("client_cloud", "down", ids)
+        flops = 3.0 * self.dense_forward_flops * samples(clients).double().cpu()
+        caps = state["capability"][clients.cpu()]
+        _, stats = account_round(state, self.device_cost, flops, caps, up, down)
+        return stats
+
+
+class DenseDeviceCost(Algorithm):
+    """A base for a dense method holding :class:`DenseCostModel` (kept for the methods and
+    plugins written against it; a new method holds the component itself)."""
+
+    def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        self.cost_model = DenseCostModel(options, ctx)
+        self.capability_generator = self.cost_model.generator  # (checkpointed by this name)
+
+    def device_cost_state(self) -> State:
+        """:meth:`DenseCostModel.state`."""
+        return self.cost_model.state()
+
+    def refresh_device_cost(self, state: State, rnd: int) -> None:
+        """:meth:`DenseCostModel.refresh`."""
+        self.cost_model.refresh(state, rnd)
 
     def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
         """The samples (float64 ``[len(clients)]``) each of ``clients`` trained on in a round,
@@ -204,44 +240,34 @@ class DenseDeviceCost(Algorithm):
         raise NotImplementedError
 
     def account_device_cost(self, state: State, clients: torch.Tensor) -> dict[str, float]:
-        """End of a round (cloud, in ``aggregate``, after the uploads are billed): add the round
-        of ``clients`` to ``state``; the round metrics ``sim_time_s``, ``round_sim_time_s``,
-        ``flops`` (none when off)."""
-        if self.capabilities == "off":
-            return {}
-        ctx = self.ctx
-        ids = ctx.global_clients(clients)
-        up = ctx.ledger.round_node_bytes("client_cloud", "up", ids)
-        down = ctx.ledger.round_node_bytes("client_cloud", "down", ids)
-        flops = 3.0 * self.dense_forward_flops * self.round_samples(clients).double().cpu()
-        caps = state["capability"][clients.cpu()]
-        _, stats = account_round(state, self.device_cost, flops, caps, up, down)
-        return stats
+        """:meth:`DenseCostModel.account` with the method's :meth:`round_samples`."""
+        return self.cost_model.account(state, clients, self.round_samples)
 
 
-class SizedByCapability(Algorithm):
+class SizedCostModel:
     """The device model of the methods whose clients train sub-models sized by their capability z
-    (FedLPS, HeteroFL, LotteryFL; ``capabilities: fix|dyn``, :data:`DrawnCapabilities`): z drawn
-    from the run's engine generator (it decides the training), and each round's T_k and time
-    accounted with :attr:`device_cost`."""
+    (FedLPS, HeteroFL, LotteryFL; ``capabilities: fix|dyn``, :data:`DrawnCapabilities`): a
+    component the method holds (``self.sizes``). z is drawn from the run's engine generator (it
+    decides the training) over ``levels``, and each round's T_k and time accounted with
+    :attr:`device_cost`."""
 
     device_cost = DeviceCost()
 
-    def capability_levels(self) -> tuple[float, ...]:
-        """The levels z is drawn from (FedLPS's five, unless the options set others)."""
-        return CAPABILITY_LEVELS
+    def __init__(self, ctx: RunContext, levels: tuple[float, ...] = CAPABILITY_LEVELS) -> None:
+        self.ctx = ctx
+        self.levels = levels
 
-    def initial_capabilities(self, device: torch.device) -> torch.Tensor:
+    def initial(self, device: torch.device) -> torch.Tensor:
         """Every client's first z ``[C]`` (float64, on ``device``), for the initial state."""
-        ctx, levels = self.ctx, self.capability_levels()
-        return draw_capabilities(ctx.num_clients, ctx.generator, levels).to(device)
+        ctx = self.ctx
+        return draw_capabilities(ctx.num_clients, ctx.generator, self.levels).to(device)
 
-    def redraw_capabilities(self, state: State, rnd: int, mode: CapabilityMode) -> None:
+    def redraw(self, state: State, rnd: int, mode: CapabilityMode) -> None:
         """Start of round ``rnd`` (cloud, in ``plan``): under ``mode`` ``dyn`` every z is drawn
         again."""
-        refresh_capabilities(state, mode, rnd, self.ctx.generator, self.capability_levels())
+        refresh_capabilities(state, mode, rnd, self.ctx.generator, self.levels)
 
-    def account_capabilities(
+    def account(
         self,
         state: State,
         flops: torch.Tensor,

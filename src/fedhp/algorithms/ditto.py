@@ -26,7 +26,7 @@ from fedhp.algorithms import fedavg_stacked
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.algorithms.options import ALGORITHMS
-from fedhp.algorithms.task import Task, Update
+from fedhp.algorithms.task import Task, Trained, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, prox_grad
 
@@ -51,8 +51,7 @@ class Ditto(FedAvg):
         clients = task.clients
         start = state["personal"][clients]
         reg = prox_grad(w, opt.lam)
-        lr = opt.personal_lr if opt.personal_lr is not None else opt.lr
-        work = LocalWork(lr, opt.batch_size, opt.local_steps, opt.local_epochs)  # plain SGD
+        work = LocalWork(self.personal_lr(), opt.batch_size, opt.local_steps, opt.local_epochs)
         params, _, _ = ctx.local_sgd(start, clients, work, reg)
         state["personal"][clients] = params
         return update
@@ -106,13 +105,7 @@ class _PersonalRows(fedavg_stacked.LocalRows):
     def start(self, algo: Algorithm, state: State, task: Task) -> torch.Tensor:
         return state["personal"][task.clients]
 
-    def finish(
-        self,
-        algo: Algorithm,
-        state: State,
-        task: Task,
-        trained: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    ) -> Update:
+    def finish(self, algo: Algorithm, state: State, task: Task, trained: Trained) -> Update:
         state["personal"][task.clients] = trained[0]
         return Update()  # (no update of its own: the global round sent the upload)
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from fedhp.algorithms.base import PARTIAL_WORK, Algorithm, State
-from fedhp.algorithms.task import Task, Update
+from fedhp.algorithms.task import Task, Trained, Update
 from fedhp.data.rows import slice_rows, take_rows
 from fedhp.engine.ops import ConstantGrad, ProxGrad
 from fedhp.engine.run_rows import (
@@ -112,13 +112,7 @@ class LocalRows:
         """The clients' start rows ``[C, P]`` (read, not written)."""
         return task.broadcast["global"].expand(len(task.clients), -1)
 
-    def finish(
-        self,
-        algo: Algorithm,
-        state: State,
-        task: Task,
-        trained: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    ) -> Update:
+    def finish(self, algo: Algorithm, state: State, task: Task, trained: Trained) -> Update:
         """The run's update from its local SGD's ``trained`` (parameters, summed losses, step
         counts, as :meth:`~fedhp.engine.context.RunContext.local_sgd` returns them)."""
         return algo.client_update(state, task, trained, None)

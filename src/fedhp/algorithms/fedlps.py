@@ -24,6 +24,7 @@ Per round, for each selected client k with server ratio s_k and capability z_k (
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -33,7 +34,7 @@ from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import (
     CAPABILITY_LEVELS,
     DrawnCapabilities,
-    SizedByCapability,
+    SizedCostModel,
     cost_state,
 )
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
@@ -92,7 +93,16 @@ def fedlps_loss_grad(
     return loss_grad, tally
 
 
-class FedLPS(SizedByCapability):
+def eq13(w: torch.Tensor, deltas: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """FedLPS's aggregation (Eq. 13): ``ω^{r+1} = ω^r − Σ_k p_k Δ_k`` from ``w = ω^r [P]``, the
+    clients' sparse updates ``deltas [n, P]`` and ``weights [n]`` (``p = weights / Σ weights``;
+    no per-coordinate renormalization)."""
+    weights = weights.to(deltas.dtype)
+    p = weights / weights.sum()
+    return w - (p.unsqueeze(1) * deltas).sum(0)
+
+
+class FedLPS(Algorithm):
     """FedLPS's rounds: masked personalized local training, Eq. 13, per-client ratios."""
 
     options: FedLPSOptions
@@ -103,14 +113,12 @@ class FedLPS(SizedByCapability):
     def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
         require_hidden_units(ctx.model, "fedlps", "prunes the units of hidden layers")
         super().__init__(options, ctx)
+        self.sizes = SizedCostModel(ctx, options.levels)  # the device model: z sizes the masks
         self.num_units = num_units(ctx.model)
         if options.personal_keep_above > 0:  # which clients hold a personal model: node rows
             self.held_keys["has_personal"] = "client"
 
     # ------------------------------------------------------------------ state
-    def capability_levels(self) -> tuple[float, ...]:
-        return self.options.levels
-
     def init_state(self, init_params: torch.Tensor) -> State:
         ctx, opt = self.ctx, self.options
         k = ctx.num_clients
@@ -120,7 +128,7 @@ class FedLPS(SizedByCapability):
         else:  # the code's sorted random scores: keeps the first units, in index order
             scores = torch.randn(k, self.num_units, generator=ctx.generator)
             scores = scores.sort(dim=1, descending=True).values
-        caps = self.initial_capabilities(init_params.device)
+        caps = self.sizes.initial(init_params.device)
         state: State = {
             "global": init_params.clone(),
             "scores": scores.to(init_params.device),
@@ -206,7 +214,7 @@ class FedLPS(SizedByCapability):
     # ------------------------------------------------------------------ round
     def plan(self, state: State, rnd: int) -> Task:
         opt = self.options
-        self.redraw_capabilities(state, rnd, opt.capabilities)
+        self.sizes.redraw(state, rnd, opt.capabilities)
         task = self.plan_broadcast_global(state)
         decided = state["ratio"][task.clients.cpu()]
         caps = state["capability"][task.clients].cpu().double()
@@ -262,12 +270,11 @@ class FedLPS(SizedByCapability):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
-        clients = task.clients
+        clients, w = task.clients, state["global"]
         delta = ctx.send("client_cloud", "up", update.per_client["delta"], clients)
         ctx.ledger.record_masks("client_cloud", "up", self.num_units, len(clients), clients)
-        weights = ctx.client_weights(clients).to(delta.dtype)
-        p = weights / weights.sum()
-        state["global"] = state["global"] - (p.unsqueeze(1) * delta).sum(0)
+        weights = ctx.client_weights(clients)  # Eq. 13 through the cloud's uplink (uploads: own)
+        state["global"] = ctx.cloud_uplink.aggregate(delta, weights, w, combine=partial(eq13, w))
         # Eq. 14: each client's simulated time from its FLOPs and the bytes it moved
         nnz = count_nonzero(delta, ctx.zero_threshold).double().cpu()
         up = nnz * 4 + unit_mask_bytes(self.num_units)
@@ -279,7 +286,7 @@ class FedLPS(SizedByCapability):
         flops = 3.0 * fwd * samples
         acc = update.per_client["train_acc"][:, 0].double().cpu()
         caps = task.per_client["capability"]
-        seconds, cost = self.account_capabilities(state, flops, caps, up, down)
+        seconds, cost = self.sizes.account(state, flops, caps, up, down)
         if opt.ratio == "pucbv":
             self._update_bandits(state, clients, acc, seconds)
         stats = self.local_work_stats(task, update)

@@ -92,7 +92,7 @@ class FedNova(FedAvg):
         if "global_buffers" in fold.sums:
             state["global_buffers"] = fold.sums["global_buffers"]
         stats = self.local_work_stats(task, fold.update())
-        stats.update(self.account_device_cost(state, task.clients))
+        stats.update(self.cost_model.account(state, task.clients, self.round_samples))
         return stats
 
 

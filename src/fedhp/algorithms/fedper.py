@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from fedhp.algorithms.base import Algorithm, State
-from fedhp.algorithms.device_cost import CapabilityMode, DenseDeviceCost, capabilities_field
+from fedhp.algorithms.device_cost import CapabilityMode, DenseCostModel, capabilities_field
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.comm import Message
@@ -22,9 +22,9 @@ from fedhp.errors import ConfigError
 from fedhp.models.masks import output_layer_mask
 
 
-class FedPer(DenseDeviceCost):
+class FedPer(Algorithm):
     """Averaged body, per-client heads; ``capabilities: fix|dyn``: FedLPS's device model
-    (:class:`DenseDeviceCost`)."""
+    (:class:`DenseCostModel`)."""
 
     options: FedPerOptions
     client_outputs = ("body",)
@@ -34,6 +34,8 @@ class FedPer(DenseDeviceCost):
 
     def __init__(self, options: FedPerOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
+        self.cost_model = DenseCostModel(options, ctx)
+        self.capability_generator = self.cost_model.generator  # (checkpointed by this name)
         head = output_layer_mask(ctx.model).to(ctx.device)
         self.head_idx = head.nonzero().flatten()
         self.body_idx = (~head).nonzero().flatten()
@@ -48,7 +50,7 @@ class FedPer(DenseDeviceCost):
         return {
             "global": p.clone(),
             "head": p[self.head_idx].expand(self.ctx.num_clients, -1).clone(),
-            **self.device_cost_state(),
+            **self.cost_model.state(),
         }
 
     def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
@@ -67,7 +69,7 @@ class FedPer(DenseDeviceCost):
         return {"body": message["body"]}
 
     def plan(self, state: State, rnd: int) -> Task:
-        self.refresh_device_cost(state, rnd)
+        self.cost_model.refresh(state, rnd)
         return self.plan_broadcast_global(state)
 
     def _models(self, body: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
@@ -97,7 +99,7 @@ class FedPer(DenseDeviceCost):
             send=lambda bodies: ctx.send("client_cloud", "up", bodies, clients),
         )
         stats = self.local_work_stats(task, update)
-        stats.update(self.account_device_cost(state, task.clients))
+        stats.update(self.cost_model.account(state, task.clients, self.round_samples))
         return stats
 
     def personal_models(self, state: State) -> torch.Tensor | None:

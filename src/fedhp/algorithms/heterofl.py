@@ -28,7 +28,7 @@ import torch
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import (
     DrawnCapabilities,
-    SizedByCapability,
+    SizedCostModel,
     cost_state,
 )
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
@@ -55,7 +55,7 @@ def held_mean(
     return torch.where(total > 0, mean, previous)
 
 
-class HeteroFL(SizedByCapability):
+class HeteroFL(Algorithm):
     """Capability-sized nested sub-models, aggregated entry by entry over their holders."""
 
     options: HeteroFLOptions
@@ -67,6 +67,7 @@ class HeteroFL(SizedByCapability):
         name = type(self).__name__.lower()
         require_hidden_units(ctx.model, name, "sizes sub-models by shrinking hidden layers")
         super().__init__(options, ctx)
+        self.sizes = SizedCostModel(ctx)  # FedLPS's device model: z sizes the sub-models
 
     def window_offset(self, rnd: int) -> int:
         """Where each layer's kept units start in round ``rnd`` (HeteroFL: always unit 0)."""
@@ -82,14 +83,14 @@ class HeteroFL(SizedByCapability):
         ctx = self.ctx
         return {
             "global": init_params.clone(),
-            "capability": self.initial_capabilities(init_params.device),
+            "capability": self.sizes.initial(init_params.device),
             "personal": init_params.expand(ctx.num_clients, -1).clone(),
             **cost_state(),
         }
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        self.redraw_capabilities(state, rnd, opt.capabilities)
+        self.sizes.redraw(state, rnd, opt.capabilities)
         clients = ctx.participation.sample_clients()
         caps = state["capability"][clients].cpu().double()
         offset = self.window_offset(rnd)
@@ -123,12 +124,14 @@ class HeteroFL(SizedByCapability):
         units, held = self.held(caps, int(task.per_client["offset"][0]) if len(clients) else 0)
         params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
         held = held.to(params.device)
-        weights = ctx.client_weights(clients)
-        state["global"] = held_mean(state["global"], params, held, weights)
+        weights, w = ctx.client_weights(clients), state["global"]  # the uplink (uploads: own)
+        state["global"] = ctx.cloud_uplink.aggregate(
+            params, weights, w, combine=lambda rows, p: held_mean(w, rows, held, p)
+        )
         size = 4.0 * held.sum(1).double().cpu()  # the sub-model, both ways
         fwd = masked_flops(ctx.model, units, structural=True).double()
         flops = 3.0 * fwd * opt.sample_counts(ctx.fed.train.counts[clients])
-        _, cost = self.account_capabilities(state, flops, caps, size, size)
+        _, cost = self.sizes.account(state, flops, caps, size, size)
         stats = self.local_work_stats(task, update)
         stats.update(cost, mean_keep_ratio=float(caps.mean()))
         return stats

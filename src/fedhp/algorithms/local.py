@@ -15,7 +15,7 @@ from fedhp.algorithms import fedavg_stacked
 from fedhp.algorithms.base import Algorithm, RowKind, State
 from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
-from fedhp.algorithms.task import Task, Update
+from fedhp.algorithms.task import Task, Trained, Update
 from fedhp.engine.context import RunContext
 
 if TYPE_CHECKING:
@@ -48,13 +48,7 @@ class LocalOnly(Algorithm):
         )
         return self.kept(state, task, trained, bufs)
 
-    def kept(
-        self,
-        state: State,
-        task: Task,
-        trained: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        bufs: torch.Tensor | None,
-    ) -> Update:
+    def kept(self, state: State, task: Task, trained: Trained, bufs: torch.Tensor | None) -> Update:
         """The clients' trained models (and statistics) kept as their own; the round's update."""
         params, loss_sum, steps = trained
         state["theta"][task.clients] = params
@@ -104,13 +98,7 @@ class _LocalRows(fedavg_stacked.LocalRows):
     def start(self, algo: Algorithm, state: State, task: Task) -> torch.Tensor:
         return state["theta"][task.clients]
 
-    def finish(
-        self,
-        algo: Algorithm,
-        state: State,
-        task: Task,
-        trained: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    ) -> Update:
+    def finish(self, algo: Algorithm, state: State, task: Task, trained: Trained) -> Update:
         assert isinstance(algo, LocalOnly)
         return algo.kept(state, task, trained, None)
 

@@ -29,7 +29,7 @@ import torch
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import (
     DrawnCapabilities,
-    SizedByCapability,
+    SizedCostModel,
     cost_state,
 )
 from fedhp.algorithms.heterofl import held_mean
@@ -64,7 +64,7 @@ def magnitude_prune(
     return out
 
 
-class LotteryFL(SizedByCapability):
+class LotteryFL(Algorithm):
     """Per-client magnitude masks, masked local training, entry-wise averaging over holders."""
 
     options: LotteryFLOptions
@@ -75,6 +75,7 @@ class LotteryFL(SizedByCapability):
     def __init__(self, options: LotteryFLOptions, ctx: RunContext) -> None:
         require_hidden_units(ctx.model, "lotteryfl", "prunes the layers below the output layer")
         super().__init__(options, ctx)
+        self.sizes = SizedCostModel(ctx)  # FedLPS's device model: z sizes the sub-models
         model = ctx.model
         head = output_layer_mask(model)
         self.blocks = [
@@ -91,7 +92,7 @@ class LotteryFL(SizedByCapability):
             "global": init_params.clone(),
             "mask": torch.ones(k, init_params.numel(), device=init_params.device),
             "personal": init_params.expand(k, -1).clone(),
-            "capability": self.initial_capabilities(init_params.device),
+            "capability": self.sizes.initial(init_params.device),
             **cost_state(),
         }
 
@@ -101,7 +102,7 @@ class LotteryFL(SizedByCapability):
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
-        self.redraw_capabilities(state, rnd, opt.capabilities)
+        self.sizes.redraw(state, rnd, opt.capabilities)
         clients = ctx.participation.sample_clients()
         sub = state["global"] * state["mask"][clients]
         start = ctx.send("client_cloud", "down", sub, clients)
@@ -140,14 +141,17 @@ class LotteryFL(SizedByCapability):
         bitmap = ctx.ledger.record_masks(
             "client_cloud", "up", ctx.model.num_params, len(clients), clients
         )
-        state["global"] = held_mean(state["global"], params, mask, ctx.client_weights(clients))
+        weights, w = ctx.client_weights(clients), state["global"]  # the uplink (uploads: own)
+        state["global"] = ctx.cloud_uplink.aggregate(
+            params, weights, w, combine=lambda rows, p: held_mean(w, rows, mask, p)
+        )
         fwd = sparse_flops(ctx.model, mask).double()
         flops = 3.0 * fwd * opt.sample_counts(ctx.fed.train.counts[clients])
         down = 4.0 * task.per_client["mask"].sum(1).double().cpu()
         state["mask"][clients] = mask
         up = 4.0 * mask.sum(1).double().cpu() + bitmap / max(1, len(clients))
         caps = task.per_client["capability"]
-        _, cost = self.account_capabilities(state, flops, caps, up, down)
+        _, cost = self.sizes.account(state, flops, caps, up, down)
         stats = self.local_work_stats(task, update)
         stats.update(cost, mean_density=float(mask.double().mean()))
         return stats

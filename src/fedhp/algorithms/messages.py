@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from fedhp.algorithms.buffers import BufferPolicy
-from fedhp.algorithms.task import Task, Update
+from fedhp.algorithms.task import Task, Trained, Update
 from fedhp.comm import Message
 from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY
 
@@ -70,7 +70,7 @@ class MessageRows:
         self,
         state: State,
         task: Task,
-        trained: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        trained: Trained,
         buffers: torch.Tensor | None,
         **rows: torch.Tensor,
     ) -> Update:

@@ -22,7 +22,11 @@ BufferMode = Literal["average", "local"]
 
 class AlgorithmOptions(pydantic.BaseModel):
     """Options shared by every algorithm. Local work is explicit: ``local_steps`` minibatch
-    gradient steps of ``batch_size`` samples per client per round (see ``gradient_evaluations``)."""
+    gradient steps of ``batch_size`` samples per client per round (see ``gradient_evaluations``).
+
+    The class variables below are the method's declarations the configuration checks and the
+    builder read before the algorithm exists (torch-free); what its round object does is
+    declared on the algorithm class (:class:`~fedhp.algorithms.base.Algorithm`)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fedhp.algorithms import stacked_theta as stacked
 from fedhp.algorithms.base import State
 from fedhp.algorithms.task import Task, Update
-from fedhp.data.rows import slice_rows
-from fedhp.engine.run_rows import gathers, one_draw, per_row
+from fedhp.engine.run_rows import gathers, per_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,39 +53,29 @@ def stack_key(algo: PFedMe, state: State, task: Task) -> Hashable | None:
     honest = ctx.attack is None and uplink.attack is None
     if not (algo.fused and plain and honest and uplink.folds and not uplink.momentum):
         return None
-    w = task.broadcast["global"]
-    model = (type(ctx.model).__qualname__, ctx.model.num_params)
     steps = (opt.R, opt.K, opt.batch_size, opt.personal_lr, opt.theta_init)
-    return ("pfedme", steps, model, w.shape[-1], w.dtype, str(w.device), ctx.zero_threshold)
+    return stacked.theta_stack_key("pfedme", algo, task, steps)
 
 
 @dataclass
-class _Run:
-    """One run's share of the stacked round: its clients ``rows`` (a slice of the stacked
-    tensors) and its own draw."""
-
-    algo: PFedMe
-    state: State
-    task: Task
-    rows: slice
-    draw: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+class _Run(stacked.StackedRun["PFedMe"]):
+    """One run's share of the stacked round, with its step weights."""
 
     @property
     def pull(self) -> float:
         """``personal_lr * lam``: how far one θ step moves towards ``w_loc``."""
-        opt = self.algo.options
-        return opt.personal_lr * opt.lam
+        return self.algo.options.personal_lr * self.algo.options.lam
 
     @property
     def mix(self) -> float:
         """``lr * lam``: how far a local round moves ``w_loc`` towards θ."""
-        opt = self.algo.options
-        return opt.lr * opt.lam
+        return self.algo.options.lr * self.algo.options.lam
 
 
 def stacked_train(items: Sequence[tuple[PFedMe, State, Task]]) -> list[Update]:
-    """The R local rounds of every run of ``items`` (each ``(algorithm, state, task)`` of one
-    run, all with the same :func:`stack_key`) as one round; each run's update, as alone."""
+    """The R local rounds (K θ steps, then the ``w_loc`` step) of every run of ``items`` (each
+    ``(algorithm, state, task)``, all with the same :func:`stack_key`) as one round; each run's
+    update, as :func:`~fedhp.algorithms.pfedme_fused.fused_train` gives it alone."""
     lead = items[0][0]
     opt = lead.options
     runs, c0 = [], 0
@@ -98,25 +88,19 @@ def stacked_train(items: Sequence[tuple[PFedMe, State, Task]]) -> list[Update]:
         [r.task.broadcast["global"].expand(r.rows.stop - r.rows.start, -1) for r in runs]
     )
     local = received.clone()
-    if opt.theta_init == "warm":
-        theta = torch.cat([r.state["theta"][r.task.clients] for r in runs])
-    else:
-        theta = received.clone()
+    theta = stacked.warm_theta(runs) if opt.theta_init == "warm" else received.clone()
     steps = _Steps.of(runs, theta)
-    chunk = lead.ctx.policy.chunk(2 * local.shape[1], c0)
-    bounds = [(a, min(a + chunk, c0)) for a in range(0, c0, chunk)]
+    bounds = stacked.part_bounds(lead.ctx.policy.chunk(2 * local.shape[1], c0), c0)
     losses = torch.empty(opt.R, c0, device=local.device)
-    # (each run's minibatches as one draw where the runs allow it, :mod:`fedhp.engine.run_rows`)
-    draw = one_draw(
-        [r.algo.ctx for r in runs], [r.task.clients for r in runs], opt.batch_size,
-        [r.draw for r in runs],
-    )  # fmt: skip
+    draw = stacked.one_draw_of(runs, opt.batch_size)
+    k_steps = (opt.K, opt.personal_lr)
     for r in range(opt.R):
         if opt.theta_init == "reset" and r > 0:  # (round 0 starts from it already)
             theta.copy_(received)
         x, y = draw()
         for a, b in bounds:  # cache-sized parts: K θ steps, then the w_loc step
-            losses[r, a:b] = steps.solve(theta, local, x, y, a, b)
+            pull = steps.pull(theta, local, a, b)
+            losses[r, a:b] = stacked.theta_steps(runs, theta, (x, y), (a, b), k_steps, pull)
             steps.local_step(local, theta, a, b)
     return [_finish(run, theta, local, losses) for run in runs]
 
@@ -147,55 +131,28 @@ class _Steps:
         mix_rows = per_row([r.mix for r in runs], sizes, theta)
         return cls(runs, pull_rows, mix_rows, gathers(theta.device))
 
-    def _blocks(self, a: int, b: int) -> list[tuple[int, int, _Run]]:
-        """Each run's rows among ``a .. b - 1``: ``(first, end, run)``."""
-        out = []
-        for run in self.runs:
-            lo, hi = max(a, run.rows.start), min(b, run.rows.stop)
-            if lo < hi:
-                out.append((lo, hi, run))
-        return out
-
-    @staticmethod
-    def _rows_of(values: torch.Tensor | float, a: int, b: int) -> torch.Tensor | float:
-        return values if isinstance(values, float) else values[a:b]
-
     def local_step(self, local: torch.Tensor, theta: torch.Tensor, a: int, b: int) -> None:
         """``w_loc <- lerp(w_loc, theta, lr lam)`` on rows ``a .. b - 1``, in place."""
         if self.gather:
-            local[a:b].lerp_(theta[a:b], self._rows_of(self.mix_rows, a, b))
+            local[a:b].lerp_(theta[a:b], stacked.rows_of(self.mix_rows, a, b))
             return
-        for s, t, run in self._blocks(a, b):
+        for s, t, run in stacked.blocks(self.runs, a, b):
             local[s:t].lerp_(theta[s:t], run.mix)
 
-    def solve(
-        self, theta: torch.Tensor, local: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-        a: int, b: int,
-    ) -> torch.Tensor:  # fmt: skip
-        """K steps on rows ``a .. b - 1`` of ``theta``, in place; the data loss at the last
-        step's start point."""
-        run0 = self.runs[0]
-        opt, model = run0.algo.options, run0.algo.ctx.model
-        rows, xa, ya = theta[a:b], slice_rows(x, a, b), y[a:b]
-        blocks = self._blocks(a, b)
-        hook = (
-            self._one_launch(theta, local, a, b)
-            if self.gather
-            else self._by_run(theta, local, blocks)
-        )
-        loss = torch.zeros(b - a, device=theta.device)
-        for _ in range(opt.K):
-            for lo, hi, run in blocks:  # each run's own counter of trained samples
-                run.algo.ctx.model.count_trained(slice_rows(x, lo, hi))
-            loss = model.sgd_step(rows, xa, ya, opt.personal_lr, hook)
-        return loss
+    def pull(
+        self, theta: torch.Tensor, local: torch.Tensor, a: int, b: int
+    ) -> Callable[[int, int], None]:
+        """The θ steps' prox pull of rows ``a .. b - 1`` towards their ``w_loc``."""
+        if self.gather:
+            return self._one_launch(theta, local, a, b)
+        return self._by_run(theta, local, stacked.blocks(self.runs, a, b))
 
     @staticmethod
     def _by_run(
-        theta: torch.Tensor, local: torch.Tensor, blocks: list[tuple[int, int, _Run]]
+        theta: torch.Tensor, local: torch.Tensor, parts_of: list[tuple[int, int, _Run]]
     ) -> Callable[[int, int], None]:
         """Each run's rows pulled towards their ``w_loc`` with the run's own weight, in place."""
-        parts = [(s, t, run.pull) for s, t, run in blocks]
+        parts = [(s, t, run.pull) for s, t, run in parts_of]
 
         def towards_local(lo: int, hi: int) -> None:
             for s, t, pull in parts:
@@ -208,7 +165,7 @@ class _Steps:
     ) -> Callable[[int, int], None]:
         """Every row of the part pulled in one launch per layer, with per-row weights."""
         rows, centre = theta[a:b], local[a:b]
-        pull = self._rows_of(self.pull_rows, a, b)
+        pull = stacked.rows_of(self.pull_rows, a, b)
 
         def towards_local(lo: int, hi: int) -> None:
             rows[:, lo:hi].lerp_(centre[:, lo:hi], pull)

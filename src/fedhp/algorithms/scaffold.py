@@ -29,6 +29,7 @@ from torch import Tensor
 from fedhp.algorithms import fedavg_stacked
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.algorithms.fednova import momentum_norm
+from fedhp.algorithms.task import Trained
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ConstantGrad, weighted_mean
 
@@ -39,6 +40,17 @@ def option_two(c_local: Tensor, c: Tensor, x: Tensor, y: Tensor, a: Tensor, lr: 
     momentum FedNova's a_i, :func:`~fedhp.algorithms.fednova.momentum_norm`)."""
     scale = 1.0 / (a.to(y.dtype).clamp(min=1) * lr)
     return c_local - c + (x - y) * scale.unsqueeze(1)
+
+
+def server_update(
+    x: Tensor, c: Tensor, mean: Tensor, dc: Tensor, weights: Tensor, fraction: float, lr: float
+) -> tuple[Tensor, Tensor]:
+    """SCAFFOLD's cloud step from the global model ``x [P]`` and control variate ``c [P]``:
+    ``x ← x + η_g (mean − x)`` (``mean``: the uploaded models' aggregate, ``Σ_i p_i y_i``),
+    ``c ← c + (|S| / N) Σ_i p_i dc_i`` (``dc [n, P]``: the uploaded ``c_i⁺ − c_i``, ``weights
+    [n]``, ``fraction = |S| / N``, ``lr = η_g``)."""
+    x_new = mean if lr == 1.0 else x + lr * (mean - x)
+    return x_new, c + fraction * weighted_mean(dc, weights)
 
 
 class Scaffold(Algorithm):
@@ -82,11 +94,7 @@ class Scaffold(Algorithm):
         return ConstantGrad(task.broadcast["c"] - state["c_local"][task.clients])
 
     def controlled_update(
-        self,
-        state: State,
-        task: Task,
-        trained: tuple[Tensor, Tensor, Tensor],
-        bufs: Tensor | None,
+        self, state: State, task: Task, trained: Trained, bufs: Tensor | None
     ) -> Update:
         """The clients' update from their local SGD's ``trained`` (parameters y, summed losses,
         steps): their option-II control variates set in ``state``, (y, c_i⁺ - c_i) uploaded."""
@@ -114,8 +122,10 @@ class Scaffold(Algorithm):
         y, bufs, dc = up["model"], up.get("buffers"), up["dc"]
         weights = ctx.client_weights(clients)
         mean = ctx.cloud_uplink.aggregate(y, weights, task.broadcast["global"])  # (dc: own)
-        state["global"] = mean if opt.server_lr == 1.0 else x + opt.server_lr * (mean - x)
-        state["c"] = state["c"] + (len(clients) / ctx.num_clients) * weighted_mean(dc, weights)
+        fraction = len(clients) / ctx.num_clients
+        state["global"], state["c"] = server_update(
+            x, state["c"], mean, dc, weights, fraction, opt.server_lr
+        )
         if bufs is not None:
             state["global_buffers"] = weighted_mean(bufs, weights)
         return self.local_work_stats(task, update)
@@ -135,9 +145,7 @@ class _ScaffoldRows(fedavg_stacked.LocalRows):
         assert isinstance(algo, Scaffold)
         return algo.correction(state, task)
 
-    def finish(
-        self, algo: Algorithm, state: State, task: Task, trained: tuple[Tensor, Tensor, Tensor]
-    ) -> Update:
+    def finish(self, algo: Algorithm, state: State, task: Task, trained: Trained) -> Update:
         assert isinstance(algo, Scaffold)
         return algo.controlled_update(state, task, trained, None)
 

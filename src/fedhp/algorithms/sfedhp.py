@@ -164,7 +164,7 @@ class SFedHP(Algorithm):
             step = (w_edge - phi_edge).mul_(lam2)
             if gamma2 > 0:
                 step.add_(smooth_l1_grad(w_edge, opt.rho), alpha=gamma2)
-            w_edge = w_edge.sub(step, alpha=opt.global_lr)
+            w_edge = w_edge.sub(step, alpha=opt.edge_lr)
         state["theta"][clients] = theta
         state["edge"][edges] = w_edge
         sent_up = truncate(w_edge[torch.searchsorted(edges, agg)], eps)  # edges -> cloud: w_i
@@ -208,24 +208,26 @@ class SFedHP(Algorithm):
 
 @ALGORITHMS.register("sfedhp")
 class SFedHPOptions(AlgorithmOptions):
-    """sFedHP (Algorithm 1). ``lr`` is eta2 (client steps), ``global_lr`` is eta1 (edge steps).
+    """sFedHP (Algorithm 1). ``lr`` is eta2 (client steps), ``edge_lr`` is eta1 (edge steps).
 
     ``local_steps`` is unused; the gradient evaluations per round are ``R * K``."""
 
     penalty_weights = {"lam": "λ", "lam1": "λ1", "lam2": "λ2"}
-    # λ1 multiplies the θ step η2 (lr), λ2 the edge step η1 (global_lr): the edge step
+    # λ1 multiplies the θ step η2 (lr), λ2 the edge step η1 (edge_lr): the edge step
     # w_i -= η1·λ2 (w_i - φ_i) overshoots from η1·λ2 = 4 on (φ_i is halfway to θ at λ1 = λ2)
     penalty_steps: ClassVar[dict[str, tuple[str, ...]]] = {
-        "lam": ("lr", "global_lr"),
+        "lam": ("lr", "edge_lr"),
         "lam1": ("lr",),
-        "lam2": ("global_lr",),
+        "lam2": ("edge_lr",),
     }
+    old_names: ClassVar[dict[str, str]] = {"global_lr": "edge_lr"}
+    """Options renamed since (old → new): an old config still loads, with one warning line."""
     lam: float = pydantic.Field(15.0, gt=0, description="lambda1 = lambda2 unless set apart")
     lam1: float | None = pydantic.Field(None, gt=0, description="overrides lam for lambda1")
     lam2: float | None = pydantic.Field(None, gt=0, description="overrides lam for lambda2")
     K: int = pydantic.Field(5, gt=0, description="gradient steps per theta subproblem")
     R: int = pydantic.Field(20, gt=0, description="local (edge) rounds per global round")
-    global_lr: float = pydantic.Field(0.05, gt=0, description="eta1, edge-model step size")
+    edge_lr: float = pydantic.Field(0.05, gt=0, description="eta1, edge-model step size")
     beta: float = pydantic.Field(1.0, gt=0, le=2, description="cloud mixing weight")
     rho: float = pydantic.Field(6e-5, gt=0, description="smoothing of the approximated l1-norm")
     gamma1: float = pydantic.Field(0.0, ge=0, description="sparsity weight on client models")

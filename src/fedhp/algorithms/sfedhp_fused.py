@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedhp.algorithms.base import State
+from fedhp.algorithms.edge_rounds import level_aggregate
 from fedhp.algorithms.fused import EdgeRows, Received, count_sent, truncate_
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.ops import batched_loss_grad
-from fedhp.engine.uplink import CENTRE_KEYS, Uplink
+from fedhp.engine.uplink import Uplink
 
 if TYPE_CHECKING:
     from fedhp.algorithms.sfedhp import SFedHP
@@ -181,8 +182,8 @@ class _EdgeRound:
     ids: torch.Tensor
     recv_seg: torch.Tensor
     recv_ids: torch.Tensor
-    centres: torch.Tensor | None  # [E, P] the edges' previous aggregate updates (cclip); or None
-    edge_ids: list[int]  # the training edges (global ids) where centres are kept, else []
+    state: State  # the method's state (the edges' centres of a centred rule, cclip)
+    edge_ids: list[int]  # the training edges (global ids)
 
     @classmethod
     def start(cls, algo: SFedHP, state: State, task: Task) -> _EdgeRound:
@@ -213,7 +214,6 @@ class _EdgeRound:
         uniform = bool((weights == 1).all())  # (segment_mean's product by 1 changes nothing)
         w_edge = sent_w.clone()
         warm = opt.theta_init == "warm"  # else theta starts from the first phi_i received
-        centres = state.get(CENTRE_KEYS["edge"]) if ctx.edge_uplink.centred else None
         return cls(
             algo=algo,
             clients=clients,
@@ -239,8 +239,8 @@ class _EdgeRound:
             ids=ids,
             recv_seg=torch.cat((seg, ctx.edge_positions(stragglers, edges))),
             recv_ids=torch.cat((ids, ctx.global_clients(stragglers))),
-            centres=centres,
-            edge_ids=edges.tolist() if centres is not None else [],
+            state=state,
+            edge_ids=edges.tolist(),
         )
 
     @property
@@ -295,18 +295,13 @@ class _EdgeRound:
         self, rows: torch.Tensor, clients: slice | torch.Tensor, sent: torch.Tensor, e: int
     ) -> torch.Tensor:
         """Edge ``e``'s (position in the round's edges) robust rule over the uploads ``rows`` of
-        its ``clients`` (round rows), which received ``sent`` (its ``w_i``); a centred rule
-        (``cclip``) from the edge's previous aggregate update ``phi_i - w_i`` (its row of the
-        state's centres, zero at the start), which this one's then replaces."""
+        its ``clients`` (round rows), which received ``sent`` (its ``w_i``):
+        :func:`~fedhp.algorithms.edge_rounds.level_aggregate` (a centred rule, ``cclip``, from
+        the edge's previous aggregate update ``phi_i - w_i``, kept in the state)."""
         weights = torch.ones(rows.shape[0], dtype=rows.dtype, device=rows.device)
         if self.weights is not None:
             weights = self.weights[clients, 0]
-        if self.centres is None:
-            return self.uplink.aggregate(rows, weights, sent)
-        edge = self.edge_ids[e]
-        out = self.uplink.aggregate(rows, weights, sent, centre=self.centres[edge])
-        self.centres[edge] = out - sent
-        return out
+        return level_aggregate(self.uplink, self.state, rows, weights, sent, edge=self.edge_ids[e])
 
     def _send_up_gathered(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
         """:meth:`send_up` for a part whose clients are not grouped by edge: all at once, on
@@ -349,7 +344,7 @@ class _EdgeRound:
         if self.gamma2 > 0:
             tanh = smooth_l1_grad(self.w_edge, opt.rho, out=self.edge_scratch)
             step.add_(tanh, alpha=self.gamma2)
-        self.w_edge.sub_(step, alpha=opt.global_lr)
+        self.w_edge.sub_(step, alpha=opt.edge_lr)
 
     def bill(self) -> None:
         """Record the round's client-edge messages: each edge's two broadcasts per local round,

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fedhp.algorithms import stacked_theta as stacked
 from fedhp.algorithms.base import State
 from fedhp.algorithms.fused import count_sent, truncate_
 from fedhp.algorithms.penalties import truncate
 from fedhp.algorithms.task import Task, Update
-from fedhp.data.rows import slice_rows
-from fedhp.engine.run_rows import gathers, one_draw, per_row
+from fedhp.engine.run_rows import gathers, per_row
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,23 +58,16 @@ def stack_key(algo: SFedHP, state: State, task: Task) -> Hashable | None:
     plain = opt.inner == "gd" and not task.scalars["gamma1"] and not task.scalars["gamma2"]
     if not (algo.fused and plain and uplink.folds and not forges and not uplink.momentum):
         return None
-    w = task.broadcast["global"]
-    model = (type(ctx.model).__qualname__, ctx.model.num_params)
-    steps = (opt.R, opt.K, opt.batch_size, opt.lr, opt.global_lr, opt.theta_init)
-    return ("sfedhp", steps, model, w.shape[-1], w.dtype, str(w.device), ctx.zero_threshold)
+    steps = (opt.R, opt.K, opt.batch_size, opt.lr, opt.edge_lr, opt.theta_init)
+    return stacked.theta_stack_key("sfedhp", algo, task, steps)
 
 
 @dataclass
-class _Run:
-    """One run's share of the stacked round: its clients ``rows`` and edges ``edge_rows`` (slices
-    of the stacked tensors) and what it bills and draws with."""
+class _Run(stacked.StackedRun["SFedHP"]):
+    """One run's share of the stacked round: beside its clients ``rows``, its edges
+    ``edge_rows`` (a slice of the stacked edges) and whom it bills."""
 
-    algo: SFedHP
-    state: State
-    task: Task
-    rows: slice
     edge_rows: slice
-    draw: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     ids: torch.Tensor  # the clients' global ids (ledger)
     recv_seg: torch.Tensor  # receivers of the edges' broadcasts (clients, stragglers): edge pos.
     recv_ids: torch.Tensor
@@ -109,9 +102,8 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
         )
         runs.append(
             _Run(
-                algo, state, task, slice(c0, c0 + c), slice(e0, e0 + n),
-                ctx.batches(task.clients, opt.batch_size), ids, recv_seg,
-                torch.cat((ids, ctx.global_clients(late))),
+                algo, state, task, slice(c0, c0 + c), ctx.batches(task.clients, opt.batch_size),
+                slice(e0, e0 + n), ids, recv_seg, torch.cat((ids, ctx.global_clients(late))),
             )
         )  # fmt: skip
         c0, e0 = c0 + c, e0 + n
@@ -127,10 +119,7 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
     phi_edge, phi_sum = w_edge.clone(), torch.empty_like(w_edge)
     w_sent = w_edge if eps <= 0 else torch.empty_like(w_edge)
     scratch = torch.empty_like(w_edge)
-    if opt.theta_init == "warm":
-        theta = torch.cat([r.state["theta"][r.task.clients] for r in runs])
-    else:
-        theta = w_edge.new_empty(c0, p)
+    theta = stacked.warm_theta(runs) if opt.theta_init == "warm" else w_edge.new_empty(c0, p)
     weights = torch.cat([r.algo.ctx.client_weights(r.task.clients) for r in runs]).to(dtype)
     uniform = bool((weights == 1).all())
     totals = torch.zeros(e0, dtype=dtype, device=dev).index_add_(0, edge_of, weights)
@@ -139,15 +128,13 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
     lam2 = per_row([r.algo.options.lam2_value for r in runs], edge_sizes, w_edge)
     steps = _ThetaSteps.of(runs, edge_of, theta)
     chunk = lead.ctx.policy.chunk(p, c0)
-    bounds = [(a, min(a + chunk, c0)) for a in range(0, c0, chunk)]
+    bounds = stacked.part_bounds(chunk, c0)
     buffer = theta.new_empty(min(chunk, c0), p)
     part_scratch = buffer if uniform else torch.empty_like(buffer)
     down_counts, up_counts = theta.new_empty(opt.R, 2, e0), theta.new_empty(opt.R, c0)
     start_theta = opt.theta_init == "reset"
-    draw = one_draw(
-        [r.algo.ctx for r in runs], [r.task.clients for r in runs], opt.batch_size,
-        [r.draw for r in runs],
-    )  # fmt: skip
+    draw = stacked.one_draw_of(runs, opt.batch_size)
+    k_steps = (opt.K, opt.lr)
     losses = []
     for r in range(opt.R):
         phi_sent = truncate_(phi_edge, eps)
@@ -160,7 +147,8 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
         for a, b in bounds:  # cache-sized parts, each trained K steps and uploaded in one pass
             if start_theta or (opt.theta_init == "round" and r == 0):
                 torch.index_select(phi_sent, 0, edge_of[a:b], out=theta[a:b])
-            loss[a:b] = steps.solve(theta, phi_sent, x, y, a, b)
+            pull = steps.pull(theta, phi_sent, a, b)
+            loss[a:b] = stacked.theta_steps(runs, theta, (x, y), (a, b), k_steps, pull)
             mixed = steps.uploads(w_sent, theta, a, b, buffer[: b - a])
             truncate_(mixed, eps)
             if uniform:  # count last, on the values themselves
@@ -173,7 +161,7 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
         losses.append(loss)
         phi_edge, phi_sum = phi_sum.div_(denominator), phi_edge
         step = torch.sub(w_edge, phi_edge, out=scratch).mul_(lam2)
-        w_edge.sub_(step, alpha=opt.global_lr)
+        w_edge.sub_(step, alpha=opt.edge_lr)
     loss_rows = torch.stack(losses)
     return [_finish(run, theta, w_edge, down_counts, up_counts, loss_rows) for run in runs]
 
@@ -250,34 +238,18 @@ class _ThetaSteps:
         edge by edge from the edge's row (CPU), or from the gathered rows in one launch (GPU)."""
         if self.gather:
             torch.index_select(w_sent, 0, self.edge_of[a:b], out=out)
-            mix = self.mix_rows if isinstance(self.mix_rows, float) else self.mix_rows[a:b]
-            return torch.lerp(out, theta[a:b], mix, out=out)
+            return torch.lerp(out, theta[a:b], stacked.rows_of(self.mix_rows, a, b), out=out)
         for s, t, e, run in self._segments(a, b):
             torch.lerp(w_sent[e], theta[s:t], run.mix_weight, out=out[s - a : t - a])
         return out
 
-    def solve(
-        self, theta: torch.Tensor, centres: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-        a: int, b: int,
-    ) -> torch.Tensor:  # fmt: skip
-        """K steps on rows ``a .. b - 1`` of ``theta``, in place; the data loss at the last
-        step's start point."""
-        run0 = self.runs[0]
-        opt, model = run0.algo.options, run0.algo.ctx.model
-        rows, xa, ya = theta[a:b], slice_rows(x, a, b), y[a:b]
-        hook = (
-            self._gathered(centres, rows, a, b)
-            if self.gather
-            else self._by_edge(centres, theta, a, b)
-        )
-        loss = torch.zeros(b - a, device=theta.device)
-        for _ in range(opt.K):
-            for run in self.runs:  # each run's own counter of trained samples
-                lo, hi = max(a, run.rows.start), min(b, run.rows.stop)
-                if lo < hi:
-                    run.algo.ctx.model.count_trained(slice_rows(x, lo, hi))
-            loss = model.sgd_step(rows, xa, ya, opt.lr, hook)
-        return loss
+    def pull(
+        self, theta: torch.Tensor, centres: torch.Tensor, a: int, b: int
+    ) -> Callable[[int, int], None]:
+        """The θ steps' prox pull of rows ``a .. b - 1`` towards their edge's centre."""
+        if self.gather:
+            return self._gathered(centres, theta[a:b], a, b)
+        return self._by_edge(centres, theta, a, b)
 
     def _by_edge(
         self, centres: torch.Tensor, theta: torch.Tensor, a: int, b: int
@@ -300,7 +272,7 @@ class _ThetaSteps:
     ) -> Callable[[int, int], None]:
         """The part's centres gathered once, every row pulled in one launch per layer."""
         mine = centres.index_select(0, self.edge_of[a:b])
-        pull = self.pull_rows if isinstance(self.pull_rows, float) else self.pull_rows[a:b]
+        pull = stacked.rows_of(self.pull_rows, a, b)
         lands = None if self.lands is None else self.lands[a:b]
 
         def towards_centre(lo: int, hi: int) -> None:

@@ -9,9 +9,13 @@ from typing import Any
 
 import torch
 
-from fedhp.engine.ops import normalized
+from fedhp.engine.ops import normalized, weighted_mean
 from fedhp.engine.sampler import EpochBatches
-from fedhp.engine.uplink import CENTRE_KEYS, Uplink
+from fedhp.engine.uplink import CENTRE_KEYS, Combine, Uplink, folds_in_parts
+
+Trained = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""What the clients' local SGD returns (:meth:`~fedhp.engine.context.RunContext.local_sgd`): their
+trained parameters ``[n, P]``, summed losses ``[n]`` and step counts ``[n]``."""
 
 
 @dataclass
@@ -58,14 +62,18 @@ class UploadFold:
     """A round's client uploads folded into weighted means part by part, so that no more than a
     part of the clients' models is ever held: rows ``[c, W]`` of the next ``c`` clients are
     added with their share of ``weights`` (normalized over all the round's clients), and their
-    losses and step counts kept for the round's statistics.
+    losses and step counts kept for the round's statistics. ``combine``: the method's
+    aggregation (:data:`~fedhp.engine.uplink.Combine`); declared
+    :func:`~fedhp.engine.uplink.foldable` (the weighted mean), a round in one part is
+    ``combine`` of its rows and a round in parts is folded (the engine's optimization, equal to
+    it); otherwise the rows are kept and combined in :meth:`result`. None: folded.
 
     With an ``uplink`` (the cloud's pipeline, :class:`~fedhp.engine.uplink.Uplink`) whose
     aggregate is not the weighted mean (a robust rule, DP), the rows of the keys in ``start``
     (the model the clients started from, by key) are kept instead and aggregated by it in
     :meth:`result` (``population``: the clients they were drawn from, for DP's denominator; the
     rounds are then not streamed: ``RunContext.whole_rounds``); the other keys (BatchNorm
-    statistics) are still averaged. ``centres``: for a centred rule (``cclip``), the previous
+    statistics) are still combined. ``centres``: for a centred rule (``cclip``), the previous
     aggregate update of a kept key (by key, one key); :meth:`result` then also returns the new
     one under the level's :data:`~fedhp.engine.uplink.CENTRE_KEYS` entry."""
 
@@ -76,15 +84,21 @@ class UploadFold:
         start: dict[str, torch.Tensor] | None = None,
         population: int | None = None,
         centres: dict[str, torch.Tensor] | None = None,
+        *,
+        combine: Combine | None = None,
     ) -> None:
         self.raw_weights = weights
         self.weights = normalized(weights)
+        self.combine = combine
         self.sums: dict[str, torch.Tensor] = {}
         self.own: dict[str, Any] = {}  # a method's own per-round values (e.g. FedNova's τ_eff)
         self.done = 0
         self._losses: list[torch.Tensor] = []
         self._steps: list[torch.Tensor] = []
-        self.uplink = None if uplink is None or uplink.folds else uplink
+        folds = combine is None or folds_in_parts(combine)
+        self.uplink = None if uplink is None or (uplink.folds and folds) else uplink
+        self._held: dict[str, list[torch.Tensor]] = {}  # rows of a combine that does not fold
+        self._folds = folds
         self.start = start if self.uplink is not None and start is not None else {}
         self.population = population
         self._kept: dict[str, list[torch.Tensor]] = {key: [] for key in self.start}
@@ -100,12 +114,17 @@ class UploadFold:
         if count is None:
             count = next(iter(present.values())).shape[0]
         weights = self.weights[self.done : self.done + count]
+        whole = self.done == 0 and count == len(self.weights)  # the round in one part
         for key, value in present.items():
             if key in self._kept:
                 self._kept[key].append(value)
-                continue
-            share = weights.to(value.dtype) @ value
-            self.sums[key] = share if key not in self.sums else self.sums[key].add_(share)
+            elif not self._folds:
+                self._held.setdefault(key, []).append(value)
+            elif whole and self.combine is not None:
+                self.sums[key] = self.combine(value, self.raw_weights)
+            else:
+                share = weights.to(value.dtype) @ value
+                self.sums[key] = share if key not in self.sums else self.sums[key].add_(share)
         if update.losses is not None:
             self._losses.append(update.losses)
         if update.steps is not None:
@@ -116,13 +135,19 @@ class UploadFold:
         """The round's aggregates by key: the folded means, and the uplink's aggregates of the
         kept keys."""
         out = dict(self.sums)
+        for key, parts in self._held.items():
+            assert self.combine is not None
+            out[key] = self.combine(torch.cat(parts), self.raw_weights)
         for key, parts in self._kept.items():
             if parts:
                 uplink = self.uplink
                 assert uplink is not None
                 rows = torch.cat(parts)
                 start, centre = self.start[key], self.centres.get(key)
-                out[key] = uplink.aggregate(rows, self.raw_weights, start, self.population, centre)
+                combine = self.combine or weighted_mean
+                out[key] = uplink.aggregate(
+                    rows, self.raw_weights, start, self.population, centre, combine=combine
+                )
                 if centre is not None:  # the next round's centre: this aggregate's update
                     out[CENTRE_KEYS[uplink.level]] = out[key] - start
         return out

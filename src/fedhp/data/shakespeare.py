@@ -581,32 +581,22 @@ def resolve_data_dir(data_dir: str | None) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(
-    directory: str,
-    separator: str,
-    seq_len: int,
-    train_fraction: float,
-    sample_fraction: float,
-    min_samples: int,
-    seed: int,
-    split: str = "positional",
-    min_lines: int = 0,
-) -> tuple[DatasetArrays, tuple[str, ...]]:
-    corpus = load_corpus(Path(directory), separator)
+def _load(directory: str, source: ShakespeareSource) -> tuple[DatasetArrays, tuple[str, ...]]:
+    """The plays of ``directory`` split into ``source``'s clients, and each client's name."""
+    corpus = load_corpus(Path(directory), SEPARATORS[source.speech_separator])
     if not corpus.names:
         raise DatasetError(
             f"dataset.data_dir: no play with speaking roles in {directory}; {INSTALL_HINT}"
         )
-    clients = build_clients(
-        corpus, seq_len, train_fraction, sample_fraction, min_samples, seed, split, min_lines
-    )
+    clients = source.split_roles(corpus)
     if not clients:
         raise DatasetError(
             f"dataset.min_samples: no role of {directory} keeps a training and a test window "
-            f"(seq_len={seq_len}, min_samples={min_samples}, min_lines={min_lines}); lower them"
+            f"(seq_len={source.seq_len}, min_samples={source.min_samples}, "
+            f"min_lines={source.min_lines}); lower them"
         )
     names = tuple(f"{corpus.plays[corpus.play_of[c.role]]}:{corpus.names[c.role]}" for c in clients)
-    return to_arrays(clients, seq_len), names
+    return to_arrays(clients, source.seq_len), names
 
 
 SEPARATORS = {"newline": "\n", "space": " "}
@@ -674,10 +664,12 @@ class ShakespeareSource(DatasetSource):
 
     def load_with_names(self) -> tuple[DatasetArrays, tuple[str, ...]]:
         """The dataset and each client's ``play:ROLE`` name."""
-        directory = resolve_data_dir(self.data_dir)
-        return _load(
-            str(directory),
-            SEPARATORS[self.speech_separator],
+        return _load(str(resolve_data_dir(self.data_dir)), self)
+
+    def split_roles(self, corpus: Corpus) -> list[ClientText]:
+        """:func:`build_clients` of ``corpus`` with this source's options."""
+        return build_clients(
+            corpus,
             self.seq_len,
             self.tf,
             self.sample_fraction,
@@ -690,16 +682,7 @@ class ShakespeareSource(DatasetSource):
     def clients(self) -> tuple[Corpus, list[ClientText]]:
         """The parsed corpus and the clients' window splits, without building the arrays."""
         corpus = load_corpus(resolve_data_dir(self.data_dir), SEPARATORS[self.speech_separator])
-        return corpus, build_clients(
-            corpus,
-            self.seq_len,
-            self.tf,
-            self.sample_fraction,
-            self.min_samples,
-            self.seed,
-            self.split,
-            self.min_lines,
-        )
+        return corpus, self.split_roles(corpus)
 
 
 # ----------------------------------------------------------------------------------- statistics

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fedhp.engine.ops import weighted_mean
-from fedhp.engine.robust import aggregate, bucketed
+from fedhp.engine.robust_rules import aggregate, bucketed
 from fedhp.privacy.mechanism import clip_updates, noised_mean
 from fedhp.privacy.options import PrivacyOptions
 from fedhp.robust import RobustOptions

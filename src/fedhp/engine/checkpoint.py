@@ -54,7 +54,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -63,7 +63,7 @@ from fedhp.config import with_added_defaults as with_added_defaults  # (re-expor
 from fedhp.engine.disk_state import DiskState
 from fedhp.engine.experiment import EngineExperiment
 from fedhp.errors import FedhpError, FedhpWarning
-from fedhp.reporting import _atomic_write, _create_temp, _fsync_dir, write_json_atomic
+from fedhp.reporting import _atomic_write, _fsync_dir, write_json_atomic
 
 CHECKPOINT_FILE = "checkpoint.pt"
 PREVIOUS_FILE = "checkpoint.prev.pt"
@@ -285,21 +285,12 @@ def _file_digest_matches(path: Path) -> bool | None:
 def atomic_checkpoint_save(obj: object, path: Path) -> None:
     """``torch.save`` of a checkpoint's dict to a temporary file, the file's digest appended
     (:func:`_append_trailer`), fsync, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temp(path)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-        with open(tmp, "r+b") as fh:
-            _append_trailer(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+
+    def write(fh: BinaryIO) -> None:
+        torch.save(obj, fh)
+        _append_trailer(fh)
+
+    _atomic_write(Path(path), write)
 
 
 def save_checkpoint_data(path: Path, data: dict[str, Any]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Literal, TypeVar
 
 import torch
 
@@ -18,17 +18,22 @@ from fedhp.engine.ops import (
     ExtraGrad,
     LocalWork,
     LossGrad,
-    sgd_steps,
+    StepBatches,
+    WeightedBatch,
     weighted_sgd_steps,
 )
 from fedhp.engine.participation import Participation
-from fedhp.engine.policy import ExecutionPolicy
 from fedhp.engine.sampler import BatchSampler, EpochBatches
 from fedhp.engine.uplink import Uplink
+from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel
+from fedhp.models.policy import ExecutionPolicy
 from fedhp.topology import Topology
 
 Weighting = Literal["uniform", "samples"]
+Sent = TypeVar("Sent", torch.Tensor, Message)
+"""What a send carries: rows ``[M, P]`` (one ``[P]`` for a broadcast), or a keyed
+:class:`~fedhp.comm.Message`; the receivers get the same kind back."""
 
 
 @dataclass
@@ -126,25 +131,17 @@ class RunContext:
     def cloud_uplink(self) -> Uplink:
         """The pipeline of what the cloud receives: the clients' momentum and the run's attack on
         client uploads, the cloud's rule (:mod:`fedhp.engine.uplink`)."""
-        return Uplink(
-            "cloud",
-            self.cloud_rule,
-            self.attack,
-            self.participation.poisson_rate(),
-            self.client_momentum if self.client_level == "cloud" else 0.0,
-        )
+        return self._uplink("cloud", self.cloud_rule)
 
     @property
     def edge_uplink(self) -> Uplink:
         """The pipeline of what the edges receive: the clients' momentum and the run's attack on
         client uploads, the edges' rule."""
-        return Uplink(
-            "edge",
-            self.edge_rule,
-            self.attack,
-            self.participation.poisson_rate(),
-            self.client_momentum if self.client_level == "edge" else 0.0,
-        )
+        return self._uplink("edge", self.edge_rule)
+
+    def _uplink(self, level: str, rule: LevelRule | None) -> Uplink:
+        momentum = self.client_momentum if self.client_level == level else 0.0
+        return Uplink(level, rule, self.attack, self.participation.poisson_rate(), momentum)
 
     @property
     def whole_rounds(self) -> bool:
@@ -152,86 +149,47 @@ class RunContext:
         private rule, or an attack reading the round's benign updates): no streamed parts."""
         return self.cloud_uplink.whole_rounds or self.edge_uplink.whole_rounds
 
-    @overload
     def send(
-        self, link: str, direction: str, messages: Message, nodes: torch.Tensor | None = None
-    ) -> Message: ...
-
-    @overload
-    def send(
-        self, link: str, direction: str, messages: torch.Tensor, nodes: torch.Tensor | None = None
-    ) -> torch.Tensor: ...
-
-    def send(
-        self,
-        link: str,
-        direction: str,
-        messages: torch.Tensor | Message,
-        nodes: torch.Tensor | None = None,
-    ) -> torch.Tensor | Message:
+        self, link: str, direction: str, messages: Sent, nodes: torch.Tensor | None = None
+    ) -> Sent:
         """Bill ``messages`` (rows, or a keyed :class:`~fedhp.comm.Message`: one message per
         receiver of all its fields) on ``link`` and return what the receiver gets: the values
         truncated at the zero threshold (``|x| <= eps`` sent as 0), i.e. exactly what was
         billed (the same fields for a :class:`~fedhp.comm.Message`)."""
-        rows = messages.rows() if isinstance(messages, Message) else messages
-        sent = truncate(rows, self.zero_threshold)
-        self.ledger.record(link, direction, sent, self.zero_threshold, nodes=nodes)
-        return messages.like(sent) if isinstance(messages, Message) else sent
+        return self._transmit(link, direction, messages, nodes)
 
-    @overload
-    def broadcast(
-        self, link: str, direction: str, message: Message, nodes: torch.Tensor
-    ) -> Message: ...
-
-    @overload
-    def broadcast(
-        self, link: str, direction: str, message: torch.Tensor, nodes: torch.Tensor
-    ) -> torch.Tensor: ...
-
-    def broadcast(
-        self, link: str, direction: str, message: torch.Tensor | Message, nodes: torch.Tensor
-    ) -> torch.Tensor | Message:
+    def broadcast(self, link: str, direction: str, message: Sent, nodes: torch.Tensor) -> Sent:
         """Bill one copy of ``message [P]`` (or of a keyed :class:`~fedhp.comm.Message` of
         fields ``[w_k]``) per node of ``nodes`` (the same model sent to each) and return what
         each receives, once: like :meth:`send` with ``message`` repeated, but its non-zeros are
         counted once, not once per copy."""
-        row = message.rows() if isinstance(message, Message) else message
-        sent = truncate(row, self.zero_threshold)
-        nnz = count_nonzero(sent, self.zero_threshold)
-        self.ledger.record_counts(link, direction, nnz.expand(len(nodes)), sent.shape[-1], nodes)
-        return message.like(sent) if isinstance(message, Message) else sent
-
-    @overload
-    def multicast(
-        self, link: str, direction: str, rows: Message, row_of: torch.Tensor, nodes: torch.Tensor
-    ) -> Message: ...
-
-    @overload
-    def multicast(
-        self,
-        link: str,
-        direction: str,
-        rows: torch.Tensor,
-        row_of: torch.Tensor,
-        nodes: torch.Tensor,
-    ) -> torch.Tensor: ...
+        return self._transmit(link, direction, message, nodes, lambda nnz: nnz.expand(len(nodes)))
 
     def multicast(
-        self,
-        link: str,
-        direction: str,
-        rows: torch.Tensor | Message,
-        row_of: torch.Tensor,
-        nodes: torch.Tensor,
-    ) -> torch.Tensor | Message:
+        self, link: str, direction: str, rows: Sent, row_of: torch.Tensor, nodes: torch.Tensor
+    ) -> Sent:
         """Bill each of ``nodes`` the row ``row_of`` names of ``rows [S, P]`` (one per sender,
         e.g. each edge's model to its clients) and return the rows as sent, once per sender:
         like :meth:`broadcast` per sender, each row's non-zeros counted once."""
-        flat = rows.rows() if isinstance(rows, Message) else rows
-        sent = truncate(flat, self.zero_threshold)
+        return self._transmit(link, direction, rows, nodes, lambda nnz: nnz[row_of])
+
+    def _transmit(
+        self,
+        link: str,
+        direction: str,
+        messages: Sent,
+        nodes: torch.Tensor | None,
+        per_receiver: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> Sent:
+        """The one send: ``messages`` truncated at the zero threshold (what the receivers get),
+        billed on ``link`` — each row's non-zeros once per receiver (``per_receiver``: the
+        receivers' counts from the rows', for copies of a row; None: one receiver per row)."""
+        rows = messages.rows() if isinstance(messages, Message) else messages
+        sent = truncate(rows, self.zero_threshold)
         nnz = count_nonzero(sent, self.zero_threshold)
-        self.ledger.record_counts(link, direction, nnz[row_of], sent.shape[-1], nodes)
-        return rows.like(sent) if isinstance(rows, Message) else sent
+        counts = nnz if per_receiver is None else per_receiver(nnz)
+        self.ledger.record_counts(link, direction, counts, sent.shape[-1], nodes)
+        return messages.like(sent) if isinstance(messages, Message) else sent
 
     def batches(
         self, clients: torch.Tensor, batch_size: int, drawn: torch.Tensor | None = None
@@ -262,7 +220,7 @@ class RunContext:
         clients: torch.Tensor,
         work: LocalWork,
         extra_grad: ExtraGrad | None = None,
-        *,
+        *old_surface: object,
         mask: torch.Tensor | None = None,
         buffers: torch.Tensor | None = None,
         loss_grad: LossGrad | None = None,
@@ -281,87 +239,95 @@ class RunContext:
         ``epochs`` (or ``steps``), the first ones, and stops (a draw of 1: all of them); the
         minibatches are drawn as for full work, so nobody else's change. Returns the new
         parameters, each client's loss summed over its steps and its step count ``[C']`` (int64).
+        The steps are :func:`~fedhp.engine.ops.weighted_sgd_steps`'.
 
         Under ``epochs`` client c takes ``ceil(n_c / batch_size)`` steps per epoch on a fresh
         permutation of its data (the last minibatch partial); clients of unequal size step
-        together, the ones that have finished frozen (:func:`~fedhp.engine.ops.weighted_sgd_steps`).
+        together, the ones that have finished frozen. The old surface's call
+        ``local_sgd(params, clients, steps, batch, lr, extra)`` stops with a one-line
+        :class:`~fedhp.errors.ConfigError` naming this one.
         """
-        gather, opt = self.fed.train.gather, work.optimizer
+        if old_surface or isinstance(work, int):  # steps, batch, lr, ...: the old surface
+            raise ConfigError(OLD_LOCAL_SGD)
         units = None
         if partial is not None:  # stragglers' partial work: their first units (epochs or steps)
             total = work.epochs if work.epochs is not None else work.steps
             units = partial_units(partial.cpu(), total)
+        active = None
         if work.epochs is not None:
             plan = drawn if isinstance(drawn, EpochBatches) else None
             if plan is None:
                 plan = self.sampler.epochs(clients, work.batch_size, work.epochs)
-            index, weight = plan.index, plan.weight
-            until, counts = None, plan.steps
+            batch = self._gathered(clients, plan.index, plan.weight)
+            steps, until, counts = plan.num_steps, None, plan.steps
             if units is not None:  # epoch e is batched steps e S' .. (e + 1) S' - 1
                 until = units * (plan.num_steps // work.epochs)
                 counts = plan.steps // work.epochs * units.to(plan.steps.device)
+            active = (plan.weight.sum(2) > 0).cpu()
+        else:
+            batch = self._step_batches(clients, work, drawn, mask)
+            steps, until = work.steps, units
+            counts = torch.full((len(clients),), steps, dtype=torch.int64, device=self.device)
+            if units is not None:
+                counts = units.to(self.device)
+        params, loss_sum = weighted_sgd_steps(
+            self.model,
+            params,
+            batch,
+            steps,
+            work.lr,
+            extra_grad,
+            mask=mask,
+            active=active,
+            buffers=buffers,
+            loss_grad=loss_grad,
+            optimizer=work.optimizer,
+            until=until,
+        )
+        return params, loss_sum, counts
 
-            def epoch_batch(
-                step: int, rows: slice
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-                x, y = gather(clients[rows], index[step, rows], self.generator)
-                return x, y, weight[step, rows]
-
-            active = (weight.sum(2) > 0).cpu()
-            params, loss_sum = weighted_sgd_steps(
-                self.model,
-                params,
-                epoch_batch,
-                plan.num_steps,
-                work.lr,
-                extra_grad,
-                mask=mask,
-                active=active,
-                buffers=buffers,
-                loss_grad=loss_grad,
-                optimizer=opt,
-                until=until,
-            )
-            return params, loss_sum, counts
+    def _step_batches(
+        self,
+        clients: torch.Tensor,
+        work: LocalWork,
+        drawn: torch.Tensor | EpochBatches | None,
+        mask: torch.Tensor | None,
+    ) -> WeightedBatch:
+        """The minibatches of ``work``'s steps: gathered whole as the steps go (or all first,
+        for client chunks: :class:`~fedhp.engine.ops.StepBatches`); on masked sub-models, the
+        same minibatches, their indices drawn first and gathered chunk by chunk."""
         ahead = drawn if isinstance(drawn, torch.Tensor) else None
         if mask is None:
-            params, loss_sum = sgd_steps(
-                self.model,
-                params,
-                self.batches(clients, work.batch_size, ahead),
-                work.steps,
-                work.lr,
-                extra_grad,
-                buffers=buffers,
-                loss_grad=loss_grad,
-                optimizer=opt,
-                until=units,
-            )
-        else:  # the same minibatches, their indices drawn first and gathered chunk by chunk
-            steps: Sequence[torch.Tensor] | torch.Tensor
-            if ahead is not None:
-                steps = ahead
-            else:
-                steps = [self.sampler.draw(clients, work.batch_size) for _ in range(work.steps)]
+            return StepBatches(self.batches(clients, work.batch_size, ahead), work.steps)
+        index: Sequence[torch.Tensor] | torch.Tensor
+        if ahead is not None:
+            index = ahead
+        else:
+            index = [self.sampler.draw(clients, work.batch_size) for _ in range(work.steps)]
+        return self._gathered(clients, index)
 
-            def step_batch(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
-                x, y = gather(clients[rows], steps[step][rows], self.generator)
-                return x, y, None
+    def _gathered(
+        self,
+        clients: torch.Tensor,
+        index: Sequence[torch.Tensor] | torch.Tensor,
+        weight: torch.Tensor | None = None,
+    ) -> WeightedBatch:
+        """Step ``step``'s minibatch of the ``clients`` in ``rows`` gathered from the indices
+        ``index [S][C', B]`` drawn ahead (with per-sample weights ``weight [S, C', B]``)."""
+        gather = self.fed.train.gather
 
-            params, loss_sum = weighted_sgd_steps(
-                self.model,
-                params,
-                step_batch,
-                work.steps,
-                work.lr,
-                extra_grad,
-                mask=mask,
-                buffers=buffers,
-                loss_grad=loss_grad,
-                optimizer=opt,
-                until=units,
-            )
-        if units is not None:
-            return params, loss_sum, units.to(self.device)
-        counts = torch.full((len(clients),), work.steps, dtype=torch.int64, device=self.device)
-        return params, loss_sum, counts
+        def rows_of(
+            step: int, rows: slice
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+            x, y = gather(clients[rows], index[step][rows], self.generator)
+            return x, y, None if weight is None else weight[step, rows]
+
+        return rows_of
+
+
+OLD_LOCAL_SGD = (
+    "ctx.local_sgd(params, clients, steps, batch, lr, extra) is the old surface: call "
+    "ctx.local_sgd(start, clients, LocalWork(lr, batch, steps), extra) "
+    "(fedhp.engine.ops.LocalWork; CHANGELOG.md)"
+)
+"""The one line a call of the old surface of :meth:`RunContext.local_sgd` stops with."""

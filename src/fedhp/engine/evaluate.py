@@ -8,8 +8,8 @@ import torch
 
 from fedhp.comm import count_nonzero
 from fedhp.engine.federation import ClientTensors, slice_rows
-from fedhp.engine.policy import widened
 from fedhp.models.base import BatchedModel
+from fedhp.models.policy import widened
 
 
 @dataclass(frozen=True)

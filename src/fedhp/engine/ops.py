@@ -95,10 +95,42 @@ def batched_loss_grad(
     return model.loss_and_grad(params.detach(), x, y, buffers=buffers)
 
 
+XY = tuple[torch.Tensor, torch.Tensor]
+"""A minibatch ``(x [C',B,..], y [C',B])`` of every client."""
+
+WeightedBatch = Callable[[int, slice], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+"""``(step, rows) -> (x [c',B,..], y [c',B], weight [c',B] or None)``: step ``step``'s minibatch of
+the clients in ``rows`` (a slice of the client dimension), with optional per-sample weights."""
+
+
+class StepBatches:
+    """A :data:`WeightedBatch` over ``draw()``, one ``(x, y)`` of every client per step, in step
+    order (no sample weights). Trained whole, ``draw()`` is called step by step; in client chunks
+    (the run's policy), or with per-client step budgets (stragglers' partial work, which may end
+    a chunk's steps early), :func:`weighted_sgd_steps` has every step's minibatch drawn first
+    (:meth:`draw_all`), in the same order, and each chunk takes its rows of them, so the result
+    does not depend on the chunking and every step's minibatch is drawn whoever stops early."""
+
+    def __init__(self, draw: Callable[[], XY], steps: int) -> None:
+        self.draw, self.steps = draw, steps
+        self.drawn: list[XY] | None = None
+
+    def draw_all(self) -> None:
+        """Draw every step's minibatch now."""
+        self.drawn = [self.draw() for _ in range(self.steps)]
+
+    def __call__(self, step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
+        if self.drawn is None:
+            x, y = self.draw()
+            return x, y, None
+        x, y = self.drawn[step]
+        return slice_rows(x, rows.start, rows.stop), y[rows], None
+
+
 def sgd_steps(
     model: BatchedModel,
     params: torch.Tensor,
-    batch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    batch: Callable[[], XY],
     steps: int,
     lr: float,
     extra_grad: ExtraGrad | None = None,
@@ -109,39 +141,11 @@ def sgd_steps(
     until: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`weighted_sgd_steps` on the minibatches ``batch()`` yields, one ``(x, y)`` of every
-    client per step, in step order (no sample weights).
-
-    Trained whole, ``batch()`` is called step by step; in client chunks (the run's policy), or
-    with per-client step budgets ``until`` (stragglers' partial work, which may end a chunk's
-    steps early), every step's minibatch is drawn first, in the same order, and each chunk takes
-    its rows of them, so the result does not depend on the chunking and every step's minibatch
-    is drawn whoever stops early."""
-    num_clients = params.shape[0]
-    if num_clients == 0:  # no clients: the minibatches are still drawn, as the steps would
-        for _ in range(steps):
-            batch()
-        return params.detach().clone(), torch.zeros(0, device=params.device)
-    whole = _whole(extra_grad, loss_grad)
-    chunk = num_clients if whole else model.policy.chunk(params.shape[1], num_clients)
-    if chunk >= num_clients and until is None:
-
-        def lazily(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
-            x, y = batch()
-            return x, y, None
-
-        rows_of: WeightedBatch = lazily
-    else:
-        drawn = [batch() for _ in range(steps)]
-
-        def ahead(step: int, rows: slice) -> tuple[torch.Tensor, torch.Tensor, None]:
-            x, y = drawn[step]
-            return slice_rows(x, rows.start, rows.stop), y[rows], None
-
-        rows_of = ahead
+    client per step, in step order (no sample weights; :class:`StepBatches`)."""
     return weighted_sgd_steps(
         model,
         params,
-        rows_of,
+        StepBatches(batch, steps),
         steps,
         lr,
         extra_grad,
@@ -157,11 +161,6 @@ def _whole(extra_grad: ExtraGrad | None, loss_grad: LossGrad | None) -> bool:
     that cannot be cut into rows (not a :class:`StepTerm`) or a method's own ``loss_grad``."""
     foldable = extra_grad is None or isinstance(extra_grad, StepTerm)
     return not foldable or loss_grad is not None
-
-
-WeightedBatch = Callable[[int, slice], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
-"""``(step, rows) -> (x [c',B,..], y [c',B], weight [c',B] or None)``: step ``step``'s minibatch of
-the clients in ``rows`` (a slice of the client dimension), with optional per-sample weights."""
 
 
 def weighted_sgd_steps(
@@ -181,7 +180,7 @@ def weighted_sgd_steps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``steps`` SGD steps for all clients at once (the one local-SGD loop of the engine), on
     minibatches with optional per-sample weights (local epochs: a partial last batch, clients of
-    unequal size), optionally on masked sub-models.
+    unequal size), optionally on masked sub-models. Each step is :func:`_step`.
 
     Each client's loss is the weighted mean over its minibatch; a client whose weights are all
     zero at a step is frozen for that step (its whole update, ``extra_grad`` included, is
@@ -189,7 +188,7 @@ def weighted_sgd_steps(
     start masked and every gradient is masked, so masked entries stay exactly zero — applied
     outside the model's forward. Returns the new parameters and the per-client loss summed over
     its steps (a tensor, no host sync). The clients are trained in chunks of the run's policy
-    (:meth:`~fedhp.engine.policy.ExecutionPolicy.chunk`: cache-resident rows on the CPU, a
+    (:meth:`~fedhp.models.policy.ExecutionPolicy.chunk`: cache-resident rows on the CPU, a
     memory budget on CUDA; all at once with a non-:class:`StepTerm` ``extra_grad`` or a
     ``loss_grad``), each chunk all its steps before the next. ``active [steps, C]`` (bool, on
     the host; optional): which clients have a real sample at each step — a chunk none of whose
@@ -209,30 +208,18 @@ def weighted_sgd_steps(
     num_clients = params.shape[0]
     whole = _whole(extra_grad, loss_grad)
     chunk = num_clients if whole else model.policy.chunk(params.shape[1], num_clients)
+    ahead = num_clients == 0 or chunk < num_clients or until is not None
+    if isinstance(batch, StepBatches) and ahead:  # (no clients: still drawn, as steps would)
+        batch.draw_all()
+    if num_clients == 0:
+        return params, torch.zeros(0, device=params.device)
+    run = LocalSteps(model, batch, steps, lr, mask, active, buffers, loss_grad, optimizer, until)
     parts = []
     for start in range(0, num_clients, chunk):
         stop = min(start + chunk, num_clients)
-        rows = slice(start, stop)
         term = extra_grad if extra_grad is None or whole else _rows(extra_grad, start, stop)
-        part = params[rows]
-        loss_sum = _train_rows(
-            model,
-            part,
-            batch,
-            rows,
-            steps,
-            lr,
-            term,
-            mask,
-            active,
-            buffers,
-            loss_grad,
-            optimizer,
-            until,
-        )
-        parts.append((part, loss_sum))
-    if not parts:  # no clients
-        return params, torch.zeros(0, device=params.device)
+        part = params[start:stop]
+        parts.append((part, _train_rows(run, part, slice(start, stop), term)))
     if len(parts) == 1:
         return parts[0]
     return torch.cat([p for p, _ in parts]), torch.cat([loss for _, loss in parts])
@@ -243,73 +230,121 @@ def _rows(term: ExtraGrad, start: int, stop: int) -> ExtraGrad:
     return term.rows(start, stop)
 
 
+@dataclass(frozen=True)
+class LocalSteps:
+    """What every client chunk of one :func:`weighted_sgd_steps` call shares (its arguments)."""
+
+    model: BatchedModel
+    batch: WeightedBatch
+    steps: int
+    lr: float
+    mask: torch.Tensor | None = None
+    active: torch.Tensor | None = None
+    buffers: torch.Tensor | None = None
+    loss_grad: LossGrad | None = None
+    optimizer: LocalOptimizer | None = None
+    until: torch.Tensor | None = None
+
+    def fuses(self, term: ExtraGrad | None) -> bool:
+        """Whether a step without sample weights is the model's own
+        :meth:`~fedhp.models.base.BatchedModel.sgd_step` (``term`` a :class:`StepTerm` or none,
+        plain SGD, the model's loss, no BatchNorm statistics)."""
+        plain = (term is None or isinstance(term, StepTerm)) and self.loss_grad is None
+        return plain and self.buffers is None and (self.optimizer is None or self.optimizer.plain)
+
+
 def _train_rows(
-    model: BatchedModel,
-    part: torch.Tensor,
-    batch: WeightedBatch,
-    rows: slice,
-    steps: int,
-    lr: float,
-    term: ExtraGrad | None,
-    mask: torch.Tensor | None,
-    active: torch.Tensor | None,
-    buffers: torch.Tensor | None,
-    loss_grad: LossGrad | None,
-    optimizer: LocalOptimizer | None,
-    until: torch.Tensor | None = None,
+    run: LocalSteps, part: torch.Tensor, rows: slice, term: ExtraGrad | None
 ) -> torch.Tensor:
-    """:func:`weighted_sgd_steps`' ``steps`` steps of the clients in ``rows``, in place on their
-    parameters ``part``; their losses summed over the steps (a client's up to its ``until``)."""
-    loss_and_grad = model.loss_and_grad if loss_grad is None else loss_grad
-    plain = (term is None or isinstance(term, StepTerm)) and loss_grad is None and buffers is None
-    plain = plain and (optimizer is None or optimizer.plain)
-    pull = term.pull(part, lr) if isinstance(term, StepTerm) else None
-    velocity = _velocity(part, optimizer)
+    """``run``'s steps of the clients in ``rows``, in place on their parameters ``part`` (their
+    gradient term ``term``): the step budgets and skipped steps around :func:`_step`; their
+    losses summed over the steps (a client's up to its ``until``)."""
+    model, buffers = run.model, run.buffers
+    velocity = _velocity(part, run.optimizer)
     loss_sum = torch.zeros(part.shape[0], device=part.device)
-    limit, first_done, last_done = _budgets(until, rows, steps, part.device)
-    on_host = None if until is None else until[rows]
-    for step in range(steps):
+    limit, first_done, last_done = _budgets(run.until, rows, run.steps, part.device)
+    on_host = None if run.until is None else run.until[rows]
+    for step in range(run.steps):
         if step >= last_done:  # every client of the chunk has used up its steps
             break
-        if active is not None and not bool(active[step, rows].any()):
+        if run.active is not None and not bool(run.active[step, rows].any()):
             continue
         # the clients whose budget is used up: their rows are put back after the step
         done = None if limit is None or step < first_done else limit <= step
         saved = None if done is None else _save_rows(part, buffers, rows)
-        x, y, weight = batch(step, rows)
+        x, y, weight = run.batch(step, rows)
         model.count_trained(x)
         if done is not None and on_host is not None:  # a done straggler's rows are no work
             model.trained_samples -= int((on_host <= step).sum()) * int(x.shape[1])
-        if plain and weight is None:  # the model steps inside its backward pass, then the mask
-            loss = model.sgd_step(part, x, y, lr, pull)
-            if mask is not None:
-                part.mul_(mask[rows])
-            loss_sum += loss if done is None else _put_back(part, buffers, rows, saved, done, loss)
-            continue
-        if buffers is None:
-            loss, grad = loss_and_grad(part, x, y, weight=weight)
-        else:
-            bufs = buffers[rows]
-            # a frozen client's statistics are restored after the step (torch.where: no
-            # boolean indexing, which would wait for the device)
-            kept = None if weight is None else bufs.clone()
-            kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
-            loss, grad = loss_and_grad(part, x, y, weight=weight, **kw)
-            if weight is not None and kept is not None:
-                idle = (weight.sum(1) == 0).unsqueeze(1)
-                bufs.copy_(torch.where(idle, kept, bufs))
+        loss = _step(run, part, rows, term, velocity, (x, y, weight))
+        loss_sum += loss if done is None else _put_back(part, buffers, rows, saved, done, loss)
+    return loss_sum
+
+
+def _step(
+    run: LocalSteps,
+    part: torch.Tensor,
+    rows: slice,
+    term: ExtraGrad | None,
+    velocity: torch.Tensor | None,
+    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+) -> torch.Tensor:
+    """One local SGD step of the clients in ``rows``, in place on their parameters ``part``:
+
+        p <- p - lr d,   d = direction(grad F_i(p) + term(p))
+
+    ``grad F_i``: the gradient of the (weighted) mean loss of the minibatch ``batch``;
+    ``term``: the method's additive gradient term (FedProx's ``mu (p - w)``, SCAFFOLD's
+    ``c - c_i``); ``direction``: ``run.optimizer``'s momentum and weight decay (plain SGD: the
+    gradient itself). Returns the step's losses ``[c']`` at the start point."""
+    x, y, weight = batch
+    mask = None if run.mask is None else run.mask[rows]
+    if weight is not None or not run.fuses(term):
+        loss, grad = _loss_grad(run, part, rows, x, y, weight)
         if term is not None:
             grad.add_(term(part))
         live = None if weight is None else weight.sum(1) > 0
-        if optimizer is not None and not optimizer.plain:
-            grad = optimizer.direction(part, grad, velocity, live)
+        if run.optimizer is not None and not run.optimizer.plain:
+            grad = run.optimizer.direction(part, grad, velocity, live)
         if live is not None:
             grad.mul_(live.to(grad.dtype).unsqueeze(1))
         if mask is not None:
-            grad.mul_(mask[rows])
-        part.add_(grad, alpha=-lr)
-        loss_sum += loss if done is None else _put_back(part, buffers, rows, saved, done, loss)
-    return loss_sum
+            grad.mul_(mask)
+        part.add_(grad, alpha=-run.lr)
+        return loss
+    # plain SGD: the same step inside the model's backward pass (no [C, P] gradient), the term's
+    # ``- lr term(p)`` moving each layer's columns just before their gradient step
+    pull = term.pull(part, run.lr) if isinstance(term, StepTerm) else None
+    loss = run.model.sgd_step(part, x, y, run.lr, pull)
+    if mask is not None:
+        part.mul_(mask)
+    return loss
+
+
+def _loss_grad(
+    run: LocalSteps,
+    part: torch.Tensor,
+    rows: slice,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The losses ``[c']`` and gradient ``[c', P]`` of the rows' objective (the model's, or the
+    method's own ``loss_grad``), their BatchNorm statistics updated in place (a frozen client's
+    restored)."""
+    loss_and_grad = run.model.loss_and_grad if run.loss_grad is None else run.loss_grad
+    if run.buffers is None:
+        return loss_and_grad(part, x, y, weight=weight)
+    bufs = run.buffers[rows]
+    # a frozen client's statistics are restored after the step (torch.where: no boolean
+    # indexing, which would wait for the device)
+    kept = None if weight is None else bufs.clone()
+    kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
+    loss, grad = loss_and_grad(part, x, y, weight=weight, **kw)
+    if weight is not None and kept is not None:
+        idle = (weight.sum(1) == 0).unsqueeze(1)
+        bufs.copy_(torch.where(idle, kept, bufs))
+    return loss, grad
 
 
 def _budgets(
@@ -353,8 +388,8 @@ def _put_back(
 
 
 class StepTerm(ABC):
-    """An :data:`ExtraGrad` that :func:`sgd_steps` can fold into the model's own step: with a
-    plain optimizer, ``p - lr (grad + term(p))`` is taken as the model's
+    """An :data:`ExtraGrad` that the local step (:func:`_step`) can fold into the model's own:
+    with a plain optimizer, ``p - lr (grad + term(p))`` is taken as the model's
     :meth:`~fedhp.models.base.BatchedModel.sgd_step` with :meth:`pull` as its column hook (one
     pass over the rows, no ``[C, P]`` gradient or term temporaries; the same values up to
     rounding)."""

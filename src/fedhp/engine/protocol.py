@@ -43,9 +43,10 @@ class AlgorithmOptionsLike(Protocol):
 
 
 @runtime_checkable
-class LocalWork(Protocol):
+class LocalWorkOptionsLike(Protocol):
     """Options whose local work is ``local_steps`` steps or ``local_epochs`` passes over each
-    client's data (:class:`fedhp.algorithms.base.LocalWorkOptions`)."""
+    client's data (:class:`fedhp.algorithms.base.LocalWorkOptions`; the work itself, what
+    ``local_sgd`` runs, is :class:`fedhp.engine.ops.LocalWork`)."""
 
     local_epochs: int | None
 

@@ -218,32 +218,28 @@ def run_experiment(
     (the Flower backend) the rounds and evaluations run through it. ``on_round(rounds_done)`` is
     called after every finished round (``fedhp sweep``'s one progress bar).
     """
-    cfg, algo, ledger, ctx = exp.cfg, exp.algorithm, exp.ctx.ledger, exp.ctx
-    show = cfg.progress if progress is None else progress
-    config = config_to_dict(cfg, on_flower=driver is not None)  # (Flower: its options read)
-    # The initial parameters on the run's device: init_state keeps them where they are given.
-    init = exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET).to(exp.ctx.device)
-    state = algo.init_state(init)
-    disk = disk_state(exp, out_dir)  # per-client rows in files (None: in RAM)
-    if disk is not None:
-        disk.adopt(state)
-    privacy = RunPrivacy.of(cfg, exp.options)  # the DP budget (None: no DP)
-    restored: Snapshot | None = None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if resume:
-            restored = restore_checkpoint(exp, state, out_dir, disk)
-        else:
-            for name in RESULT_FILES:
-                (out_dir / name).unlink(missing_ok=True)
-        write_yaml_atomic(out_dir / "config.yaml", config)
-    if driver is not None:
-        state = driver.cloud_state(state, restored is not None)
-        if restored is not None:
-            restored.state = {k: v.clone() for k, v in state.items()}
-    start_round = restored.round if restored is not None else 0
-    rows: list[Row] = restored.rows if restored is not None else []
-    prior_seconds = restored.seconds if restored is not None else 0.0
+    run = _Run(exp, out_dir, progress, resume, driver)
+    try:
+        for rnd in range(run.start_round, exp.cfg.rounds):
+            stats, released = run.train_round(rnd)
+            round_comm = run.close_round(rnd)
+            evals, clients, problem = run.check_and_evaluate(rnd, stats)
+            if problem is not None:
+                run.stop_diverged(rnd, problem)
+                break
+            run.count_round(rnd, released)
+            if evals is not None:
+                run.record(run.result_row(evals, stats, round_comm), clients)
+            run.advance(on_round)
+            run.checkpoint_if_due()
+    finally:  # every row in the files, also when a round raised
+        _flush(run.writers)
+    return run.finish()
+
+
+def _open_writers(out_dir: Path | None, start_round: int, resume: bool) -> dict[str, MetricsWriter]:
+    """metrics.csv, per_client.csv and timings.csv (their rows up to ``start_round`` kept on
+    ``resume``); none without an out folder."""
     writers: dict[str, MetricsWriter] = {}
     if out_dir is not None:
         for name in ("metrics", "per_client", "timings"):
@@ -253,152 +249,249 @@ def run_experiment(
                 if resume
                 else MetricsWriter(path, WRITE_EVERY_S)
             )
-    board = None
-    if out_dir is not None and cfg.tensorboard:
-        from fedhp.tensorboard import TensorBoardWriter
+    return writers
 
-        board = TensorBoardWriter(out_dir, start_round)
-    # Samples trained (the model's counter, from the checkpoint's on resume; None: not known).
-    samples_known = driver is None and (restored is None or restored.trained_samples is not None)
-    exp.model.trained_samples = (restored.trained_samples or 0) if restored is not None else 0
 
-    def trained() -> int | None:
-        return exp.model.trained_samples if samples_known else None
+def _open_board(cfg: RunConfig, out_dir: Path | None, start_round: int) -> Any:
+    """The run's TensorBoard writer (None unless ``tensorboard`` and an out folder)."""
+    if out_dir is None or not cfg.tensorboard:
+        return None
+    from fedhp.tensorboard import TensorBoardWriter
 
-    if privacy is not None and restored is not None and restored.privacy is not None:
-        privacy.load_state_dict(restored.privacy)
+    return TensorBoardWriter(out_dir, start_round)
 
-    def budget() -> dict[str, Any] | None:
-        return None if privacy is None else privacy.state_dict()
 
-    into = None if disk is None else disk.snapshot
-    snap = restored or capture(exp, state, 0, rows, 0.0, trained(), budget(), into=into)
-    bar = tqdm(
-        total=cfg.rounds, initial=start_round, desc=str(cfg.algorithm.get("name")), disable=not show
-    )
-    start = time.perf_counter()
-    rounds_done = start_round
-    error: DivergenceError | None = None
-    saved: State | None = None  # the whole state of the last checkpoint, if this round's
-    saved_round = start_round if restored is not None else None  # the last checkpoint's round
-    try:
-        for rnd in range(start_round, cfg.rounds):
-            ctx.begin_round(rnd)
-            released = True  # whether the round released an aggregate (DP accounting)
-            try:
-                if driver is None:
-                    stats: Row = algo.run_round(state, rnd)
-                else:
-                    stats = driver.run_round(state, rnd)
-            except RoundSkipped as why:
-                _roll_back(state, snap, exp)  # (and drop anything billed before the skip)
-                stats = {}
-                released = False
-                _round_skipped(rnd, str(why))
+class _Run:
+    """One run between its rounds: the state, where the results go, the last good round's
+    snapshot; each step of :func:`run_experiment`'s loop is one method."""
+
+    def __init__(
+        self,
+        exp: EngineExperiment,
+        out_dir: Path | None,
+        progress: bool | None,
+        resume: bool,
+        driver: RoundDriver | None,
+    ) -> None:
+        cfg = exp.cfg
+        self.exp, self.out_dir, self.driver = exp, out_dir, driver
+        self.config = config_to_dict(cfg, on_flower=driver is not None)  # (Flower: its options)
+        # The initial parameters on the run's device: init_state keeps them where they are given.
+        init = exp.model.init_params(cfg.seed + MODEL_SEED_OFFSET).to(exp.ctx.device)
+        self.state = exp.algorithm.init_state(init)
+        self.disk = disk_state(exp, out_dir)  # per-client rows in files (None: in RAM)
+        if self.disk is not None:
+            self.disk.adopt(self.state)
+        self.privacy = RunPrivacy.of(cfg, exp.options)  # the DP budget (None: no DP)
+        restored = self.prepare_folder(resume)
+        if driver is not None:
+            self.state = driver.cloud_state(self.state, restored is not None)
+            if restored is not None:
+                restored.state = {k: v.clone() for k, v in self.state.items()}
+        self.start_round = restored.round if restored is not None else 0
+        self.rows: list[Row] = restored.rows if restored is not None else []
+        self.prior_seconds = restored.seconds if restored is not None else 0.0
+        self.writers = _open_writers(out_dir, self.start_round, resume)
+        self.board = _open_board(cfg, out_dir, self.start_round)
+        # Samples trained (the model's counter, from the checkpoint's on resume; None: unknown).
+        self.samples_known = driver is None and (
+            restored is None or restored.trained_samples is not None
+        )
+        exp.model.trained_samples = (restored.trained_samples or 0) if restored is not None else 0
+        if self.privacy is not None and restored is not None and restored.privacy is not None:
+            self.privacy.load_state_dict(restored.privacy)
+        self.into = None if self.disk is None else self.disk.snapshot
+        self.snap = restored or self.capture(0, 0.0)
+        show = cfg.progress if progress is None else progress
+        name = str(cfg.algorithm.get("name"))
+        self.bar = tqdm(total=cfg.rounds, initial=self.start_round, desc=name, disable=not show)
+        self.start = time.perf_counter()
+        self.rounds_done = self.start_round
+        self.seconds = self.prior_seconds
+        self.error: DivergenceError | None = None
+        self.saved: State | None = None  # the whole state of the last checkpoint, if this round's
+        self.saved_round = self.start_round if restored is not None else None  # its round
+
+    def prepare_folder(self, resume: bool) -> Snapshot | None:
+        """The out folder made, its checkpoint restored (``resume``) or its old results removed,
+        config.yaml written; the restored snapshot (None: none)."""
+        out_dir, restored = self.out_dir, None
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if resume:
+                restored = restore_checkpoint(self.exp, self.state, out_dir, self.disk)
             else:
-                _charge_stragglers(exp, snap.state)
-            if disk is not None:  # (a replaced or rolled-back entry back into its file)
-                disk.rebind(state)
-            _charge_evaluation(exp, state, rnd)
-            round_comm = ledger.end_round()
-            problem = divergence_problem(state, stats, cfg.max_loss)
-            if problem is None and not is_eval_round(cfg, rnd):
-                evals: Row | None = None
+                for name in RESULT_FILES:
+                    (out_dir / name).unlink(missing_ok=True)
+            write_yaml_atomic(out_dir / "config.yaml", self.config)
+        return restored
+
+    def trained(self) -> int | None:
+        """The samples trained so far (None: not known)."""
+        return self.exp.model.trained_samples if self.samples_known else None
+
+    def capture(self, rounds_done: int, seconds: float) -> Snapshot:
+        """A snapshot of the run after ``rounds_done`` rounds."""
+        trained, privacy = self.trained(), self.privacy
+        budget = None if privacy is None else privacy.state_dict()
+        state, rows = self.state, self.rows
+        return capture(self.exp, state, rounds_done, rows, seconds, trained, budget, into=self.into)
+
+    def train_round(self, rnd: int) -> tuple[Row, bool]:
+        """Round ``rnd``'s training: its statistics, and whether it released an aggregate (DP
+        accounting); a skipped round is rolled back and releases none."""
+        exp = self.exp
+        exp.ctx.begin_round(rnd)
+        released = True
+        try:
+            if self.driver is None:
+                stats: Row = exp.algorithm.run_round(self.state, rnd)
             else:
-                evaluate = evaluate_state if driver is None else lambda _, s: driver.evaluate(s)
-                evals, clients = evaluate(exp, state) if problem is None else ({}, [])
-                problem = problem or divergence_problem({}, evals, cfg.max_loss)
-            if problem is not None:
-                error = divergence_error(exp, rnd, problem, out_dir)
-                _roll_back(state, snap, exp)  # keep the last good state, not the diverged one
-                if disk is not None:
-                    disk.rebind(state)
-                break
-            rounds_done = rnd + 1
-            if privacy is not None and released:
-                privacy.record_round()
-            seconds = prior_seconds + time.perf_counter() - start
-            if evals is not None:
-                row: Row = {"round": rounds_done, **evals, **stats}
-                if privacy is not None:
-                    row["epsilon"] = privacy.epsilon()
-                if cfg.faults.enabled:
-                    participants = ctx.participation.round_participants
-                    row["clients_participating"] = 0 if participants is None else len(participants)
-                row.update(
-                    {f"round_{k}": v for k, v in round_comm.items() if k.startswith("bytes")}
-                )
-                row.update(
-                    {
-                        f"cum_{k}": v
-                        for k, v in ledger.totals().items()
-                        if k.startswith(("bytes", "remark1"))
-                    }
-                )
-                rows.append(row)
-                if writers:
-                    writers["metrics"].append(row)
-                    writers["per_client"].extend({"round": rounds_done, **c} for c in clients)
-                    writers["timings"].append({"round": rounds_done, "seconds": seconds})
-                if board is not None:
-                    board.append(row)
-                bar.set_postfix(
-                    {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
-                )
-            bar.update(1)
-            if on_round is not None:
-                on_round(rounds_done)
-            snap = capture(exp, state, rounds_done, rows, seconds, trained(), budget(), into=into)
-            due = cfg.checkpoint_every and (
-                rounds_done % cfg.checkpoint_every == 0 or rounds_done == cfg.rounds
+                stats = self.driver.run_round(self.state, rnd)
+        except RoundSkipped as why:
+            _roll_back(self.state, self.snap, exp)  # (and drop anything billed before the skip)
+            stats = {}
+            released = False
+            _round_skipped(rnd, str(why))
+        else:
+            _charge_stragglers(exp, self.snap.state)
+        if self.disk is not None:  # (a replaced or rolled-back entry back into its file)
+            self.disk.rebind(self.state)
+        return stats, released
+
+    def close_round(self, rnd: int) -> dict[str, float]:
+        """Round ``rnd``'s evaluation downlink billed; its communication totals."""
+        _charge_evaluation(self.exp, self.state, rnd)
+        return self.exp.ctx.ledger.end_round()
+
+    def check_and_evaluate(self, rnd: int, stats: Row) -> tuple[Row | None, list[Row], str | None]:
+        """The evaluation of round ``rnd`` (None: not an evaluated round), its per-client rows,
+        and what diverged (None: nothing)."""
+        exp, driver = self.exp, self.driver
+        problem = divergence_problem(self.state, stats, exp.cfg.max_loss)
+        if problem is None and not is_eval_round(exp.cfg, rnd):
+            return None, [], None
+        evaluate = evaluate_state if driver is None else lambda _, s: driver.evaluate(s)
+        evals, clients = evaluate(exp, self.state) if problem is None else ({}, [])
+        return evals, clients, problem or divergence_problem({}, evals, exp.cfg.max_loss)
+
+    def stop_diverged(self, rnd: int, problem: str) -> None:
+        """Keep the last good state, not the diverged one, and the error to raise at the end."""
+        self.error = divergence_error(self.exp, rnd, problem, self.out_dir)
+        _roll_back(self.state, self.snap, self.exp)
+        if self.disk is not None:
+            self.disk.rebind(self.state)
+
+    def count_round(self, rnd: int, released: bool) -> None:
+        """Round ``rnd`` done: counted, its DP release recorded, the run's time taken."""
+        self.rounds_done = rnd + 1
+        if self.privacy is not None and released:
+            self.privacy.record_round()
+        self.seconds = self.prior_seconds + time.perf_counter() - self.start
+
+    def result_row(self, evals: Row, stats: Row, round_comm: dict[str, float]) -> Row:
+        """The metrics.csv row of an evaluated round: its evaluation, statistics, privacy
+        budget, participants, this round's and the cumulative bytes."""
+        ctx, ledger = self.exp.ctx, self.exp.ctx.ledger
+        row: Row = {"round": self.rounds_done, **evals, **stats}
+        if self.privacy is not None:
+            row["epsilon"] = self.privacy.epsilon()
+        if self.exp.cfg.faults.enabled:
+            participants = ctx.participation.round_participants
+            row["clients_participating"] = 0 if participants is None else len(participants)
+        row.update({f"round_{k}": v for k, v in round_comm.items() if k.startswith("bytes")})
+        row.update(
+            {
+                f"cum_{k}": v
+                for k, v in ledger.totals().items()
+                if k.startswith(("bytes", "remark1"))
+            }
+        )
+        return row
+
+    def record(self, row: Row, clients: list[Row]) -> None:
+        """``row`` and the per-client rows into the results, TensorBoard and the progress bar."""
+        self.rows.append(row)
+        if self.writers:
+            self.writers["metrics"].append(row)
+            self.writers["per_client"].extend({"round": self.rounds_done, **c} for c in clients)
+            self.writers["timings"].append({"round": self.rounds_done, "seconds": self.seconds})
+        if self.board is not None:
+            self.board.append(row)
+        self.bar.set_postfix(
+            {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
+        )
+
+    def advance(self, on_round: Callable[[int], None] | None) -> None:
+        """The progress shown, and the finished round captured as the last good one."""
+        self.bar.update(1)
+        if on_round is not None:
+            on_round(self.rounds_done)
+        self.snap = self.capture(self.rounds_done, self.seconds)
+
+    def checkpoint_if_due(self) -> None:
+        """A checkpoint every ``checkpoint_every`` rounds and after the last."""
+        cfg, done = self.exp.cfg, self.rounds_done
+        due = cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.rounds)
+        self.saved = None
+        if self.out_dir is not None and due:
+            _flush(self.writers)  # the rows up to the checkpoint's round, before it
+            self.saved = _save_checkpoint(
+                self.exp, self.out_dir, self.snap, self.config, self.driver, last=done == cfg.rounds
             )
-            saved = None
-            if out_dir is not None and due:
-                _flush(writers)  # the rows up to the checkpoint's round, before it
-                saved = _save_checkpoint(
-                    exp, out_dir, snap, config, driver, last=rounds_done == cfg.rounds
-                )
-                if saved is not None:
-                    saved_round = rounds_done
-    finally:  # every row in the files, also when a round raised
-        _flush(writers)
-    bar.close()
-    if board is not None:
-        board.close()
-    final = state
-    if driver is not None:
-        # The final state with the nodes' part (the last checkpoint's, when it is this round's).
-        if error is None and out_dir is not None:
-            final = saved if saved is not None else driver.full_state(state) or state
-            if final is state:
+            if self.saved is not None:
+                self.saved_round = done
+
+    def final_state(self) -> State:
+        """The state final_state.pt holds: under a driver with the nodes' part (the last
+        checkpoint's, when it is this round's); the driver closed."""
+        final, driver = self.state, self.driver
+        if driver is None:
+            return final
+        if self.error is None and self.out_dir is not None:
+            final = self.saved if self.saved is not None else driver.full_state(final) or final
+            if final is self.state:
                 print(
                     "fedhp: final_state.pt holds the cloud's part of the state only (a node did "
                     "not return its part)",
                     file=sys.stderr,
                 )
         driver.close()
-    seconds = prior_seconds + time.perf_counter() - start
-    summary = summarize(exp, rows, seconds, rounds_done, trained())
-    if privacy is not None:
-        summary["privacy"] = privacy.summary()
-    if error is not None:
-        summary["stopped"] = str(error)
-    if out_dir is not None:
-        # The last good state (under a driver the nodes are past it: keep the checkpoint of the
-        # last round they were asked for); not again if it is the last checkpoint, which would
-        # make checkpoint.prev.pt a copy of it.
-        if (
-            error is not None
-            and cfg.checkpoint_every
-            and driver is None
-            and saved_round != snap.round
-        ):
-            _write_checkpoint(exp, out_dir, snap, config)
-        if error is None:
-            save_final_state(out_dir / FINAL_STATE_FILE, final, rounds_done)
-        write_json_atomic(out_dir / "summary.json", summary)
-        if rows:
-            plot_run(rows, out_dir / "plot.png", f"{summary['algorithm']} on {summary['dataset']}")
-    if error is not None:
-        raise error
-    return summary
+        return final
+
+    def finish(self) -> Row:
+        """Close the run: summary.json, final_state.pt, plot.png (and the last good checkpoint
+        of a diverged run); the summary, or the divergence error raised."""
+        exp, out_dir, error, snap = self.exp, self.out_dir, self.error, self.snap
+        cfg = exp.cfg
+        self.bar.close()
+        if self.board is not None:
+            self.board.close()
+        final = self.final_state()
+        seconds = self.prior_seconds + time.perf_counter() - self.start
+        summary = summarize(exp, self.rows, seconds, self.rounds_done, self.trained())
+        if self.privacy is not None:
+            summary["privacy"] = self.privacy.summary()
+        if error is not None:
+            summary["stopped"] = str(error)
+        if out_dir is not None:
+            # The last good state (under a driver the nodes are past it: keep the checkpoint of
+            # the last round they were asked for); not again if it is the last checkpoint, which
+            # would make checkpoint.prev.pt a copy of it.
+            last_saved = self.saved_round == snap.round
+            if (
+                error is not None
+                and cfg.checkpoint_every
+                and self.driver is None
+                and not last_saved
+            ):
+                _write_checkpoint(exp, out_dir, snap, self.config)
+            if error is None:
+                save_final_state(out_dir / FINAL_STATE_FILE, final, self.rounds_done)
+            write_json_atomic(out_dir / "summary.json", summary)
+            if self.rows:
+                title = f"{summary['algorithm']} on {summary['dataset']}"
+                plot_run(self.rows, out_dir / "plot.png", title)
+        if error is not None:
+            raise error
+        return summary

@@ -10,7 +10,7 @@ import torch
 
 from fedhp.config import resolved_section
 from fedhp.engine.experiment import EngineExperiment
-from fedhp.engine.protocol import LocalWork, Row
+from fedhp.engine.protocol import LocalWorkOptionsLike, Row
 
 
 def _clean(value: Any) -> Any:
@@ -23,7 +23,7 @@ def local_work_summary(exp: EngineExperiment) -> Row:
     """Which local budget was used; under ``local_epochs`` the gradient evaluations per round are
     the clients' real step counts ``E * ceil(n_c / batch)`` (mean over clients, min and max)."""
     opts = exp.options
-    if not isinstance(opts, LocalWork):
+    if not isinstance(opts, LocalWorkOptionsLike):
         return {}
     out: Row = {"local_work": opts.local_work()}
     if opts.local_epochs is not None:

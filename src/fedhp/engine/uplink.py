@@ -14,9 +14,10 @@ upload of that level, in this order:
 2. **robust rule** (:mod:`fedhp.robust`), then 3. **DP** (clip + noise with the Poisson
    denominator, :mod:`fedhp.privacy`): the level's
    :class:`~fedhp.engine.aggregation.LevelRule` turns the rows that arrived into one
-   (:meth:`Uplink.aggregate`); with neither configured, the plain weighted mean
-   (:func:`~fedhp.engine.ops.weighted_mean`), which methods may fold part by part
-   (:attr:`Uplink.folds`).
+   (:meth:`Uplink.aggregate`); with neither configured, the method's own aggregation
+   (``combine``, a pure function of the rows and weights; default: the weighted mean
+   :func:`~fedhp.engine.ops.weighted_mean`, which the engine may fold part by part,
+   :attr:`Uplink.folds`).
 
 A centred rule (``cclip``) also needs the level's previous aggregate: the method keeps it in its
 state (:data:`CENTRE_KEYS`, an update ``[P]`` at the cloud, ``[E, P]`` at the edges) and passes it
@@ -31,12 +32,33 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.attacks import Attack
 from fedhp.engine.ops import weighted_mean
+
+Combine = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""A method's aggregation ``combine(rows [n, P], weights [n]) -> [P]``, a pure function: what a
+level without a robust or DP rule makes of the rows that arrived (:meth:`Uplink.aggregate`)."""
+C = TypeVar("C", bound=Callable[..., torch.Tensor])
+
+
+def foldable(combine: C) -> C:
+    """Declare ``combine`` the weighted mean ``Σ_i (w_i / Σ_j w_j) rows_i``: the engine may then
+    fold it part by part, each part's rows adding their share (an optimization the method does
+    not see, :class:`~fedhp.algorithms.task.UploadFold`); a round in one part is ``combine``
+    itself."""
+    combine.foldable = True  # type: ignore[attr-defined]
+    return combine
+
+
+def folds_in_parts(combine: Callable[..., torch.Tensor]) -> bool:
+    """Whether ``combine`` was declared :func:`foldable`."""
+    return bool(getattr(combine, "foldable", False))
+
 
 LEVELS = ("edge", "cloud")
 UPLOAD_KINDS = {
@@ -166,15 +188,18 @@ class Uplink:
         start: torch.Tensor,
         population: int | None = None,
         centre: torch.Tensor | None = None,
+        *,
+        combine: Combine = weighted_mean,
     ) -> torch.Tensor:
         """Steps 2–3: the level's aggregate ``[P]`` of the ``rows [n, P]`` that arrived, with
-        ``weights [n]``: their weighted mean, or the robust rule's, or the DP mean of the clipped
-        updates from ``start`` plus noise (``population``: the clients the senders were drawn
-        from, for the Poisson denominator). ``centre`` (``[P]``): a centred rule's previous
-        aggregate update (:attr:`centred`; None: 0); the caller keeps ``result − start`` as the
-        next one."""
+        ``weights [n]``: the method's own ``combine(rows, weights)`` (a pure function; default:
+        the weighted mean) where the level has no robust or DP rule, else the robust rule's, or
+        the DP mean of the clipped updates from ``start`` plus noise (``population``: the
+        clients the senders were drawn from, for the Poisson denominator). ``centre``
+        (``[P]``): a centred rule's previous aggregate update (:attr:`centred`; None: 0); the
+        caller keeps ``result − start`` as the next one."""
         if self.rule is None or self.rule.folds:
-            return weighted_mean(rows, weights)
+            return combine(rows, weights)
         denominator = self.denominator(population)
         if centre is None or not self.centred:
             return self.rule(rows, weights.to(rows.dtype), start, denominator)
@@ -189,10 +214,12 @@ class Uplink:
         *,
         send: Callable[[torch.Tensor], torch.Tensor] | None = None,
         population: int | None = None,
+        combine: Combine = weighted_mean,
     ) -> torch.Tensor:
         """The whole pipeline over one aggregation's uploads: :meth:`forge`, ``send`` (bills the
-        messages, returns what arrives; None: they arrive as they are), :meth:`aggregate`."""
+        messages, returns what arrives; None: they arrive as they are), :meth:`aggregate` (the
+        method's ``combine`` where the level has no robust or DP rule)."""
         sent = self.forge(rows, senders, start)
         if send is not None:
             sent = send(sent)
-        return self.aggregate(sent, weights, start, population)
+        return self.aggregate(sent, weights, start, population, combine=combine)

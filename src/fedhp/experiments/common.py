@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import yaml
 
 from fedhp.errors import ConfigError
+from fedhp.tables import markdown_table as markdown_table  # (the reproductions' tables)
+from fedhp.tables import mean_std as mean_std
 
 # (train, test) samples per class of the paper's two settings.
 SETTINGS: dict[tuple[str, int], tuple[int, int]] = {
@@ -66,7 +68,7 @@ METHOD_OVERRIDES: dict[str, list[str]] = {
         "algorithm.name=sfedhp",
         f"algorithm.K={K}",
         f"algorithm.R={R}",
-        f"algorithm.global_lr={LR}",
+        f"algorithm.edge_lr={LR}",
         "algorithm.beta=1.0",
     ],
     "heurfedamp": ["algorithm.name=heurfedamp", f"algorithm.local_steps={BUDGET}"],
@@ -213,17 +215,6 @@ def method_job(method: str, key: str | None = None, model: str | None = None, **
     if key is None:
         key = method + "".join(f"-{k.split('.')[-1]}{v}" for k, v in params.items())
     return Job(key, method, overrides, dict(params), model)
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (n − 1 in the denominator; 0 for one value)."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = sum(values) / n
-    if n == 1:
-        return mean, 0.0
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
 
 
 def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -466,12 +457,6 @@ def paper_cell(value: float | tuple[float, float] | list[float] | None) -> str:
             return f"{value[0]:.2f}"
         return f"{value[0]:.2f} ± {value[1]:.2f}"
     return f"{value:.2f}"
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 NORMALIZED = ("mnist", "fmnist")  # the datasets with a ``dataset.normalize`` option

@@ -28,21 +28,14 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import (
-    MODEL_TEXT,
-    MODELS,
-    ReproOptions,
-    inputs_text,
-    markdown_table,
-    mean_std,
-    run_keyed,
-)
-from fedhp.reporting import Line, plot_lines, write_json_atomic
+from fedhp.experiments.common import MODEL_TEXT, MODELS, ReproOptions, inputs_text, run_keyed
+from fedhp.experiments.study_files import write_study
+from fedhp.reporting import Line, plot_lines
+from fedhp.tables import markdown_table, mean_std
 
 NAME = "dp"
 EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
@@ -287,6 +280,7 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
             realized = math.inf if row["epsilon"] is None else row["epsilon"]
             print(f"dp {method} eps={realized:.4f} acc={row['final_global_acc']['mean']:.4f}")
     text = markdown(rows)
+    description = describe(opts)
     result = {
         "dataset": opts.dataset,
         "model": model_of(opts),
@@ -296,13 +290,9 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
         "clip_norm": CLIP,
         "sample_rate": RATE,
         "num_clients": NUM_CLIENTS,
-        "description": describe(opts),
+        "description": description,
         "rows": rows,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(f"{result['description']}\n\n{text}")
-    write_json_atomic(out / "table.json", result)
+    write_study(opts, out, description, text, result)
     plot(rows, methods, out / "acc-vs-eps.png")
-    if not opts.quiet:
-        print(text, file=sys.stderr)
     return result

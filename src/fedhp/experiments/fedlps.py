@@ -26,7 +26,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,8 @@ from fedhp.experiments.common import (
     run_method_seeds,
 )
 from fedhp.experiments.figures import read_metrics
-from fedhp.reporting import plot_curves, write_json_atomic
+from fedhp.experiments.study_files import print_result, write_study
+from fedhp.reporting import plot_curves
 
 TABLE1 = (
     "fedlps",
@@ -83,53 +83,35 @@ LABELS = {
     "rcr-dyn": "RCR-Dyn",
     "pucbv-dyn": "P-UCBV-Dyn (FedLPS)",
 }
-# Table I and Table II (ablation): accuracy % and training FLOPs × 1e12 per dataset, from the
-# paper's text (shared/seeds/003_*.txt; Table II's P-UCBV-Fix: MNIST 95.72 / 0.9, CIFAR-10
-# 80.71 / 325.0).
-PAPER: dict[str, dict[str, tuple[float, float | None]]] = {
-    "mnist": {
-        "fedlps": (96.77, 0.8),
-        "fedlps-mu0": (96.77, 0.8),
-        "fedlps-code": (96.77, 0.8),
-        "fedlps-code-reset": (96.77, 0.8),
-        "fedlps-code-arms": (96.77, 0.8),
-        "fedlps-code-eval": (96.77, 0.8),
-        "fedlps-authors": (96.77, 0.8),
-        "fedavg": (88.15, 2.8),
-        "heterofl": (90.76, 1.1),
-        "fedrolex": (93.73, 1.1),
-        "perfedavg": (93.46, 2.8),
-        "fedper": (93.45, 2.8),
-        "ditto": (92.00, 5.6),
-        "lotteryfl": (93.37, 1.8),
-        "flst": (94.76, 1.4),
-        "rcr-fix": (94.95, 1.1),
-        "pucbv-fix": (95.72, 0.9),
-        "rcr-dyn": (95.99, 1.1),
-        "pucbv-dyn": (96.77, 0.8),
-    },
-    "cifar10": {
-        "fedlps": (87.43, 268.5),
-        "fedlps-mu0": (87.43, 268.5),
-        "fedlps-code": (87.43, 268.5),
-        "fedlps-code-reset": (87.43, 268.5),
-        "fedlps-code-arms": (87.43, 268.5),
-        "fedlps-code-eval": (87.43, 268.5),
-        "fedlps-authors": (87.43, 268.5),
-        "fedavg": (31.28, 825.4),
-        "heterofl": (33.22, 380.1),
-        "fedrolex": (33.59, 380.1),
-        "perfedavg": (85.00, 660.3),
-        "fedper": (79.76, 825.4),
-        "ditto": (82.60, 1650.8),
-        "lotteryfl": (75.71, 656.7),
-        "flst": (87.32, 412.9),
-        "rcr-fix": (78.84, 394.3),
-        "pucbv-fix": (80.71, 325.0),
-        "rcr-dyn": (86.06, 380.1),
-        "pucbv-dyn": (87.43, 268.5),
-    },
+# Table I and Table II (ablation) as the paper prints them, from its text
+# (shared/seeds/003_*.txt): per method, (accuracy %, training FLOPs × 1e12) on MNIST and on
+# CIFAR-10. Every FedLPS row of ours stands beside the paper's FedLPS row.
+PAPER_TABLE1: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    "fedlps": ((96.77, 0.8), (87.43, 268.5)),
+    "fedavg": ((88.15, 2.8), (31.28, 825.4)),
+    "heterofl": ((90.76, 1.1), (33.22, 380.1)),
+    "fedrolex": ((93.73, 1.1), (33.59, 380.1)),
+    "perfedavg": ((93.46, 2.8), (85.00, 660.3)),
+    "fedper": ((93.45, 2.8), (79.76, 825.4)),
+    "ditto": ((92.00, 5.6), (82.60, 1650.8)),
+    "lotteryfl": ((93.37, 1.8), (75.71, 656.7)),
 }
+PAPER_ABLATION: dict[str, tuple[tuple[float, float], tuple[float, float]]] = {
+    "flst": ((94.76, 1.4), (87.32, 412.9)),
+    "rcr-fix": ((94.95, 1.1), (78.84, 394.3)),
+    "pucbv-fix": ((95.72, 0.9), (80.71, 325.0)),
+    "rcr-dyn": ((95.99, 1.1), (86.06, 380.1)),
+    "pucbv-dyn": PAPER_TABLE1["fedlps"],  # FedLPS is P-UCBV-Dyn
+}
+FEDLPS_ROWS = tuple(m for m in (*TABLE1, *TABLE1_EXTRA) if m.startswith("fedlps"))
+PAPER: dict[str, dict[str, tuple[float, float | None]]] = {
+    dataset: {
+        **{m: row[column] for m, row in (PAPER_TABLE1 | PAPER_ABLATION).items()},
+        **{m: PAPER_TABLE1["fedlps"][column] for m in FEDLPS_ROWS},
+    }
+    for column, dataset in enumerate(("mnist", "cifar10"))
+}
+"""(accuracy %, training FLOPs × 1e12) per dataset and method."""
 CODE_ARM = ["algorithm.mu=0", "algorithm.score_init=ordered", "algorithm.ste=false"]
 FEDLPS_VARIANTS: dict[str, list[str]] = {
     "fedlps": [],
@@ -452,11 +434,8 @@ def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
         summaries = [done[(method, seed)] for seed in range(opts.seeds)]
         row = row_of(method, summaries, opts)
         rows.append(row)
-        print(
-            f"fedlps {experiment} {method} acc={row['acc']['mean']:.4f} "
-            f"flops={row['flops']['mean']:.4g} sim_time_s={row['sim_time_s']['mean']:.2f}",
-            flush=True,
-        )
+        formats = {"acc": ".4f", "flops": ".4g", "sim_time_s": ".2f"}
+        print_result(f"fedlps {experiment} {method}", row, formats)
         curve = personal_curve(Path(summaries[0]["folder"]))
         series[LABELS[method]] = ([float(r) for r, _ in curve], [a for _, a in curve])
     out.mkdir(parents=True, exist_ok=True)
@@ -468,16 +447,13 @@ def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
         f"FedLPS {experiment}, {opts.dataset}",
     )
     text = markdown(rows, setup_of(opts).target) + density_markdown(rows)
+    description = describe(opts)
     result = {
         "experiment": experiment,
         "dataset": opts.dataset,
         "quick": opts.quick,
         "seeds": opts.seeds,
-        "description": describe(opts),
+        "description": description,
         "rows": rows,
     }
-    (out / "table.md").write_text(f"{result['description']}\n\n{text}")
-    write_json_atomic(out / "table.json", result)
-    if not opts.quiet:
-        print(text, file=sys.stderr)
-    return result
+    return write_study(opts, out, description, text, result)

@@ -31,7 +31,8 @@ from fedhp.experiments.common import (
     run_keyed,
 )
 from fedhp.experiments.figures import read_metrics
-from fedhp.reporting import plot_curves, write_json_atomic
+from fedhp.experiments.study_files import print_result, write_study
+from fedhp.reporting import plot_curves
 
 NUM_CLIENTS = 10
 BASES = ("fedavg", "fedprox", "scaffold", "moon", "fednova")
@@ -353,8 +354,6 @@ def describe(opts: ReproOptions) -> str:
 
 def reproduce(opts: ReproOptions) -> dict[str, Any]:
     """Run every (skew, method, seed); print the result lines; write the table and figures."""
-    import sys
-
     skews = opts.skews or list(DEFAULT_SKEWS)
     methods = opts.chosen_methods(METHODS)
     for s in skews:
@@ -384,11 +383,8 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
             summaries = [done[(skew, method, seed)] for seed in range(opts.seeds)]
             row = row_of(skew, method, summaries)
             rows.append(row)
-            print(
-                f"fnrfl {skew} {method} acc={row['acc']['mean']:.4f} "
-                f"traffic_mb={row['traffic_mb']['mean']:.1f} time_s={row['time_s']['mean']:.1f}",
-                flush=True,
-            )
+            formats = {"acc": ".4f", "traffic_mb": ".1f", "time_s": ".1f"}
+            print_result(f"fnrfl {skew} {method}", row, formats)
             curve = read_metrics(Path(summaries[0]["folder"]))
             pts = [
                 (r["round"], r["global_balanced_acc"]) for r in curve if "global_balanced_acc" in r
@@ -403,18 +399,14 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
             f"FNR-FL Table 2, {opts.dataset}, {skew} skew{' (test leak)' if opts.leak else ''}",
         )
     text = markdown(rows, model_of(opts), opts.dataset)
+    description = describe(opts)
     result = {
         "dataset": opts.dataset,
         "model": model_of(opts),
         "quick": opts.quick,
         "leak": opts.leak,
         "seeds": opts.seeds,
-        "description": describe(opts),
+        "description": description,
         "rows": rows,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(f"{result['description']}\n\n{text}")
-    write_json_atomic(out / "table.json", result)
-    if not opts.quiet:
-        print(text, file=sys.stderr)
-    return result
+    return write_study(opts, out, description, text, result)

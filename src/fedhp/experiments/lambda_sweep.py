@@ -8,20 +8,16 @@ from __future__ import annotations
 from typing import Any
 
 from fedhp.experiments import paper
-from fedhp.experiments.common import (
-    LABELS,
-    Job,
-    ReproOptions,
-    describe,
-    markdown_table,
-    method_job,
-    paper_cell,
-    pct,
-    reproduce_table,
-    table_result,
-)
+from fedhp.experiments.common import LABELS, Job, ReproOptions, method_job, reproduce_table
+from fedhp.experiments.paper_rows import row_cells, row_header, table_page
 
 NAME = "sfedhp-lambda"
+NOTE = (
+    "PM: personalized models on their own clients' test sets; GM: the global model on all test "
+    "sets. Final = last round, best = best evaluated round; mean ± sample std over seeds. pFedGP "
+    "has no global model (no GM)."
+)
+"""What the table's columns are, under its title."""
 
 
 def jobs(opts: ReproOptions) -> list[Job]:
@@ -75,40 +71,14 @@ def build_table(opts: ReproOptions, results: dict[str, dict[str, Any]]) -> dict[
         }
         rows.append(row)
         hp = ", ".join(f"{k}={v:g}" for k, v in params.items()) or "—"
-        label = LABELS[method] + (" (diverged)" if row.get("stopped") else "")
-        lines.append(
-            [
-                label,
-                hp,
-                str(row["gradient_evaluations_per_round"]),
-                pct(row["final_personal_acc"]),
-                pct(row["best_personal_acc"]),
-                pct(row["final_global_acc"]),
-                pct(row["best_global_acc"]),
-                paper_cell(pm),
-                paper_cell(gm),
-            ]
-        )
+        lines.append(row_cells(LABELS[method], hp, row, ("personal", "global"), (pm, gm)))
     table_no = paper.TABLES.get(key, {}).get("table", "?")
-    header = [
-        "Method",
-        "λ / α / μ",
-        "grad. evals / client / round",
-        "PM final (%)",
-        "PM best (%)",
-        "GM final (%)",
-        "GM best (%)",
-        f"paper PM, Table {table_no} (%)",
-        f"paper GM, Table {table_no} (%)",
-    ]
-    text = (
-        f"# sFedHP Table {table_no} reproduction (λ sweep) — {opts.dataset} Setting "
-        f"{opts.setting}\n\n{describe(opts)}\n\nPM: personalized models on their own clients' "
-        "test sets; GM: the global model on all test sets. Final = last round, best = best "
-        "evaluated round; mean ± sample std over seeds. pFedGP has no global model (no GM).\n\n"
-        + markdown_table(header, lines)
+    paper_titles = (f"paper PM, Table {table_no} (%)", f"paper GM, Table {table_no} (%)")
+    header = row_header("λ / α / μ", ("personal", "global"), paper_titles)
+    title = (
+        f"sFedHP Table {table_no} reproduction (λ sweep) — {opts.dataset} Setting {opts.setting}"
     )
-    return table_result(opts, rows, text)
+    return table_page(opts, title, NOTE, header, lines, rows)
 
 
 def reproduce(opts: ReproOptions) -> dict[str, Any]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,7 +47,8 @@ from fedhp.config import parse_override
 from fedhp.errors import ConfigError
 from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_method_seeds
 from fedhp.experiments.figures import read_metrics
-from fedhp.reporting import plot_curves, write_json_atomic
+from fedhp.experiments.study_files import write_study
+from fedhp.reporting import plot_curves
 
 STRAGGLER_ROWS: dict[str, tuple[str, float | None, float]] = {
     "fedprox-mu0": ("fedprox", 0.0, 0.0),
@@ -281,7 +281,7 @@ def method_overrides(method: str, scale: Scale, fed: Federation) -> list[str]:
             return [*common, *loop, "algorithm.personal_lr=0.5", *tuned]
         # edge step η1·λ = 2: φ_i is halfway between w_i and the clients' mean θ, so w_i lands
         # on that mean (the image tasks' η1 = 0.8 with λ = 15 overshoots twelvefold and diverges)
-        return [name, batch, "algorithm.lr=0.5", "algorithm.global_lr=2.0", *loop, *tuned]
+        return [name, batch, "algorithm.lr=0.5", "algorithm.edge_lr=2.0", *loop, *tuned]
     if method == "fedlps":
         # μ = 0 (the authors' code), every device at full capability, P-UCBV's arms in [0.5, 1)
         # (--quick: from 0.75, chosen on validation),
@@ -593,11 +593,8 @@ def reproduce(opts: ReproOptions, scale: Scale | None = None) -> dict[str, Any]:
         "rows": rows,
     }
     text = markdown(rows, baseline)
-    (out / "table.md").write_text(f"{result['split_text']}\n\n{result['description']}\n\n{text}")
-    write_json_atomic(out / "table.json", result)
-    if not opts.quiet:
-        print(text, file=sys.stderr)
-    return result
+    head = f"{result['split_text']}\n\n{result['description']}"
+    return write_study(opts, out, head, text, result)
 
 
 def _last(folder: Path) -> float:

@@ -47,15 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import (
-    MODELS,
-    ReproOptions,
-    inputs_text,
-    markdown_table,
-    mean_std,
-    run_keyed,
-)
+from fedhp.experiments.common import MODELS, ReproOptions, inputs_text, run_keyed
+from fedhp.experiments.study_files import write_study
 from fedhp.reporting import Line, plot_lines, write_json_atomic
+from fedhp.tables import markdown_table, mean_std
 
 ATTACKS = ("sign_flip", "gaussian", "boost", "label_flip", "alie")
 FRACTIONS = (0.1, 0.2, 0.3)
@@ -68,7 +63,7 @@ GRID_ALGORITHMS = ("fedavg", "hierfavg")
 LABELS = {"fedavg": "FedAvg", "hierfavg": "HierFAVG", "sfedhp": "sFedHP"}
 SIGN_SCALE = 4.0
 BETA = 0.3
-SFEDHP: dict[str, float] = {"R": 10, "K": 1, "lam": 5.0, "global_lr": 0.4, "beta": 1.0}
+SFEDHP: dict[str, float] = {"R": 10, "K": 1, "lam": 5.0, "edge_lr": 0.4, "beta": 1.0}
 """sFedHP's options in ``--heterogeneity`` (the rest: the robust study's, lr η2 = 0.05, batch 20;
 no sparsity): R·K = 10 gradient steps a round like FedAvg's and HierFAVG's; R, K, λ and the
 edge step η1 (as η1·λ = 0.75 or 2) chosen on attack-free validation runs of the mean (2 label
@@ -432,11 +427,7 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
             for (row, case), entry in results.items()
         ],
     }
-    (out / "table.md").write_text(f"{description}\n\n{text}")
-    write_json_atomic(out / "table.json", result)
-    if not opts.quiet:
-        print(text, file=sys.stderr)
-    return result
+    return write_study(opts, out, description, text, result)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1009,7 +1000,7 @@ def sfedhp_text(opts: ReproOptions, algorithms: list[str]) -> str:
         source = f"{rules} (FedAvg's {top} best rule(s) in the full grid, robust-het-full)"
     return (
         f" sFedHP: R = {o['R']:g} local rounds of K = {o['K']:g} step(s) on one minibatch, "
-        f"λ1 = λ2 = {o['lam']:g}, η2 = lr {LR}, η1 = {o['global_lr']:g}, cloud β = "
+        f"λ1 = λ2 = {o['lam']:g}, η2 = lr {LR}, η1 = {o['edge_lr']:g}, cloud β = "
         f"{o['beta']:g}, no sparsity (chosen on attack-free validation runs); cclip's S "
         f"{LEVELS[('sfedhp', 'edge')][1]:g} at the edges (the uploads φ_ij − w_i), "
         f"{LEVELS[('sfedhp', 'cloud')][1]:g} at the cloud (w_i − w); its candidates: the mean "

@@ -9,20 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 from fedhp.experiments import paper
-from fedhp.experiments.common import (
-    LABELS,
-    Job,
-    ReproOptions,
-    describe,
-    markdown_table,
-    method_job,
-    paper_cell,
-    pct,
-    reproduce_table,
-    table_result,
-)
+from fedhp.experiments.common import LABELS, Job, ReproOptions, method_job, reproduce_table
+from fedhp.experiments.paper_rows import row_cells, row_header, table_page
 
 NAME = "sfedhp-table1"
+NOTE = (
+    "GM: global model on the union of the clients' test sets; PM: each client's personalized "
+    "model on its own test set (both micro-averaged). Final = last round, best = best "
+    "evaluated round; mean ± sample std over seeds. The paper's numbers are at the SAME "
+    "hyperparameters as our row: its Table I GM (mean ± std) where our λ / μ is Table I's, "
+    "otherwise its Table II–VII GM at our λ (no std published), and '—' where the paper has "
+    "no number at our μ (FedProx is reported at μ = 0.001 only). Paper PM is the Table II–VII "
+    "entry at the same λ."
+)
+"""What the table's columns are and which of the paper's numbers stand beside ours."""
 METHODS = ("fedavg", "hierfavg", "fedprox", "pfedme", "sfedhp", "pfedgp", "centralized", "local")
 # Run only when ``--methods`` names them (not Table I methods; the default table is unchanged).
 # Per-FedAvg (the paper's Table II PM row; η1 = 0.05): inner and meta steps α = β = 0.05.
@@ -86,16 +86,9 @@ def build_table(opts: ReproOptions, results: dict[str, dict[str, Any]]) -> dict[
                 "paper_pm": paper.paper_pm(key, method, lam),
             }
         )
+    paper_titles = ("paper GM, same λ/μ (%)", "paper PM, same λ (%)")
     header = [
-        "Method",
-        "hyperparameters",
-        "grad. evals / client / round",
-        "GM final (%)",
-        "GM best (%)",
-        "PM final (%)",
-        "PM best (%)",
-        "paper GM, same λ/μ (%)",
-        "paper PM, same λ (%)",
+        *row_header("hyperparameters", ("global", "personal"), paper_titles),
         "time / seed (s)",
     ]
     lines = []
@@ -107,33 +100,15 @@ def build_table(opts: ReproOptions, results: dict[str, dict[str, Any]]) -> dict[
             or "—"
         )
         sec = r["seconds"]
-        label = r["label"] + (" (diverged)" if r.get("stopped") else "")
+        paper_gm_pm = (r["paper_gm"], r["paper_pm"])
         lines.append(
             [
-                label,
-                hp,
-                str(r["gradient_evaluations_per_round"]),
-                pct(r["final_global_acc"]),
-                pct(r["best_global_acc"]),
-                pct(r["final_personal_acc"]),
-                pct(r["best_personal_acc"]),
-                paper_cell(r["paper_gm"]),
-                paper_cell(r["paper_pm"]),
+                *row_cells(r["label"], hp, r, ("global", "personal"), paper_gm_pm),
                 f"{sec['mean']:.0f}" if isinstance(sec, dict) else "—",
             ]
         )
-    text = (
-        f"# sFedHP Table I reproduction — {opts.dataset} Setting {opts.setting}\n\n"
-        f"{describe(opts)}\n\n"
-        "GM: global model on the union of the clients' test sets; PM: each client's personalized "
-        "model on its own test set (both micro-averaged). Final = last round, best = best "
-        "evaluated round; mean ± sample std over seeds. The paper's numbers are at the SAME "
-        "hyperparameters as our row: its Table I GM (mean ± std) where our λ / μ is Table I's, "
-        "otherwise its Table II–VII GM at our λ (no std published), and '—' where the paper has "
-        "no number at our μ (FedProx is reported at μ = 0.001 only). Paper PM is the Table II–VII "
-        "entry at the same λ.\n\n" + markdown_table(header, lines)
-    )
-    return table_result(opts, rows, text)
+    title = f"sFedHP Table I reproduction — {opts.dataset} Setting {opts.setting}"
+    return table_page(opts, title, NOTE, header, lines, rows)
 
 
 def reproduce(opts: ReproOptions) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedhp.cli_args import add_items, split_positionals
+
 if TYPE_CHECKING:
     from fedhp.config import RunConfig
 
@@ -38,7 +40,6 @@ def resolve_run_config(
 
     from fedhp.algorithms import ALGORITHMS
     from fedhp.build import check_components
-    from fedhp.cli import split_positionals
     from fedhp.config import config_to_dict, resolve_config
     from fedhp.errors import ConfigError
     from fedhp.flower.shards import node_count
@@ -83,10 +84,10 @@ def writable_folder(folder: Path, what: str) -> Path:
 
 def cmd_certs(args: argparse.Namespace) -> int:
     require_flower()
-    from fedhp.flower.certs import write_certificates
+    from fedhp.flower.certs import DEFAULT_HOSTS, write_certificates
 
     writable_folder(Path(args.dir), "flower certs DIR")
-    hosts = tuple(args.host) if args.host else ("127.0.0.1", "localhost")
+    hosts = tuple(args.host) if args.host else DEFAULT_HOSTS
     paths = write_certificates(Path(args.dir), hosts=hosts, days=args.days)
     print(f"CA: {paths.ca_cert} (key {paths.ca_key}); SuperLink: {paths.server_cert}, ", end="")
     print(f"{paths.server_key} for {', '.join(hosts)}")
@@ -151,12 +152,8 @@ def add_parser(sub: Any) -> None:
     fsub = flower.add_subparsers(dest="flower_command", required=True, parser_class=type(flower))
     certs = fsub.add_parser("certs", help="write a development CA and a SuperLink certificate")
     certs.add_argument("dir", help="folder for ca.crt, ca.key, server.pem, server.key")
-    certs.add_argument(
-        "--host",
-        action="append",
-        help="host name or IP the SuperLink is reached at (repeatable; "
-        "default 127.0.0.1 and localhost)",
-    )
+    host_help = "SuperLink host name or IP (repeatable; default 127.0.0.1 and localhost)"
+    certs.add_argument("--host", action="append", help=host_help)
     certs.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     certs.set_defaults(func=cmd_certs)
     keys = fsub.add_parser("keys", help="write SuperNode authentication key pairs")
@@ -166,7 +163,7 @@ def add_parser(sub: Any) -> None:
     keys.set_defaults(func=cmd_keys)
     app = fsub.add_parser("app", help="write the Flower app project for `flwr run`")
     app.add_argument("dir", help="folder for the app's pyproject.toml")
-    app.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
+    add_items(app)
     app.add_argument(
         "--out", required=True, help="results folder (a path on the SuperLink's machine)"
     )
@@ -175,7 +172,7 @@ def add_parser(sub: Any) -> None:
     dep = fsub.add_parser(
         "deploy", help="run on a loopback deployment: SuperLink + SuperNodes as processes"
     )
-    dep.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
+    add_items(dep)
     dep.add_argument("--out", required=True, help="results folder")
     dep.add_argument("--nodes", type=int, help="SuperNodes (default flower.nodes or num_edges)")
     dep.add_argument("--workdir", help="certs, keys, logs (default OUT/flower-deploy)")

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from fedhp import __version__
 from fedhp.data import partition, sources, subsample
 from fedhp.data.sources import ENV_DATA_DIR
 from fedhp.data.types import ClientData
+from fedhp.version import __version__
 
 ENV_CACHE_DIR = "FEDHP_CACHE_DIR"
 FORMAT = 1

@@ -30,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedhp.engine.policy import CPU_POLICY, ExecutionPolicy, widened
 from fedhp.models.batchnorm import batch_norm_weight
 from fedhp.models.client_mean import weighted_client_mean
 from fedhp.models.flops import forward_flops, training_flops
 from fedhp.models.layout import BufferLayout, ParamLayout
+from fedhp.models.policy import CPU_POLICY, ExecutionPolicy, widened
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -22,7 +22,7 @@ Flags = dict[str, bool]
 class VmapModel(BatchedModel):
     """Generic batched form of any module, via ``torch.func.vmap`` over ``functional_call``.
 
-    One client of a large model (:meth:`~fedhp.engine.policy.ExecutionPolicy.direct`: at least
+    One client of a large model (:meth:`~fedhp.models.policy.ExecutionPolicy.direct`: at least
     2.5 M parameters; the CPU trains such models client by client) is run by a plain
     ``functional_call`` of the reference module instead: vmap's batched-weight convolutions cost
     about twice a plain loop's for VGG-11 (docs/benchmarks.md). Feature taps need a

@@ -14,11 +14,11 @@ import torch
 from pydantic_core import PydanticCustomError
 from torch import nn
 
-from fedhp.engine.policy import SMALL_LAYER
 from fedhp.errors import ConfigError
 from fedhp.models.base import BatchedModel, ColumnHook, FeatureOptions, ForwardOptions, LossOptions
 from fedhp.models.client_mean import sample_weight_totals, weighted_client_mean
 from fedhp.models.feature_net import FeatureNet
+from fedhp.models.policy import SMALL_LAYER
 from fedhp.models.vmap import VmapModel
 from fedhp.registry import Registry
 
@@ -81,7 +81,7 @@ def weight_step_(
     """``w -= lr * deltaᵀ h_in`` per client, in place (``w [C, out, in]``, ``delta [C, B, out]``,
     ``h_in [C, B, in]``), with the faster kernel for the layer's size (up to ``small_layer``
     entries per client: ``bmm`` then ``add_``; the run's
-    :attr:`~fedhp.engine.policy.ExecutionPolicy.small_layer`)."""
+    :attr:`~fedhp.models.policy.ExecutionPolicy.small_layer`)."""
     if w[0].numel() > small_layer:
         w.baddbmm_(delta.transpose(1, 2), h_in, alpha=-lr)
     else:

@@ -8,10 +8,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedhp.errors import ConfigError
 from fedhp.sweep.grid import parse_seeds
 from fedhp.sweep.run import SweepSpec
 
-__all__ = ["SweepResult", "default_sweep_dir", "sweep", "sweep_spec"]
+__all__ = ["SweepResult", "default_sweep_dir", "split_sweep_section", "sweep", "sweep_spec"]
+
+SECTION_KEYS = (
+    "grid",
+    "seeds",
+    "out",
+    "select",
+    "metric",
+    "runs_per_batch",
+    "backend",
+    "address",
+    "batching",
+)
+"""What a YAML file's ``sweep:`` section may set (the command's flags)."""
 
 
 @dataclass
@@ -41,6 +55,36 @@ def default_sweep_dir(base: Sequence[str], plugins: Sequence[str] = ()) -> Path:
     cfg = resolve_config(None, list(base), plugins=plugins)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("sweeps") / f"{cfg.algorithm.get('name')}-{cfg.dataset.get('name')}-{stamp}"
+
+
+def split_sweep_section(path: Path | None) -> tuple[list[str], dict[str, Any]]:
+    """A YAML file's options as ``key=value`` overrides (plugin paths taken from the file's
+    folder) and its ``sweep:`` section, checked."""
+    from fedhp.api import overrides_from_kwargs
+    from fedhp.config import load_yaml
+    from fedhp.plugins import resolve_plugin
+
+    if path is None:
+        return [], {}
+    data = load_yaml(path)
+    section = data.pop("sweep", None) or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{path}: sweep: must be a mapping of {', '.join(SECTION_KEYS)}")
+    unknown = [k for k in section if k not in SECTION_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"{path}: sweep.{unknown[0]}: unknown; the sweep section takes "
+            f"{', '.join(SECTION_KEYS)}"
+        )
+    plugins = data.pop("plugins", None) or []
+    if plugins and not isinstance(plugins, list):
+        raise ConfigError(f"{path}: plugins: must be a list of files or modules")
+    folder = path.resolve().parent
+    data = dict(data)
+    overrides = overrides_from_kwargs(data)
+    section = dict(section)
+    section["plugins"] = [resolve_plugin(p, folder) if isinstance(p, str) else p for p in plugins]
+    return overrides, section
 
 
 def sweep_spec(
@@ -90,7 +134,6 @@ def sweep(
     sweep's folder (default ``sweeps/<algorithm>-<dataset>-<time>``); the rest as the command's
     flags (docs/sweep.md)."""
     from fedhp.api import overrides_from_kwargs
-    from fedhp.sweep.cli import split_sweep_section
     from fedhp.sweep.report import load_table
     from fedhp.sweep.run import run_sweep
 

@@ -4,25 +4,12 @@ figure (docs/sweep.md). The same options may come from a ``sweep:`` section of t
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from fedhp.cli_args import add_items, split_positionals
 from fedhp.errors import ConfigError
 
-__all__ = ["add_parser", "cmd_sweep", "split_sweep_section"]
-
-SECTION_KEYS = (
-    "grid",
-    "seeds",
-    "out",
-    "select",
-    "metric",
-    "runs_per_batch",
-    "backend",
-    "address",
-    "batching",
-)
+__all__ = ["add_parser", "cmd_sweep"]
 
 
 def add_parser(sub: Any) -> None:
@@ -38,7 +25,7 @@ def add_parser(sub: Any) -> None:
         "with the same arguments, it resumes. Options may also come from a `sweep:` section of "
         "CONFIG (the flags win). docs/sweep.md.",
     )
-    sw.add_argument("items", nargs="*", metavar="[CONFIG] [key=value ...]")
+    add_items(sw)
     sw.add_argument(
         "--grid",
         action="append",
@@ -77,40 +64,9 @@ def add_parser(sub: Any) -> None:
     sw.set_defaults(func=cmd_sweep)
 
 
-def split_sweep_section(path: Path | None) -> tuple[list[str], dict[str, Any]]:
-    """A YAML file's options as ``key=value`` overrides (plugin paths taken from the file's
-    folder) and its ``sweep:`` section, checked."""
-    from fedhp.api import overrides_from_kwargs
-    from fedhp.config import load_yaml
-    from fedhp.plugins import resolve_plugin
-
-    if path is None:
-        return [], {}
-    data = load_yaml(path)
-    section = data.pop("sweep", None) or {}
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"{path}: sweep: must be a mapping of {', '.join(SECTION_KEYS)}")
-    unknown = [k for k in section if k not in SECTION_KEYS]
-    if unknown:
-        raise ConfigError(
-            f"{path}: sweep.{unknown[0]}: unknown; the sweep section takes "
-            f"{', '.join(SECTION_KEYS)}"
-        )
-    plugins = data.pop("plugins", None) or []
-    if plugins and not isinstance(plugins, list):
-        raise ConfigError(f"{path}: plugins: must be a list of files or modules")
-    folder = path.resolve().parent
-    data = dict(data)
-    overrides = overrides_from_kwargs(data)
-    section = dict(section)
-    section["plugins"] = [resolve_plugin(p, folder) if isinstance(p, str) else p for p in plugins]
-    return overrides, section
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``fedhp sweep``."""
-    from fedhp.cli import split_positionals
-    from fedhp.sweep.api import default_sweep_dir, sweep_spec
+    from fedhp.sweep.api import default_sweep_dir, split_sweep_section, sweep_spec
     from fedhp.sweep.grid import parse_grid
     from fedhp.sweep.run import run_sweep
 

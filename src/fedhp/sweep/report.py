@@ -27,7 +27,6 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import markdown_table, mean_std
 from fedhp.reporting import (
     Line,
     _format_cell,
@@ -39,6 +38,7 @@ from fedhp.reporting import (
     write_text_atomic,
 )
 from fedhp.sweep.plan import MANIFEST
+from fedhp.tables import markdown_table, mean_std
 
 __all__ = ["ACC_KEYS", "load_table", "table_rows", "write_report"]
 

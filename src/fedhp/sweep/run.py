@@ -89,7 +89,7 @@ def runs_per_batch_of(spec: RunSpec) -> int:
     per_run = exp.ctx.num_clients * exp.model.num_params * 4 * STATE_COPIES
     device = exp.ctx.device
     if device.type == "cuda":
-        from fedhp.engine.policy import free_device_bytes
+        from fedhp.models.policy import free_device_bytes
 
         budget = free_device_bytes(device) * exp.cfg.engine.memory_fraction
     else:

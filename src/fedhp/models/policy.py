@@ -11,6 +11,9 @@ evaluation forward used to answer with CPU constants of their own:
 * :attr:`~ExecutionPolicy.small_layer`: the MLP step's small-layer kernel threshold;
 * :meth:`~ExecutionPolicy.autocast`: the run's precision (``fp32 | tf32 | bf16``).
 
+It lives with the models, which hold it and consult it in every forward and step, so that the
+models import nothing of the engine; the engine reads it through the model and the run context.
+
 On the CPU the numbers are exactly the earlier constants (a chunk's rows near
 :data:`CPU_CHUNK_FLOATS` floats, the L3 of this class of CPUs), so CPU results are unchanged bit for
 bit. On CUDA a chunk holds as many clients as fit a memory budget: the free device memory measured

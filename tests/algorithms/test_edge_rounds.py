@@ -1,0 +1,144 @@
+"""The client→edge rounds (fedhp.algorithms.edge_rounds): the whole round runs the method's own
+edge aggregation (a planted wrong weight changes it), the streamed parts fold to the same edge
+models bit for bit, and a level's centred rule keeps its previous update in the state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from fedhp.algorithms.base import Algorithm, State, Task
+from fedhp.algorithms.edge_rounds import EdgeRounds, edge_members, level_aggregate
+from fedhp.algorithms.hierfavg import HierFAVGOptions, edge_mean
+from fedhp.engine.aggregation import LevelRule
+from fedhp.engine.ops import LocalWork, segment_mean
+from fedhp.engine.uplink import CENTRE_KEYS
+from fedhp.robust import RobustOptions
+from tests.algorithms.tiny import init_params, tiny_context
+from tests.policies import use_policy
+
+EDGES = (3, 2, 2)
+WORK = LocalWork(lr=0.3, batch_size=2, steps=2)
+
+
+def one_round(cache: int | None = None) -> tuple[Algorithm, State, Task]:
+    """A HierFAVG round's algorithm, state and task on the tiny federation (sample weights;
+    ``cache``: the policy's cache in floats, so the clients train in parts)."""
+    ctx = tiny_context(EDGES, n_train=(3, 6, 2, 6, 3, 4, 5), weighting="samples")
+    if cache is not None:
+        use_policy(ctx.model, cache_floats=cache)
+    algo = HierFAVGOptions(kappa1=2, kappa2=2, lr=0.3, batch_size=2).build(ctx)
+    state = algo.init_state(init_params())
+    return algo, state, algo.plan(state, 0)
+
+
+def test_edge_mean_is_the_segment_mean_of_its_rows_bit_for_bit() -> None:
+    """Each edge's :func:`edge_mean` of its rows is its row of the segment mean over all the
+    clients (edges not contiguous): what the streamed fold sums, part by part."""
+    g = torch.Generator().manual_seed(0)
+    rows, weights = torch.randn(9, 37, generator=g), torch.rand(9, generator=g) + 0.5
+    seg = torch.tensor([2, 0, 1, 0, 2, 2, 1, 0, 1])
+    members = edge_members(seg, 3)
+    assert all(isinstance(m, Tensor) for m in members)  # (not contiguous: their indices)
+    together = segment_mean(rows, seg, weights, 3)
+    for e, mine in enumerate(members):
+        assert torch.equal(edge_mean(rows[mine], weights[mine]), together[e])
+
+
+def test_edge_members_are_views_where_contiguous() -> None:
+    members = edge_members(torch.tensor([0, 0, 0, 2, 2]), 3)
+    assert members == [slice(0, 3), slice(0, 0), slice(3, 5)]
+
+
+def test_the_whole_round_runs_the_methods_combine_on_each_edge() -> None:
+    """One part: every edge's uploads with their clients' weights go to ``combine``, whose
+    results are the edges' models; a planted wrong weight changes them."""
+    algo, state, task = one_round()
+    seen: list[tuple[Tensor, Tensor]] = []
+
+    def spy(rows: Tensor, weights: Tensor) -> Tensor:
+        seen.append((rows.clone(), weights.clone()))
+        return edge_mean(rows, weights)
+
+    rounds = EdgeRounds(algo, state, task, WORK, spy)
+    assert len(rounds.parts) == 1
+    rounds.step()
+    weights = algo.ctx.client_weights(task.clients)
+    assert task.edges is not None
+    seg = algo.ctx.edge_positions(task.clients, task.edges)
+    assert len(seen) == len(EDGES)
+    for e, (rows, w) in enumerate(seen):
+        assert torch.equal(w, weights[seg == e]) and rows.shape[0] == EDGES[e]
+        assert torch.equal(rounds.models[e], edge_mean(rows, w))
+
+    def planted(rows: Tensor, weights: Tensor) -> Tensor:
+        wrong = weights.clone()
+        wrong[0] *= 2  # one client counted twice
+        return edge_mean(rows, wrong)
+
+    algo, state, task = one_round()
+    right = EdgeRounds(algo, state, task, WORK, edge_mean)
+    right.step()
+    algo, state, task = one_round()
+    wrong = EdgeRounds(algo, state, task, WORK, planted)
+    wrong.step()
+    assert not torch.equal(right.models, wrong.models)
+
+
+def test_only_a_foldable_combine_is_streamed_in_parts() -> None:
+    """Under a cache that holds two clients, :func:`edge_mean` (declared foldable) trains in
+    parts; any other ``combine`` gets the whole round, and runs on it."""
+    algo, state, task = one_round(cache=30)
+    assert len(EdgeRounds(algo, state, task, WORK, edge_mean).parts) == 4
+    calls: list[int] = []
+
+    def other(rows: Tensor, weights: Tensor) -> Tensor:
+        calls.append(rows.shape[0])
+        return rows.median(dim=0).values
+
+    rounds = EdgeRounds(algo, state, task, WORK, other)
+    assert len(rounds.parts) == 1
+    rounds.step()
+    assert calls == list(EDGES)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.05])
+def test_parts_fold_to_the_whole_rounds_edge_models_bit_for_bit(eps: float) -> None:
+    """Clients trained in parts of two (an edge's clients span parts) on the minibatches drawn
+    ahead: the edge models, the losses and the bill of the whole round, exactly, round after
+    round."""
+    results = []
+    for cache in (None, 30):
+        algo, state, task = one_round(cache)
+        algo.ctx.zero_threshold = eps
+        rounds = EdgeRounds(algo, state, task, WORK, edge_mean)
+        assert len(rounds.parts) == (1 if cache is None else 4)
+        losses = [rounds.step() for _ in range(3)]
+        results.append((rounds.models, torch.stack(losses), algo.ctx.ledger.state_dict()))
+    (whole, whole_loss, whole_bill), (parts, part_loss, part_bill) = results
+    assert torch.equal(whole, parts) and torch.equal(whole_loss, part_loss)
+    assert whole_bill == part_bill
+
+
+@pytest.mark.parametrize("level", ["cloud", "edge"])
+def test_a_centred_rule_keeps_its_previous_update_in_the_state(level: str) -> None:
+    """``cclip`` at a level measures from the level's kept update (the cloud's ``[P]``, an
+    edge's row of ``[E, P]``), which the aggregate's update then replaces."""
+    ctx = tiny_context(EDGES)
+    setattr(ctx, f"{level}_rule", LevelRule(RobustOptions(name="cclip", tau=0.5), level))
+    uplink = ctx.cloud_uplink if level == "cloud" else ctx.edge_uplink
+    g = torch.Generator().manual_seed(1)
+    start, rows = torch.randn(5, generator=g), torch.randn(4, 5, generator=g)
+    weights = torch.ones(4)
+    previous = torch.randn(5, generator=g)
+    kept = previous.clone() if level == "cloud" else torch.zeros(3, 5)
+    if level == "edge":
+        kept[1] = previous
+    state = {CENTRE_KEYS[level]: kept}
+    out = level_aggregate(uplink, state, rows, weights, start, edge=1)
+    assert torch.equal(out, uplink.aggregate(rows, weights, start, centre=previous))
+    now = state[CENTRE_KEYS[level]]
+    assert torch.equal(now if level == "cloud" else now[1], out - start)
+    if level == "edge":
+        assert not now[0].any() and not now[2].any()  # the other edges' rows untouched
