@@ -8,7 +8,7 @@ These names are stable: they keep their meaning through refactors of the modules
 them, and any change to them (a name added, an argument renamed, a name withdrawn with its
 replacement) is recorded in CHANGELOG.md. A plugin written against an older surface stops with
 one line naming the replacement (:mod:`fedhp.plugins`), never a traceback. Their members that a
-plugin may use (``ctx.local_sgd``, ``update.per_client["params"]``, …) are listed in
+plugin may use (``ctx.local_sgd``, ``update.per_client["model"]``, …) are listed in
 docs/extending.md, "The plugin surface"; anything else in fedhp is internal and may change
 without notice.
 

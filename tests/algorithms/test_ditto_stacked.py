@@ -29,7 +29,7 @@ RUNS = [[*BASE, f"seed={s}", f"algorithm.lam={lam}"] for lam in (0.1, 0.5) for s
 
 def _outcome(exp: Any, state: dict[str, torch.Tensor], update: Any) -> dict[str, Any]:
     return {
-        "params": update.per_client["params"],
+        "model": update.per_client["model"],
         "losses": update.losses,
         "steps": update.steps,
         "personal": state["personal"].clone(),

@@ -89,7 +89,7 @@ def test_the_aggregation_is_average_and_the_docs_show_its_code() -> None:
     state = algo.init_state(init_params())
     task = algo.plan(state, 0)
     update = algo.train(state, task)
-    params = update.per_client["params"].clone()
+    params = update.per_client["model"].clone()
     algo.aggregate(state, task, update)
     expected = fedavg.average(params, ctx.client_weights(task.clients))
     assert torch.equal(state["global"], expected)

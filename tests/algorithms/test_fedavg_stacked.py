@@ -49,7 +49,7 @@ def _start(overrides: list[str]) -> Started:
 
 def _outcome(exp: Any, updates: list[Any]) -> dict[str, Any]:
     return {
-        "params": torch.cat([u.per_client["params"] for u in updates]),
+        "model": torch.cat([u.per_client["model"] for u in updates]),
         "losses": torch.cat([u.losses for u in updates], 1),
         "steps": torch.cat([u.steps for u in updates]),
         "trained": exp.model.trained_samples,

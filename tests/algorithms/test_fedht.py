@@ -185,7 +185,7 @@ def test_uplink_and_downlink_bytes(method: str) -> None:
     ctx.ledger.end_round()
     task = algo.plan(state, 1)
     update = algo.train(state, task)
-    sent = update.per_client["params"]
+    sent = update.per_client["model"]
     algo.aggregate(state, task, update)
     now = ctx.ledger.current()
     if method == "fediterht":

@@ -49,7 +49,7 @@ def test_unequal_clients_are_normalized_by_their_real_steps() -> None:
     update = algo.train(state, task)
     assert update.steps is not None and update.steps.tolist() == [(n + 3) // 4 for n in COUNTS]
     algo.aggregate(state, task, update)
-    y = update.per_client["params"]
+    y = update.per_client["model"]
     tau = update.steps.double()
     p = torch.full((len(COUNTS),), 1 / len(COUNTS), dtype=torch.float64)
     expected = x.double() - (p * tau).sum() * ((p / tau).unsqueeze(1) * (x - y).double()).sum(0)

@@ -45,7 +45,7 @@ def test_heterofl_round_by_hand() -> None:
     units = window_unit_mask(model, caps)
     held = held_entries(model, param_mask(model, units))
     torch.testing.assert_close(task.per_client["start"], w * held)
-    params = update.per_client["params"]
+    params = update.per_client["model"]
     assert bool((params[held == 0] == 0).all())  # training never leaves the sub-model
     assert not torch.equal(params, w * held)
     torch.testing.assert_close(state["personal"][clients], params)

@@ -53,7 +53,7 @@ def test_a_round_prunes_hidden_weights_and_averages_over_holders() -> None:
     for block in algo.blocks:
         biases[block] = False
     assert bool((mask[:, biases] == 1).all())
-    params = update.per_client["params"]
+    params = update.per_client["model"]
     assert bool((params[mask == 0] == 0).all())
     torch.testing.assert_close(state["personal"][clients], params)
     weights = exp.ctx.client_weights(clients)

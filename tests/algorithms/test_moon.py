@@ -66,7 +66,7 @@ def test_previous_model_is_the_clients_own_last_local_model() -> None:
     assert torch.equal(state["prev"][3], exp.model.init_params(0))
     task = algo.plan(state, 0)
     update = algo.train(state, task)
-    torch.testing.assert_close(state["prev"][task.clients], update.per_client["params"])
+    torch.testing.assert_close(state["prev"][task.clients], update.per_client["model"])
     others = torch.ones(exp.ctx.num_clients, dtype=torch.bool)
     others[task.clients] = False
     assert bool((state["prev"][others] == exp.model.init_params(0)).all())
@@ -81,7 +81,7 @@ def test_contrastive_term_acts_once_previous_and_global_differ() -> None:
         e.algorithm.run_round(state, 0)
     torch.testing.assert_close(states[0]["global"], states[1]["global"], atol=1e-6, rtol=0)
     locals_ = [
-        e.algorithm.train(state, e.algorithm.plan(state, 1)).per_client["params"]
+        e.algorithm.train(state, e.algorithm.plan(state, 1)).per_client["model"]
         for e, state in zip(runs, states, strict=True)
     ]
     assert float((locals_[0] - locals_[1]).abs().max()) > 1e-4
@@ -112,4 +112,4 @@ def test_batchnorm_previous_statistics_are_the_clients_own() -> None:
     others[task.clients] = False
     assert torch.equal(state["prev_buffers"][others][0], exp.model.init_buffers())
     task = algo.plan(state, 1)  # round 1 trains with the contrastive term on BN statistics
-    assert torch.isfinite(algo.train(state, task).per_client["params"]).all()
+    assert torch.isfinite(algo.train(state, task).per_client["model"]).all()

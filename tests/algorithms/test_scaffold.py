@@ -61,10 +61,10 @@ def test_client_control_variates_are_stored_and_reused() -> None:
     update = algo.train(state, task)
     x0 = task.broadcast["global"]
     expected = option_two(
-        torch.zeros_like(update.per_client["params"]),
+        torch.zeros_like(update.per_client["model"]),
         torch.zeros_like(x0),
         x0,
-        update.per_client["params"],
+        update.per_client["model"],
         torch.full((len(task.clients),), 3),
         algo.options.lr,
     )
@@ -88,7 +88,7 @@ def test_client_control_variates_are_stored_and_reused() -> None:
     c_now = again.broadcast["c"]
     upd = algo.train(state, again)
     rows = torch.isin(again.clients, both)
-    y = upd.per_client["params"][rows]
+    y = upd.per_client["model"][rows]
     want = option_two(
         stored[both],
         c_now,
@@ -115,7 +115,7 @@ def test_correction_acts_on_the_gradient() -> None:
     state["c"] = torch.randn(model.num_params, generator=g)
     task = algo.plan(state, 0)
     gen = ctx.generator.get_state()
-    y = algo.train(state, task).per_client["params"]
+    y = algo.train(state, task).per_client["model"]
     ctx.generator.set_state(gen)
     draw = ctx.batches(task.clients, 5)
     batches = [draw() for _ in range(3)]
@@ -155,7 +155,7 @@ def test_real_step_counts_under_local_epochs() -> None:
         torch.zeros(len(COUNTS), model.num_params),
         state["c"],
         state["global"],
-        update.per_client["params"],
+        update.per_client["model"],
         update.steps,
         0.1,
     )
@@ -196,7 +196,7 @@ def test_server_step_size(server_lr: float) -> None:
     task = algo.plan(state, 0)
     update = algo.train(state, task)
     algo.aggregate(state, task, update)
-    mean = weighted_mean(update.per_client["params"], exp.ctx.client_weights(task.clients))
+    mean = weighted_mean(update.per_client["model"], exp.ctx.client_weights(task.clients))
     torch.testing.assert_close(state["global"], x + server_lr * (mean - x))
 
 
@@ -210,7 +210,7 @@ def test_with_momentum_the_variates_use_the_momentum_step_weight() -> None:
     state = algo.init_state(exp.model.init_params(0))
     task = algo.plan(state, 0)
     update = algo.train(state, task)
-    x, y = task.broadcast["global"], update.per_client["params"]
+    x, y = task.broadcast["global"], update.per_client["model"]
     a = momentum_norm(torch.full((len(task.clients),), 3), 0.9)
     assert float(a[0]) == pytest.approx((3 - 0.9 * (1 - 0.9**3) / 0.1) / 0.1)
     zeros = torch.zeros_like(y)

@@ -44,7 +44,7 @@ def _start(overrides: list[str]) -> Started:
 
 def _outcome(exp: Any, state: dict[str, torch.Tensor], update: Any) -> dict[str, Any]:
     return {
-        "params": update.per_client["params"],
+        "model": update.per_client["model"],
         "dc": update.per_client["dc"],
         "losses": update.losses,
         "steps": update.steps,

@@ -116,7 +116,7 @@ def test_one_part_is_the_plain_aggregate(monkeypatch: pytest.MonkeyPatch) -> Non
     update = algo.train(state, task)
     algo.aggregate(state, task, update)
     weights = ctx.fed.train.counts.float()
-    expected = (weights / weights.sum()) @ update.per_client["params"]
+    expected = (weights / weights.sum()) @ update.per_client["model"]
     assert torch.equal(state["global"], expected)
 
 
@@ -170,7 +170,7 @@ def test_a_combine_that_does_not_fold_sees_the_whole_round() -> None:
     first = None
     for part in parts:
         update = algo.train(state, part)
-        first = update.per_client["params"][0] if first is None else first
+        first = update.per_client["model"][0] if first is None else first
         algo.fold_in(state, fold, part, update)
     algo.close_fold(state, task, fold)
     assert seen == [len(task.clients)]

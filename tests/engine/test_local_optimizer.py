@@ -120,10 +120,10 @@ def test_methods_take_the_options() -> None:
     assert update.steps is not None and len(set(update.steps.tolist())) > 1
     weights = nova.ctx.client_weights(task.clients)
     expected = normalized_average(
-        x, update.per_client["params"], momentum_norm(update.steps, 0.5), weights
+        x, update.per_client["model"], momentum_norm(update.steps, 0.5), weights
     )
     torch.testing.assert_close(state["global"], expected)
-    plain = normalized_average(x, update.per_client["params"], update.steps.double(), weights)
+    plain = normalized_average(x, update.per_client["model"], update.steps.double(), weights)
     assert float((plain - expected).abs().max()) > 1e-6  # ρ = 0.5 changes the aggregate
 
 

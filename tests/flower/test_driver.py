@@ -283,7 +283,7 @@ def test_rejected_node_leaves_the_same_model_as_a_missing_one(tmp_path: Path) ->
 
     def poison(kind: str, rnd: int, shard: int, reply: RecordDict) -> RecordDict | None:
         if shard == 0 and kind == "train":
-            return _replace(reply, "c.params", np.full((5, P_MLR), np.nan, dtype=np.float32))
+            return _replace(reply, "c.model", np.full((5, P_MLR), np.nan, dtype=np.float32))
         return reply
 
     args = config_args("fedavg", "rounds=2")

@@ -33,7 +33,7 @@ def _sparse_rows(n: int, density: float, seed: int = 0) -> torch.Tensor:
 
 def test_round_trip_is_exact_and_small_arrays_stay_plain() -> None:
     arrays = {
-        "c.params": _sparse_rows(5, 0.2),
+        "c.model": _sparse_rows(5, 0.2),
         "b.global": torch.randn(P),  # dense: sent dense
         "e.model": _sparse_rows(0, 0.2),  # no rows
         "losses": torch.rand(3, 5),  # narrow rows: plain
@@ -41,8 +41,8 @@ def test_round_trip_is_exact_and_small_arrays_stay_plain() -> None:
     }
     record = to_record(arrays, {"round": 1})
     keys = set(record.array_records[ARRAYS])
-    assert {"c.params" + ENC, "b.global" + ENC, "losses", "clients"} <= keys
-    assert "c.params" not in keys
+    assert {"c.model" + ENC, "b.global" + ENC, "losses", "clients"} <= keys
+    assert "c.model" not in keys
     back = from_record(record).arrays
     assert set(back) == set(arrays)
     for key, value in arrays.items():

@@ -58,7 +58,7 @@ class FedAvg(Algorithm):
 
     options: FedAvgOptions
     folds_uploads = True
-    client_outputs = ("params",)
+    client_outputs = ("model",)
     client_buffer_outputs = ("buffers",)
 
     def train(self, state: State, task: Task) -> Update:

@@ -90,7 +90,7 @@ class FedHT(Algorithm):
     """Fed-HT: dense local SGD, the cloud thresholds the average."""
 
     options: FedHTOptions
-    client_outputs = ("params",)
+    client_outputs = ("model",)
 
     def __init__(self, options: FedHTOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
@@ -135,7 +135,7 @@ class FedHT(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         start = task.broadcast["global"].expand(len(task.clients), -1)
         params, loss_sum = self.local_steps(start, task.clients)
-        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0))
+        return Update(per_client={"model": params}, losses=loss_sum.unsqueeze(0))
 
     def extra_metrics(self, state: State) -> dict[str, float]:
         return {"gamma": self.gamma}
@@ -144,7 +144,7 @@ class FedHT(Algorithm):
         ctx = self.ctx
         start, clients = task.broadcast["global"], task.clients
         uplink = ctx.cloud_uplink
-        params = uplink.forge(update.per_client["params"], ctx.global_clients(clients), start)
+        params = uplink.forge(update.per_client["model"], ctx.global_clients(clients), start)
         ctx.ledger.record("client_cloud", "up", params, ctx.zero_threshold, nodes=clients)
         state["global"] = self.threshold(
             uplink.aggregate(params, ctx.client_weights(clients), start)

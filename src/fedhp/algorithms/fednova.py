@@ -78,7 +78,7 @@ class FedNova(FedAvg):
     def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
         """Bill the part's uploads; add ``Σ p_i/a_i (x − y_i)`` of its clients (and the buffers'
         weighted mean)."""
-        message = self.with_buffers(update.per_client["params"], update.per_client.get("buffers"))
+        message = self.with_buffers(update.per_client["model"], update.per_client.get("buffers"))
         up = self.ctx.send("client_cloud", "up", message, part.clients)
         y, bufs = up["model"], up.get("buffers")
         start, count = fold.done, len(part.clients)

@@ -193,7 +193,7 @@ class FnrFl(Algorithm):
         ctx, opt = self.ctx, self.options
         public = ctx.fed.public
         assert public is not None
-        params = update.per_client["params"]
+        params = update.per_client["model"]
         bufs = update.per_client.get("buffers")
         n, k = params.shape[0], ctx.fed.num_classes
         count = int(n * opt.p)

@@ -59,7 +59,7 @@ class HeteroFL(Algorithm):
     """Capability-sized nested sub-models, aggregated entry by entry over their holders."""
 
     options: HeteroFLOptions
-    client_outputs = ("params",)
+    client_outputs = ("model",)
     node_keys = {"personal": "client"}
     personal_on_node = True
 
@@ -115,14 +115,14 @@ class HeteroFL(Algorithm):
             task.per_client["start"], clients, self.options.work(), mask=held
         )
         state["personal"][clients] = params
-        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0), steps=steps)
+        return Update(per_client={"model": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
         clients = task.clients
         caps = task.per_client["capability"]
         units, held = self.held(caps, int(task.per_client["offset"][0]) if len(clients) else 0)
-        params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
+        params = ctx.send("client_cloud", "up", update.per_client["model"], clients)
         held = held.to(params.device)
         weights, w = ctx.client_weights(clients), state["global"]  # the uplink (uploads: own)
         state["global"] = ctx.cloud_uplink.aggregate(

@@ -42,7 +42,7 @@ class HeurFedAMP(Algorithm):
     """HeurFedAMP; the personalized models are the clients' ``w_i``; there is no global model."""
 
     options: HeurFedAMPOptions
-    client_outputs = ("params",)
+    client_outputs = ("model",)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
@@ -64,13 +64,13 @@ class HeurFedAMP(Algorithm):
         params, loss_sum, steps = self.ctx.local_sgd(
             cloud, task.clients, opt.work(), prox_grad(cloud, opt.lam / opt.alpha_k)
         )
-        return Update(per_client={"params": params}, losses=loss_sum.unsqueeze(0), steps=steps)
+        return Update(per_client={"model": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
         clients = task.clients
         state["personal"][clients] = ctx.send(
-            "client_cloud", "up", update.per_client["params"], clients
+            "client_cloud", "up", update.per_client["model"], clients
         )
         return self.local_work_stats(task, update)
 

@@ -68,7 +68,7 @@ class LotteryFL(Algorithm):
     """Per-client magnitude masks, masked local training, entry-wise averaging over holders."""
 
     options: LotteryFLOptions
-    client_outputs = ("params", "mask")
+    client_outputs = ("model", "mask")
     node_keys = {"personal": "client"}
     personal_on_node = True
 
@@ -98,7 +98,7 @@ class LotteryFL(Algorithm):
 
     def client_widths(self) -> dict[str, int]:
         n = self.ctx.model.num_params
-        return {"params": n, "mask": n}
+        return {"model": n, "mask": n}
 
     def plan(self, state: State, rnd: int) -> Task:
         ctx, opt = self.ctx, self.options
@@ -128,7 +128,7 @@ class LotteryFL(Algorithm):
         params, loss_sum, steps = ctx.local_sgd(start * mask, clients, opt.work(), mask=mask)
         state["personal"][clients] = params
         return Update(
-            per_client={"params": params, "mask": mask},
+            per_client={"model": params, "mask": mask},
             losses=loss_sum.unsqueeze(0),
             steps=steps,
         )
@@ -136,7 +136,7 @@ class LotteryFL(Algorithm):
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
         clients = task.clients
-        params = ctx.send("client_cloud", "up", update.per_client["params"], clients)
+        params = ctx.send("client_cloud", "up", update.per_client["model"], clients)
         mask = update.per_client["mask"]  # what the client trained with and now keeps
         bitmap = ctx.ledger.record_masks(
             "client_cloud", "up", ctx.model.num_params, len(clients), clients

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from fedhp.algorithms.buffers import BufferPolicy
-from fedhp.algorithms.task import Task, Trained, Update
+from fedhp.algorithms.task import OLD_ROW_KEYS, Task, Trained, Update
 from fedhp.comm import Message
 from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY
 
@@ -75,11 +75,11 @@ class MessageRows:
         **rows: torch.Tensor,
     ) -> Update:
         """The :class:`Update` of the task's clients from their local SGD's ``trained``
-        (:meth:`RunContext.local_sgd`: parameters, summed losses, steps): their ``params``, the
+        (:meth:`RunContext.local_sgd`: parameters, summed losses, steps): their ``model``, the
         method's own ``rows`` and their trained ``buffers`` (uploaded in both modes: the global
         model is evaluated with them; kept by the clients under ``buffers=local``)."""
         params, loss_sum, steps = trained
-        per_client = {"params": params, **rows}
+        per_client = {"model": params, **rows}
         if buffers is not None:
             self.buffers.keep(state, task.clients, buffers)
             per_client["buffers"] = buffers
@@ -94,7 +94,7 @@ class MessageRows:
         momenta: torch.Tensor | None = None,
     ) -> Message:
         """The uploads of ``clients`` (an :meth:`client_update`'s rows) as the cloud receives
-        them: one message per client of the fields ``"model"`` (its ``params`` — with
+        them: one message per client of the fields ``"model"`` (its ``model`` row — with
         ``momenta``, the state's ``[C, P]`` momenta, ``start`` + each client's momentum,
         :meth:`~fedhp.engine.uplink.Uplink.accumulate` —, forged where malicious by the cloud's
         uplink, :meth:`~fedhp.engine.uplink.Uplink.forge`; ``start``: the model they started
@@ -102,7 +102,7 @@ class MessageRows:
         own names), billed on the client-cloud uplink."""
         ctx = self.ctx
         uplink = ctx.cloud_uplink
-        params = uplink.accumulate(update.per_client["params"], start, momenta, clients)
+        params = uplink.accumulate(update.per_client["model"], start, momenta, clients)
         params = uplink.forge(params, ctx.global_clients(clients), start)
         message = self.with_buffers(params, update.per_client.get("buffers"))
         message.update((k, update.per_client[k]) for k in extra)
@@ -133,15 +133,17 @@ class MessageRows:
         return self.with_buffers(w.expand(count, -1), None if sent is None else sent.unsqueeze(0))
 
     def client_widths(self) -> dict[str, int]:
-        """Keys of ``Update.per_client`` and their row widths (P, or B for buffers)."""
-        out = {k: self.ctx.model.num_params for k in self.client_outputs}
+        """Keys of ``Update.per_client`` and their row widths (P, or B for buffers); an old
+        key in ``client_outputs`` (:data:`OLD_ROW_KEYS`) under its current name."""
+        out = {OLD_ROW_KEYS.get(k, k): self.ctx.model.num_params for k in self.client_outputs}
         if self.buffers.width:
             out.update({k: self.buffers.width for k in self.client_buffer_outputs})
         return out
 
     def edge_widths(self) -> dict[str, int]:
-        """Keys of ``Update.per_edge`` and their row widths (P, or B for buffers)."""
-        out = {k: self.ctx.model.num_params for k in self.edge_outputs}
+        """Keys of ``Update.per_edge`` and their row widths (P, or B for buffers; old keys as
+        in :meth:`client_widths`)."""
+        out = {OLD_ROW_KEYS.get(k, k): self.ctx.model.num_params for k in self.edge_outputs}
         if self.buffers.width:
             out.update({k: self.buffers.width for k in self.edge_buffer_outputs})
         return out

@@ -119,7 +119,7 @@ class Moon(FedAvg):
 
     def train(self, state: State, task: Task) -> Update:
         update = super().train(state, task)
-        state["prev"][task.clients] = update.per_client["params"]
+        state["prev"][task.clients] = update.per_client["model"]
         if "prev_buffers" in state:
             state["prev_buffers"][task.clients] = update.per_client["buffers"]
         return update

@@ -51,7 +51,7 @@ class PerFedAvg(DenseDeviceCost):
     ``capabilities: fix|dyn``: FedLPS's device model (:class:`DenseDeviceCost`)."""
 
     options: PerFedAvgOptions
-    client_outputs = ("params",)
+    client_outputs = ("model",)
     personal_on_node = True
     personal_needs_global = True
 
@@ -99,7 +99,7 @@ class PerFedAvg(DenseDeviceCost):
         for _ in range(opt.local_steps):
             params, loss = self.meta_step(params, draw)
             losses.append(loss)
-        return Update(per_client={"params": params}, losses=torch.stack(losses))
+        return Update(per_client={"model": params}, losses=torch.stack(losses))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, clients, start = self.ctx, task.clients, task.broadcast["global"]

@@ -64,7 +64,7 @@ class PFedGP(Algorithm):
     """Averaged feature extractor; per-client GP trees for training and prediction."""
 
     options: PFedGPOptions
-    client_outputs = ("params", "inducing", "inducing_held", "kernel")
+    client_outputs = ("model", "inducing", "inducing_held", "kernel")
 
     def __init__(self, options: PFedGPOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
@@ -106,7 +106,7 @@ class PFedGP(Algorithm):
         return state
 
     def client_widths(self) -> dict[str, int]:
-        widths = {"params": self.ctx.model.num_params}
+        widths = {"model": self.ctx.model.num_params}
         if self.options.inducing:
             k = self.ctx.model.num_classes
             widths.update(inducing=k * self.options.inducing_points * self.dim, inducing_held=k)
@@ -187,7 +187,7 @@ class PFedGP(Algorithm):
                 torch.nn.utils.clip_grad_norm_(leaves, opt.clip)
                 sgd.step()
                 total += float(loss.detach())
-            out["params"].append(p.detach())
+            out["model"].append(p.detach())
             if opt.inducing:
                 rows = torch.zeros_like(task.broadcast["inducing"]).view(len(flat), -1)
                 rows[classes] = xbar.detach().to(rows.dtype)
@@ -206,7 +206,7 @@ class PFedGP(Algorithm):
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
-        params = ctx.send("client_cloud", "up", update.per_client["params"], task.clients)
+        params = ctx.send("client_cloud", "up", update.per_client["model"], task.clients)
         weights = ctx.client_weights(task.clients)
         state["global"] = weighted_mean(params, weights)
         if self.options.inducing:  # each class's X̄: the mean over the clients holding it

@@ -58,7 +58,7 @@ class Scaffold(Algorithm):
 
     options: ScaffoldOptions
     node_keys = {"c_local": "client"}
-    client_outputs = ("params", "dc")
+    client_outputs = ("model", "dc")
     client_buffer_outputs = ("buffers",)
 
     def init_state(self, init_params: torch.Tensor) -> State:

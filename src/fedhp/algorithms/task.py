@@ -4,6 +4,8 @@ by part."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +14,7 @@ import torch
 from fedhp.engine.ops import normalized, weighted_mean
 from fedhp.engine.sampler import EpochBatches
 from fedhp.engine.uplink import CENTRE_KEYS, Combine, Uplink, folds_in_parts
+from fedhp.errors import FedhpWarning
 
 Trained = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """What the clients' local SGD returns (:meth:`~fedhp.engine.context.RunContext.local_sgd`): their
@@ -159,13 +162,86 @@ class UploadFold:
         return Update(losses=losses, steps=steps)
 
 
+OLD_ROW_KEYS = {"params": "model"}
+"""The old names of :class:`Update` row keys: a client's uploaded model was ``"params"`` before
+it took the name of the message field it travels in, ``"model"``."""
+
+_NOTED_OLD_KEYS: set[str] = set()
+"""The old row keys already reported in this process: each is reported once."""
+
+
+def _current_key(key: str) -> str:
+    """``key`` under its current name, said in one warning line per old key and process."""
+    new = OLD_ROW_KEYS.get(key) if isinstance(key, str) else None
+    if new is None:
+        return key
+    if key not in _NOTED_OLD_KEYS:
+        _NOTED_OLD_KEYS.add(key)
+        warnings.warn(
+            f'Update row key "{key}" is the old name of "{new}"; read as "{new}", the key to '
+            "use from now on",
+            FedhpWarning,
+            stacklevel=3,
+        )
+    return new
+
+
+class UpdateRows(dict[str, torch.Tensor]):
+    """The rows of an :class:`Update` (``per_client``, ``per_edge``): a dict that reads and
+    writes an old key (:data:`OLD_ROW_KEYS`, ``"params"``) as its current one (``"model"``),
+    saying so once per process, so plugins written against the older name keep running."""
+
+    def __init__(
+        self,
+        rows: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] = (),
+        /,
+        **kwargs: torch.Tensor,
+    ) -> None:
+        super().__init__()
+        self.update(rows, **kwargs)
+
+    def update(self, rows: Any = (), /, **kwargs: torch.Tensor) -> None:
+        items = rows.items() if isinstance(rows, Mapping) else rows
+        for key, value in (*items, *kwargs.items()):
+            self[key] = value
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return super().__getitem__(_current_key(key))
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        super().__setitem__(_current_key(key), value)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(_current_key(key))
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(_current_key(key) if isinstance(key, str) else key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return super().get(_current_key(key), default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        return super().pop(_current_key(key), *default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        return super().setdefault(_current_key(key), default)
+
+
 @dataclass
 class Update:
     """What comes up to the cloud: rows per client of ``task.clients``, rows per edge of
     ``task.up_edges``, and the per-client training losses ``[S, len(clients)]`` (one row per
-    local loss group, e.g. per local round)."""
+    local loss group, e.g. per local round). A client's uploaded model is the row ``"model"``
+    (the message field it travels in; the old key ``"params"`` still reads and writes it, with
+    one warning: :class:`UpdateRows`)."""
 
-    per_client: dict[str, torch.Tensor] = field(default_factory=dict)
-    per_edge: dict[str, torch.Tensor] = field(default_factory=dict)
+    per_client: dict[str, torch.Tensor] = field(default_factory=UpdateRows)
+    per_edge: dict[str, torch.Tensor] = field(default_factory=UpdateRows)
     losses: torch.Tensor | None = None
     steps: torch.Tensor | None = None  # [len(clients)] int64 local steps (RunContext.local_sgd)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.per_client, UpdateRows):
+            self.per_client = UpdateRows(self.per_client)
+        if not isinstance(self.per_edge, UpdateRows):
+            self.per_edge = UpdateRows(self.per_edge)
