@@ -16,9 +16,10 @@ one. For S runs of sFedHP (the default ``fedhp run`` experiment, seeds × λ), i
 and prints the ratio of launches per round, alone / stacked, evaluation amortized. It is a
 count, not a time: the GPU check (``benchmarks/gpu_check.py --issue 40``, ``sweep-lam``) times it.
 
-Usage: python benchmarks/run_rows_ops.py [--method sfedhp|pfedme|fedavg|fedprox|scaffold|local]
-[--values 15,20,25,30,35] [--seeds 0,1,2] [key=value ...] (FedAvg, LocalOnly: seeds only; FedProx:
-μ values; SCAFFOLD: η_g values)
+Usage: python benchmarks/run_rows_ops.py [--method M] [--values 15,20,25,30,35] [--seeds 0,1,2]
+[key=value ...], M one of :data:`GRID_KEY` (FedAvg, Local only: seeds only; FedProx:
+μ values; SCAFFOLD: η_g values; Per-FedAvg: β values; HierFAVG, centralized: lr values;
+HeurFedAMP: λ values)
 Prints one line ``run-rows-ops key=value ...``.
 """
 
@@ -74,6 +75,10 @@ GRID_KEY = {
     "scaffold": "server_lr",
     "local": None,
     "ditto": "lam",
+    "perfedavg": "beta",
+    "hierfavg": "lr",
+    "heurfedamp": "lam",
+    "centralized": "lr",
 }
 """The float option each method's sweep varies (FedAvg, Local only: the seeds alone)."""
 

@@ -78,7 +78,7 @@ def test_fedavg_receivers_get_what_is_billed() -> None:
 def test_the_aggregation_is_average_and_the_docs_show_its_code() -> None:
     """FedAvg's round ends in :func:`fedhp.algorithms.fedavg.average` (a pure function, bit for
     bit the new global model of an unstreamed round), and docs/architecture.md's "What a method
-    file holds" shows that function's code verbatim."""
+    file holds" shows that function's code verbatim, and the options class with its flags."""
     import inspect
     from pathlib import Path
 
@@ -100,3 +100,4 @@ def test_the_aggregation_is_average_and_the_docs_show_its_code() -> None:
     assert code in section
     assert inspect.getsource(fedavg.FedAvg.train) in section
     assert inspect.getsource(fedavg.FedProx.local_extra_grad) in section
+    assert inspect.getsource(fedavg.FedAvgOptions) in section  # (its flags, in one place)

@@ -151,14 +151,14 @@ def test_a_crossing_of_mu_or_centre_is_caught(
         return pull
 
     monkeypatch.setattr(fedavg_stacked._Pull, "of", form)
-    real = fedavg_stacked._pulls
+    real = fedavg_stacked.prox_pulls
 
     def next_runs_mu(runs: Any, lr: float) -> list[tuple[torch.Tensor, float]]:
         pulls = real(runs, lr)
         weights = [w for _, w in pulls]
         return [(c, w) for (c, _), w in zip(pulls, weights[1:] + weights[:1], strict=True)]
 
-    monkeypatch.setattr(fedavg_stacked, "_pulls", next_runs_mu)
+    monkeypatch.setattr(fedavg_stacked, "prox_pulls", next_runs_mu)
     _caught(FEDPROX)
 
     def next_runs_centre(runs: Any, lr: float) -> list[tuple[torch.Tensor, float]]:
@@ -166,7 +166,7 @@ def test_a_crossing_of_mu_or_centre_is_caught(
         centres = [c for c, _ in pulls]
         return [(c, w) for (_, w), c in zip(pulls, centres[1:] + centres[:1], strict=True)]
 
-    monkeypatch.setattr(fedavg_stacked, "_pulls", next_runs_centre)
+    monkeypatch.setattr(fedavg_stacked, "prox_pulls", next_runs_centre)
     _caught(FEDPROX)
 
 

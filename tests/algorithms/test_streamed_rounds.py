@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms.base import Algorithm, State, Task, Update
-from fedhp.algorithms.ditto import Ditto
+from fedhp.algorithms.base import State, Task, Update
+from fedhp.algorithms.ditto import Ditto, DittoOptions
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions, FedProx, FedProxOptions
 from fedhp.algorithms.fednova import FedNova, FedNovaOptions
 from fedhp.algorithms.moon import Moon, MoonOptions
 from fedhp.engine.aggregation import LevelRule
+from fedhp.errors import FedhpWarning
 from fedhp.robust import RobustOptions
 from tests.algorithms.tiny import tiny_context
 from tests.policies import use_policy
@@ -120,30 +121,52 @@ def test_one_part_is_the_plain_aggregate(monkeypatch: pytest.MonkeyPatch) -> Non
     assert torch.equal(state["global"], expected)
 
 
-def test_folding_is_declared_by_each_class_itself() -> None:
-    """``folds_uploads`` is read from a class's own body (:meth:`Algorithm.folds`), never
-    inherited and never changed: a subclass that does not declare it — whether it overrides
-    ``aggregate`` or ``train`` (a plugin's own training may draw minibatches of its own) or
-    nothing — is trained whole, and the class attribute it inherits is left as it was."""
+def test_folding_is_declared_by_each_options_class_itself() -> None:
+    """``folds_uploads`` is read from the options class's own body (:meth:`Algorithm.folds`),
+    never inherited and never changed: an options subclass that does not declare it (its
+    algorithm overriding ``aggregate`` or ``train``: a plugin's own training may draw minibatches
+    of its own) is trained whole, one that declares it folds, and an algorithm class of the
+    surface up to 9d240f0 that sets it in its own body is read, with one warning."""
+    ctx = tiny_context()
 
     class Custom(FedAvg):
         def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
             return {}
 
-    class OwnTraining(FedAvg):
-        def train(self, state: State, task: Task) -> Update:
-            return super().train(state, task)
+    class CustomOptions(FedAvgOptions):
+        pass
 
-    class Declared(FedAvg):
+    class DeclaredOptions(FedAvgOptions):
         folds_uploads = True
 
-        def train(self, state: State, task: Task) -> Update:
-            return super().train(state, task)
+    with pytest.warns(FedhpWarning, match="OldSurface: behaviour flags .folds_uploads."):
 
-    assert not Custom.folds() and not OwnTraining.folds() and Declared.folds()
-    assert Custom.folds_uploads and OwnTraining.folds_uploads  # (inherited, not flipped)
-    assert FedAvg.folds() and FedProx.folds() and not Algorithm.folds()
-    assert FedNova.folds() and Moon.folds() and not Ditto.folds()
+        class OldSurface(FedAvg):
+            folds_uploads = True
+
+    assert not Custom(CustomOptions(), ctx).folds() and Custom(DeclaredOptions(), ctx).folds()
+    assert OldSurface(CustomOptions(), ctx).folds()
+    assert CustomOptions.folds_uploads  # (inherited as a value, not read, not flipped)
+    built = {
+        name: cls(ctx).folds()
+        for name, cls in {
+            "fedavg": lambda c: FedAvg(FedAvgOptions(), c),
+            "fedprox": lambda c: FedProx(FedProxOptions(), c),
+            "fednova": lambda c: FedNova(FedNovaOptions(), c),
+            "moon": lambda c: Moon(MoonOptions(), c),
+            "ditto": lambda c: Ditto(DittoOptions(), c),
+        }.items()
+    }
+    assert built == {"fedavg": True, "fedprox": True, "fednova": True, "moon": True, "ditto": False}
+
+
+def test_flags_are_read_from_the_options_class() -> None:
+    """An algorithm reads the behaviour flags its options class declares (one place per
+    method), e.g. FedAvg's uploads and sFedHP's node-held rows."""
+    ctx = tiny_context()
+    algo = FedAvg(FedAvgOptions(), ctx)
+    assert algo.client_outputs == FedAvgOptions.client_outputs == ("model",)
+    assert "client_outputs" not in vars(FedAvg) and algo.node_keys == {}
 
 
 def test_a_combine_that_does_not_fold_sees_the_whole_round() -> None:
@@ -156,7 +179,6 @@ def test_a_combine_that_does_not_fold_sees_the_whole_round() -> None:
         return rows[0]
 
     class FirstRow(FedAvg):
-        folds_uploads = True
         combine = staticmethod(first_row)
 
     ctx = tiny_context(weighting="samples", n_train=(3, 5, 2, 6, 4))

@@ -28,6 +28,7 @@ METHODS: dict[str, tuple[list[str], str]] = {
     "pfedme": (["algorithm.K=2", "algorithm.R=2"], "algorithm.lam=15.0,20.0"),
     "perfedavg": (["algorithm.local_steps=2"], "algorithm.beta=0.05,0.1"),
     "heurfedamp": (["algorithm.local_steps=2"], "algorithm.alpha=0.1,0.5"),
+    "fednova": (["algorithm.local_steps=3"], "algorithm.lr=0.05"),
     "sfedhp": (["algorithm.K=2", "algorithm.R=2"], "algorithm.lam=15.0,20.0"),
     "sfedhp-sparse": (
         [
@@ -85,8 +86,8 @@ def test_a_fused_call_that_mixes_runs_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Plant a crossing: the fused step hands each run the rows of the NEXT run. The equality
-    check above must then fail (the runs' files differ from the runs alone). (HeurFedAMP: its
-    rounds fuse kernels; the stacked rounds of sFedHP, pFedMe and FedAvg / FedProx are checked
+    check above must then fail (the runs' files differ from the runs alone). (FedNova: its
+    rounds fuse kernels only; the stacked rounds of the methods with ``stack_key`` are checked
     in tests/algorithms/test_*_stacked.py and below.)"""
     real = lockstep._fused
 
@@ -97,9 +98,9 @@ def test_a_fused_call_that_mixes_runs_is_caught(
             for call, other in zip(group, rows[1:] + rows[:1], strict=True):
                 call.flat.copy_(other)
 
-    alone = run_batch(_runs("heurfedamp", tmp_path / "alone"), "sequential", log=lambda _: None)
+    alone = run_batch(_runs("fednova", tmp_path / "alone"), "sequential", log=lambda _: None)
     monkeypatch.setattr(lockstep, "_fused", crossed)
-    run_batch(_runs("heurfedamp", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    run_batch(_runs("fednova", tmp_path / "fused"), "lockstep", log=lambda _: None)
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
     assert any(a[name] != b[name] for name in a)
     assert alone.summaries
@@ -256,3 +257,22 @@ def test_a_dropout_grid_is_not_run_in_lockstep(tmp_path: Path) -> None:
         "not in lockstep (the model's dropout draws from torch's global generator): "
         "one after another"
     ]
+
+
+def test_one_row_calls_on_a_vmapped_convolution_run_alone(tmp_path: Path) -> None:
+    """Centralized runs on a CNN (``torch.func.vmap`` over a convolution: a call of ONE row runs
+    other kernels than a call of several, ``BatchedModel.rows_independent`` false): lockstep
+    runs each run's one-row calls alone, so every file is what the run writes alone (fused,
+    they differ in the last bits)."""
+    base = [o for o in BASE if not o.startswith("model.")]
+    options = ["algorithm.name=centralized", "model.name=cnn", "algorithm.local_steps=2"]
+    points = points_of(parse_grid(["algorithm.lr=0.05"]))
+
+    def runs(folder: Path) -> list:
+        return plan_runs([*base, *options], points, [0, 1], folder)
+
+    run_batch(runs(tmp_path / "alone"), "sequential", log=lambda _: None)
+    fused = run_batch(runs(tmp_path / "fused"), "lockstep", log=lambda _: None)
+    assert fused.batching == "lockstep" and fused.fused_calls == 0 and fused.single_calls > 0
+    a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
+    assert len(a) >= 4 and a == b

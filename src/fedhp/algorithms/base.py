@@ -18,18 +18,22 @@ statistics the algorithm's :class:`~fedhp.algorithms.buffers.BufferPolicy` (``se
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
-from typing import Any, ClassVar, Literal
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
 from fedhp.algorithms.buffers import BufferPolicy
+from fedhp.algorithms.declarations import FLAGS, Declared, declared_flags, set_in_body
 from fedhp.algorithms.messages import MessageRows
 from fedhp.algorithms.options import (
     ALGORITHMS,
     AlgorithmOptions,
     LocalWorkOptions,
+    RowKind,
     ThetaInit,
     local_epochs_of,
     theta_init_field,
@@ -42,7 +46,7 @@ from fedhp.engine.faults import check_partial_work, partial_units
 from fedhp.engine.federation import ClientTensors
 from fedhp.engine.protocol import State
 from fedhp.engine.sampler import EpochBatches
-from fedhp.errors import ConfigError
+from fedhp.errors import ConfigError, FedhpWarning
 from fedhp.models.clip import clip_gradients
 
 __all__ = [  # the options and round types, found here as well as in their own modules
@@ -62,7 +66,6 @@ __all__ = [  # the options and round types, found here as well as in their own m
     "theta_init_field",
 ]
 
-RowKind = Literal["client", "edge"]
 PARTIAL_WORK = "partial_work"
 """``Task.per_client`` key of the clients' shares of the local work where stragglers do partial
 work ([C'] float64, :meth:`~fedhp.engine.participation.Participation.partial_work`)."""
@@ -74,33 +77,46 @@ its non-zero count per row, reported by the nodes, so densities can still be com
 class Algorithm(MessageRows, ABC):
     """One federated algorithm. State is a flat dict of tensors (checkpointable as is).
 
-    A method declares its behaviour in two places, each flag in one of them and none changed
-    for it: here, on the algorithm class, what its round object does (the flags below and
-    :attr:`folds_uploads`); on its options class (:class:`AlgorithmOptions`) what must be known
-    before the run is built, torch-free (``uploads``, ``hierarchical``, ``federated``,
-    ``flower_ready``, ``supports_buffers``, ``penalty_weights``, ``keeps_partial_work``,
-    ``keeps_centres``).
-
-    ``node_keys`` names the state entries kept below the cloud (per-client or per-edge rows, e.g.
-    personalized models); under Flower they live on the nodes, the rest on the cloud.
-    ``personal_on_node``: the personalized models are computed from node state (evaluated there).
-    ``personal_needs_global``: computing them needs the global model too (sent along).
-    ``client_outputs`` / ``edge_outputs``: the keys of :class:`Update` rows ``train`` returns.
-    ``bills_stragglers``: ``train`` bills every message this round's stragglers received (from
-    ``Task.stragglers``); otherwise the runner bills each straggler one global model.
-    :attr:`keeps_partial_work` (its options class declares it): under
-    ``faults.straggler_work: partial`` the method keeps a straggler's partial work.
+    A method declares its behaviour flags in one place, its options class
+    (:class:`AlgorithmOptions`: what the configuration checks read, and what its round does);
+    the algorithm reads the latter as its own attributes (:class:`Declared`), none changed for
+    it. :attr:`keeps_partial_work` (under ``faults.straggler_work: partial`` the method keeps a
+    straggler's partial work) is read from there too.
     """
 
-    node_keys: ClassVar[dict[str, RowKind]] = {}
-    personal_on_node: ClassVar[bool] = False
-    personal_needs_global: ClassVar[bool] = False
-    client_outputs: ClassVar[tuple[str, ...]] = ()
-    edge_outputs: ClassVar[tuple[str, ...]] = ()
-    bills_stragglers: ClassVar[bool] = False
-    # With BatchNorm (B > 0 buffers per model): the Update keys holding buffer rows [n, B].
-    client_buffer_outputs: ClassVar[tuple[str, ...]] = ()
-    edge_buffer_outputs: ClassVar[tuple[str, ...]] = ()
+    node_keys: Declared[dict[str, RowKind]] = Declared()
+    personal_on_node: Declared[bool] = Declared()
+    personal_needs_global: Declared[bool] = Declared()
+    client_outputs: Declared[tuple[str, ...]] = Declared()
+    edge_outputs: Declared[tuple[str, ...]] = Declared()
+    client_buffer_outputs: Declared[tuple[str, ...]] = Declared()
+    edge_buffer_outputs: Declared[tuple[str, ...]] = Declared()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An algorithm class that sets a flag in its own body (the surface up to 9d240f0) keeps
+        it, said once: the flag belongs on its options class."""
+        super().__init_subclass__(**kwargs)
+        moved = [k for k in (*FLAGS, "folds_uploads") if set_in_body(cls, k)]
+        if moved:
+            warnings.warn(
+                f"{cls.__name__}: behaviour flags ({', '.join(moved)}) are declared on the "
+                "options class now; read from the algorithm class for this plugin "
+                "(docs/extending.md, section 8)",
+                FedhpWarning,
+                stacklevel=3,
+            )
+
+    @property
+    def bills_stragglers(self) -> bool:  # (a property: the engine's AlgorithmLike reads it)
+        """``train`` bills what this round's stragglers received (declared by the options)."""
+        return bool(self.declarations.bills_stragglers)
+
+    @property
+    def declarations(self) -> SimpleNamespace:
+        """This algorithm's round flags, as its options class declares them
+        (:func:`~fedhp.algorithms.declarations.declared_flags`; a method that runs another's
+        rounds, FNR-FL, returns that one's)."""
+        return declared_flags(type(self), type(self.options))
 
     def __init__(self, options: AlgorithmOptions, ctx: RunContext) -> None:
         self.options = options
@@ -222,21 +238,15 @@ class Algorithm(MessageRows, ABC):
             "local_steps_max": float(steps.max()),
         }
 
-    folds_uploads: ClassVar[bool] = False
-    """Declared (``folds_uploads = True``) by a method whose :meth:`aggregate` is
-    :meth:`open_fold`, :meth:`fold_in` of the whole update, :meth:`close_fold`, and whose
-    ``train`` of a part of the clients (:meth:`Task.part`) touches only their rows and draws no
-    minibatches beyond ``Task.batches``: a round is then trained and aggregated in parts of its
-    clients (:meth:`round_parts`). A promise about the class's own ``train`` and ``aggregate``,
-    so it is read from the class's own body (:meth:`folds`), not inherited: a subclass folds
-    where it says so itself, and one that does not (a plugin's FedAvgM overriding
-    ``aggregate``) is trained whole."""
-
-    @classmethod
-    def folds(cls) -> bool:
-        """Whether this very class declares :attr:`folds_uploads` (its parents' declarations
-        cover their own ``train`` and ``aggregate``, not a subclass's)."""
-        return bool(cls.__dict__.get("folds_uploads", False))
+    def folds(self) -> bool:
+        """Whether this round folds its uploads part by part: ``folds_uploads`` as the options
+        class declares it in its own body (a parent's declaration covers its own algorithm's
+        ``train`` and ``aggregate``, not a subclass's), or an algorithm class of the surface up
+        to 9d240f0 in its own."""
+        own = type(self).__dict__.get("folds_uploads")
+        if own is not None:
+            return bool(own)
+        return bool(type(self.options).__dict__.get("folds_uploads", False))
 
     def run_round(self, state: State, rnd: int) -> dict[str, float]:
         """Run global round ``rnd`` in place on ``state``; returns scalar round statistics.

@@ -10,10 +10,12 @@ round costs exactly as many per-sample gradient evaluations as ``num_clients`` c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 
+from fedhp.algorithms import centralized_stacked
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
@@ -38,30 +40,17 @@ class Centralized(Algorithm):
         return BufferPolicy.of_run(self.ctx, "average")
 
     def plan(self, state: State, rnd: int) -> Task:
-        raise NotImplementedError("centralized is not federated: it has no plan/train split")
+        raise NotImplementedError("centralized is not federated: it has no plan (see run_round)")
 
     def train(self, state: State, task: Task) -> Update:
-        raise NotImplementedError("centralized is not federated: it has no plan/train split")
-
-    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
-        raise NotImplementedError("centralized is not federated: it has no plan/train split")
-
-    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+        """The round's ``local_steps`` SGD steps on the pooled data, in place on ``state``
+        (``task`` holds no clients: the round is not federated; :meth:`run_round` calls it, and a
+        lockstep batch stacks it); the steps' summed loss ``[1, 1]`` (float64)."""
         ctx, opt = self.ctx, self.options
         train = ctx.fed.train
-        n = int(train.y.shape[0])
-        batch = opt.batch_size * ctx.num_clients
         params = state["global"].unsqueeze(0).clone()
         bufs = state["global_buffers"].unsqueeze(0).clone() if self.buffers.width else None
-        # Every step's indices drawn ahead on the host generator (the same draws in the same
-        # order as step by step) and moved to the device once: no host sync inside the loop.
-        drawn = [
-            torch.randperm(n, generator=ctx.generator)[:batch]
-            if batch <= n
-            else torch.randint(n, (batch,), generator=ctx.generator)
-            for _ in range(opt.local_steps)
-        ]
-        indices = torch.stack(drawn).to(train.x.device)
+        indices = self.draw_indices()
         loss_total = torch.zeros((), dtype=torch.float64, device=params.device)
         for idx in indices:
             x, y = train.x[idx].unsqueeze(0), train.y[idx].unsqueeze(0)
@@ -71,7 +60,43 @@ class Centralized(Algorithm):
         state["global"] = params[0]
         if bufs is not None:
             state["global_buffers"] = bufs[0]
-        return {"local_loss": float(loss_total) / opt.local_steps}
+        return Update(losses=loss_total.reshape(1, 1))
+
+    def draw_indices(self) -> torch.Tensor:
+        """The round's minibatches ``[local_steps, batch_size × num_clients]``: every step's
+        indices into the pooled data drawn ahead on the host generator (the same draws in the
+        same order as step by step) and moved to the device once: no host sync inside the loop."""
+        ctx, opt = self.ctx, self.options
+        n = int(ctx.fed.train.y.shape[0])
+        batch = opt.batch_size * ctx.num_clients
+        drawn = [
+            torch.randperm(n, generator=ctx.generator)[:batch]
+            if batch <= n
+            else torch.randint(n, (batch,), generator=ctx.generator)
+            for _ in range(opt.local_steps)
+        ]
+        return torch.stack(drawn).to(ctx.fed.train.x.device)
+
+    def stack_key(self, state: State, task: Task) -> Hashable | None:
+        """Runs as rows: :func:`fedhp.algorithms.centralized_stacked.stack_key`."""
+        return centralized_stacked.stack_key(self, state, task)
+
+    @staticmethod
+    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+        """S runs' rounds as one (:mod:`fedhp.algorithms.centralized_stacked`)."""
+        return centralized_stacked.stacked_train(
+            [(cast(Centralized, a), s, t) for a, s, t in items]
+        )
+
+    def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
+        raise NotImplementedError("centralized is not federated: nothing to aggregate")
+
+    def run_round(self, state: State, rnd: int) -> dict[str, float]:
+        """The round: :meth:`train` on the pooled data (no clients, no plan, no aggregation)."""
+        clients = torch.zeros(0, dtype=torch.int64, device=self.ctx.device)
+        update = self.train(state, Task(clients))
+        assert update.losses is not None
+        return {"local_loss": float(update.losses) / self.options.local_steps}
 
 
 @ALGORITHMS.register("centralized")

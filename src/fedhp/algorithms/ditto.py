@@ -35,9 +35,6 @@ class Ditto(FedAvg):
     """FedAvg's global rounds; the sampled clients also train their personal models."""
 
     options: DittoOptions
-    node_keys = {"personal": "client"}
-    folds_uploads = False  # the personal models' minibatches are drawn after the global ones
-    personal_on_node = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         state = super().init_state(init_params)
@@ -124,6 +121,9 @@ class DittoOptions(FedAvgOptions):
     )
 
     supports_buffers = False
+    node_keys = {"personal": "client"}
+    folds_uploads = False  # the personal models' minibatches are drawn after the global ones
+    personal_on_node = True
 
     def gradient_evaluations(self) -> int:
         return 2 * self.local_steps

@@ -57,9 +57,6 @@ class FedAvg(Algorithm):
     """Sampled clients run local SGD from the global model; the cloud averages their models."""
 
     options: FedAvgOptions
-    folds_uploads = True
-    client_outputs = ("model",)
-    client_buffer_outputs = ("buffers",)
 
     def train(self, state: State, task: Task) -> Update:
         w, bufs = task.broadcast["global"], self.buffers.received(state, task)
@@ -169,7 +166,6 @@ class FedProx(FedAvg):
     heterogeneity: FedAvg drops those updates, FedProx aggregates them)."""
 
     options: FedProxOptions
-    folds_uploads = True
 
     def local_extra_grad(self, w: torch.Tensor) -> ExtraGrad | None:
         """FedProx's term: each local step's gradient + μ (w_i − w), the gradient of
@@ -189,6 +185,9 @@ class FedAvgOptions(LocalWorkOptions):
     supports_buffers = True
     uploads = {"cloud": "model"}
     keeps_centres = frozenset({"cloud"})
+    folds_uploads = True
+    client_outputs = ("model",)
+    client_buffer_outputs = ("buffers",)
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedAvg(self, ctx)
@@ -201,6 +200,8 @@ class FedProxOptions(FedAvgOptions):
     penalty_weights = {"mu": "μ"}
     keeps_partial_work = True  # (its algorithm's flag; faults.straggler_work is read)
     mu: float = pydantic.Field(0.01, ge=0)
+
+    folds_uploads = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedProx(self, ctx)

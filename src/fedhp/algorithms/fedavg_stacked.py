@@ -47,11 +47,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
 from fedhp.algorithms.base import PARTIAL_WORK, Algorithm, State
+from fedhp.algorithms.stacked_theta import lone_part, part_bounds
 from fedhp.algorithms.task import Task, Trained, Update
 from fedhp.data.rows import slice_rows, take_rows
 from fedhp.engine.ops import ConstantGrad, ProxGrad
@@ -76,6 +77,14 @@ order)."""
 Term = ProxGrad | ConstantGrad | None
 """A run's additive term of the local gradient: FedProx's pull towards its centre, SCAFFOLD's
 constant correction, or none."""
+
+
+class Pull(Protocol):
+    """A stacked round's term inside the model's step (:meth:`LocalRows.pull`)."""
+
+    def hook(self, theta: torch.Tensor, a: int, b: int) -> Callable[[int, int], None]:
+        """The column hook of the part of rows ``a .. b - 1``."""
+        ...
 
 
 class LocalRows:
@@ -112,6 +121,15 @@ class LocalRows:
         """The clients' start rows ``[C, P]`` (read, not written)."""
         return task.broadcast["global"].expand(len(task.clients), -1)
 
+    def pull(self, runs: Sequence[_Run], theta: torch.Tensor, lr: float) -> Pull | None:
+        """The stacked rows' term inside the model's step: FedProx's pull towards each run's
+        centre, SCAFFOLD's shift by its correction, or none."""
+        if isinstance(runs[0].term, ProxGrad):
+            return _Pull.of(runs, theta, lr)
+        if isinstance(runs[0].term, ConstantGrad):
+            return _Shift.of(runs, theta, lr)
+        return None
+
     def finish(self, algo: Algorithm, state: State, task: Task, trained: Trained) -> Update:
         """The run's update from its local SGD's ``trained`` (parameters, summed losses, step
         counts, as :meth:`~fedhp.engine.context.RunContext.local_sgd` returns them)."""
@@ -138,7 +156,7 @@ def stack_key(
     plain = plain and not uplink.momentum and not ctx.whole_rounds
     plain = plain and (task.batches is None or isinstance(task.batches, torch.Tensor))
     objective = method.kind(algo, state, task) if plain else None
-    if objective is None:
+    if objective is None or lone_part(ctx.model, ctx.model.num_params, len(task.clients)):
         return None
     w = method.like(algo, state, task)
     model = (type(ctx.model).__qualname__, ctx.model.num_params, ctx.policy)
@@ -159,7 +177,7 @@ class _Run:
     method: LocalRows = FEDAVG
 
 
-def _pulls(runs: Sequence[_Run], lr: float) -> list[tuple[torch.Tensor, float]]:
+def prox_pulls(runs: Sequence[_Run], lr: float) -> list[tuple[torch.Tensor, float]]:
     """Each run's prox centre ``w_s [P]`` and pull ``lr * mu_s`` (as its ``ProxGrad.pull``
     computes it), run after run."""
     out = []
@@ -199,13 +217,8 @@ def stacked_train(
         c0 += c
     theta = torch.cat([r.method.start(r.algo, r.state, r.task) for r in runs])
     p = theta.shape[1]
-    pull: _Pull | _Shift | None = None
-    if isinstance(runs[0].term, ProxGrad):
-        pull = _Pull.of(runs, theta, work.lr)
-    elif isinstance(runs[0].term, ConstantGrad):
-        pull = _Shift.of(runs, theta, work.lr)
-    chunk = model.policy.chunk(p, c0)
-    bounds = [(a, min(a + chunk, c0)) for a in range(0, c0, chunk)]
+    pull = method.pull(runs, theta, work.lr)
+    bounds = part_bounds(model.policy.chunk(p, c0), c0, model)
     batch = _draws(runs, work.batch_size)  # drawn as the steps go (as a run trained whole)
     if len(bounds) > 1:  # every step's minibatches first, each part its rows (a chunked run)
         drawn = [batch(step) for step in range(work.steps)]
@@ -293,7 +306,7 @@ class _Pull:
 
     @classmethod
     def of(cls, runs: Sequence[_Run], theta: torch.Tensor, lr: float) -> _Pull:
-        pulls = _pulls(runs, lr)
+        pulls = prox_pulls(runs, lr)
         sizes = [r.rows.stop - r.rows.start for r in runs]
         run_of_row = torch.arange(len(runs)).repeat_interleave(torch.tensor(sizes))
         weights = per_row([w for _, w in pulls], sizes, theta)

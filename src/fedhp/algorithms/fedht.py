@@ -90,7 +90,6 @@ class FedHT(Algorithm):
     """Fed-HT: dense local SGD, the cloud thresholds the average."""
 
     options: FedHTOptions
-    client_outputs = ("model",)
 
     def __init__(self, options: FedHTOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
@@ -180,14 +179,15 @@ class FedHTOptions(AlgorithmOptions):
     local_steps: int = pydantic.Field(5, gt=0, description="K local steps per round")
     tau: int = pydantic.Field(200, gt=0, description="sparsity τ (per class column for softmax)")
 
+    client_outputs = ("model",)
+    uploads = {"cloud": "estimate"}  # models whose mean is thresholded
+
     @pydantic.field_validator("lr")
     @classmethod
     def _positive(cls, value: float | str) -> float | str:
         if not isinstance(value, str) and value <= 0:
             raise ValueError("must be > 0 or 'auto'")
         return value
-
-    uploads = {"cloud": "estimate"}  # models whose mean is thresholded
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedHT(self, ctx)

@@ -106,9 +106,6 @@ class FedLPS(Algorithm):
     """FedLPS's rounds: masked personalized local training, Eq. 13, per-client ratios."""
 
     options: FedLPSOptions
-    client_outputs = ("delta", "units", "train_acc")
-    node_keys = {"scores": "client", "personal": "client"}
-    personal_on_node = True
 
     def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
         require_hidden_units(ctx.model, "fedlps", "prunes the units of hidden layers")
@@ -325,7 +322,6 @@ class FedLPSOptions(LocalWorkOptions):
         description="step size of the scores Q (None: lr, the paper's one η for ω and Q); a "
         "large ω step (the LSTM's 0.8) moves Q by as much and reshuffles the masks every step",
     )
-    penalty_weights = {"lam": "λ", "mu": "μ"}
     mu: float = pydantic.Field(1.0, ge=0, description="weight of ‖ω − ω^r‖² (code: 0)")
     lam: float = pydantic.Field(1.0, ge=0, description="weight of ‖Q − sigmoid(|ω|_J)‖²")
     ste: bool = pydantic.Field(True, description="straight-through CE gradient for Q")
@@ -361,6 +357,11 @@ class FedLPSOptions(LocalWorkOptions):
     rho: float = pydantic.Field(0.5, gt=0)
     delta_points: float = pydantic.Field(-5.0, description="arm elimination Δ (accuracy points)")
     floor: float = pydantic.Field(1 / 16, gt=0, le=1, description="lowest ratio decided")
+
+    penalty_weights = {"lam": "λ", "mu": "μ"}
+    client_outputs = ("delta", "units", "train_acc")
+    node_keys = {"scores": "client", "personal": "client"}
+    personal_on_node = True
 
     @property
     def score_step(self) -> float:

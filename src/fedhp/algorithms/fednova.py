@@ -64,7 +64,6 @@ class FedNova(FedAvg):
     (their sample counts under ``local_epochs``)."""
 
     options: FedNovaOptions
-    folds_uploads = True
 
     def open_fold(self, state: State, task: Task) -> UploadFold:
         opt, ctx = self.options, self.ctx
@@ -103,6 +102,7 @@ class FedNovaOptions(FedAvgOptions):
 
     uploads = {"cloud": "own"}  # its own normalized fold, not a weighted mean of models
     keeps_centres = frozenset()
+    folds_uploads = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedNova(self, ctx)

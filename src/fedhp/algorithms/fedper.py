@@ -27,10 +27,6 @@ class FedPer(Algorithm):
     (:class:`DenseCostModel`)."""
 
     options: FedPerOptions
-    client_outputs = ("body",)
-    node_keys = {"head": "client"}
-    personal_on_node = True
-    personal_needs_global = True
 
     def __init__(self, options: FedPerOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
@@ -113,6 +109,10 @@ class FedPerOptions(LocalWorkOptions):
     capabilities: CapabilityMode = capabilities_field()
 
     uploads = {"cloud": "estimate"}  # the shared body
+    client_outputs = ("body",)
+    node_keys = {"head": "client"}
+    personal_on_node = True
+    personal_needs_global = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedPer(self, ctx)

@@ -25,6 +25,7 @@ D_pub drawn from the test pool (``public.source=test``) is refused unless ``allo
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
@@ -145,22 +146,16 @@ class FnrFl(Algorithm):
 
     options: FnrFlOptions
 
+    @property
+    def declarations(self) -> SimpleNamespace:
+        """X's behaviour flags: FNR-FL runs X's rounds."""
+        return self.base.declarations
+
     def __init__(self, options: FnrFlOptions, ctx: RunContext) -> None:
         base_opts = ALGORITHMS.build(options.base_config(), "algorithm.base_options")
         if base_opts.hierarchical:
             raise ConfigError("algorithm.base: FNR-FL wraps a flat method (fedavg, fedprox, ...)")
         self.base = base_opts.build(ctx)
-        for key in (
-            "node_keys",
-            "client_outputs",
-            "edge_outputs",
-            "client_buffer_outputs",
-            "edge_buffer_outputs",
-            "personal_on_node",
-            "personal_needs_global",
-            "bills_stragglers",
-        ):
-            setattr(self, key, getattr(self.base, key))
         super().__init__(options, ctx)
         public = ctx.fed.public
         if public is None:

@@ -59,9 +59,6 @@ class HeteroFL(Algorithm):
     """Capability-sized nested sub-models, aggregated entry by entry over their holders."""
 
     options: HeteroFLOptions
-    client_outputs = ("model",)
-    node_keys = {"personal": "client"}
-    personal_on_node = True
 
     def __init__(self, options: HeteroFLOptions, ctx: RunContext) -> None:
         name = type(self).__name__.lower()
@@ -147,6 +144,10 @@ class HeteroFLOptions(LocalWorkOptions):
 
     lr: float = 0.1
     capabilities: DrawnCapabilities = "dyn"
+
+    client_outputs = ("model",)
+    node_keys = {"personal": "client"}
+    personal_on_node = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return HeteroFL(self, ctx)

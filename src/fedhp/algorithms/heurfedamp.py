@@ -9,9 +9,13 @@ The cloud keeps every client's last uploaded model ``w_j`` and builds, for each 
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+from typing import cast
+
 import pydantic
 import torch
 
+from fedhp.algorithms import heurfedamp_stacked
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
@@ -42,7 +46,6 @@ class HeurFedAMP(Algorithm):
     """HeurFedAMP; the personalized models are the clients' ``w_i``; there is no global model."""
 
     options: HeurFedAMPOptions
-    client_outputs = ("model",)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
@@ -66,6 +69,15 @@ class HeurFedAMP(Algorithm):
         )
         return Update(per_client={"model": params}, losses=loss_sum.unsqueeze(0), steps=steps)
 
+    def stack_key(self, state: State, task: Task) -> Hashable | None:
+        """Runs as rows: :func:`fedhp.algorithms.heurfedamp_stacked.stack_key`."""
+        return heurfedamp_stacked.stack_key(self, state, task)
+
+    @staticmethod
+    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+        """S runs' rounds as one (:mod:`fedhp.algorithms.heurfedamp_stacked`)."""
+        return heurfedamp_stacked.stacked_train([(cast(HeurFedAMP, a), s, t) for a, s, t in items])
+
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx
         clients = task.clients
@@ -84,9 +96,11 @@ class HeurFedAMPOptions(LocalWorkOptions):
 
     alpha: float = pydantic.Field(0.5, ge=0, le=1, description="self-attention weight xi_ii")
     sigma: float = pydantic.Field(10.0, gt=0, description="scale of the cosine similarity")
-    penalty_weights = {"lam": "λ"}
     lam: float = pydantic.Field(1.0, ge=0, description="proximal weight lambda")
     alpha_k: float = pydantic.Field(1.0, gt=0, description="step size alpha_k in lam/(2 alpha_k)")
+
+    penalty_weights = {"lam": "λ"}
+    client_outputs = ("model",)
 
     def build(self, ctx: RunContext) -> Algorithm:
         return HeurFedAMP(self, ctx)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.algorithms.edge_rounds import EdgeRounds, level_aggregate, plan_edges
+from fedhp.algorithms.hierfavg_stacked import StackedEdgeRounds
 from fedhp.algorithms.options import client_momentum_field, derived_steps
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, segment_mean, weighted_mean
@@ -44,13 +45,10 @@ def cloud_mean(uploads: Tensor, weights: Tensor) -> Tensor:
     return weighted_mean(uploads, weights)
 
 
-class HierFAVG(Algorithm):
+class HierFAVG(StackedEdgeRounds, Algorithm):
     """HierFAVG; the global model is ``global``. One global round = one cloud aggregation."""
 
     options: HierFAVGOptions
-    edge_outputs = ("model",)
-    edge_buffer_outputs = ("buffers",)
-    bills_stragglers = True  # a straggler receives its edge's model in each of the κ2 rounds
 
     def init_state(self, init_params: Tensor) -> State:
         state = {"global": init_params.clone(), **self.buffers.init_state(init_params.device)}
@@ -73,10 +71,8 @@ class HierFAVG(Algorithm):
         assert edges is not None and losses is not None
         message = self.with_buffers(update.per_edge["model"], update.per_edge.get("buffers"))
         up, weights = ctx.send("edge_cloud", "up", message, edges), ctx.edge_weights(edges)
-        w, rows = state["global"], up["model"]
-        state["global"] = level_aggregate(
-            ctx.cloud_uplink, state, rows, weights, w, combine=cloud_mean
-        )
+        cloud, w = ctx.cloud_uplink, state["global"]
+        state["global"] = level_aggregate(cloud, state, up["model"], weights, w, combine=cloud_mean)
         if "buffers" in up:
             state["global_buffers"] = cloud_mean(up["buffers"], weights)
         return {"local_loss": sum(float(s.mean()) / opt.kappa1 for s in losses) / opt.kappa2}
@@ -94,6 +90,9 @@ class HierFAVGOptions(AlgorithmOptions):
     supports_buffers = True
     uploads = {"edge": "model", "cloud": "model"}
     keeps_centres = frozenset({"edge", "cloud"})
+    edge_outputs = ("model",)
+    edge_buffer_outputs = ("buffers",)
+    bills_stragglers = True  # a straggler receives its edge's model in each of the κ2 rounds
 
     def gradient_evaluations(self) -> int:
         return self.kappa1 * self.kappa2

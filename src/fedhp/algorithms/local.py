@@ -26,8 +26,6 @@ class LocalOnly(Algorithm):
     """Independent local SGD per client; the personalized models are the clients' own models."""
 
     options: LocalOptions
-    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
-    personal_on_node = True
 
     def buffer_policy(self) -> BufferPolicy:  # the clients' own, in either mode; no global model
         return BufferPolicy.of_run(self.ctx, "local", own_key="theta_buffers", shared=False)
@@ -115,6 +113,8 @@ class LocalOptions(LocalWorkOptions):
     effect)."""
 
     supports_buffers = True
+    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
+    personal_on_node = True
 
     def unread(self, run: RunConfig) -> dict[str, str]:
         """``buffers``: nothing is averaged, BatchNorm statistics stay each client's."""

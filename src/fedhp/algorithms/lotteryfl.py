@@ -68,9 +68,6 @@ class LotteryFL(Algorithm):
     """Per-client magnitude masks, masked local training, entry-wise averaging over holders."""
 
     options: LotteryFLOptions
-    client_outputs = ("model", "mask")
-    node_keys = {"personal": "client"}
-    personal_on_node = True
 
     def __init__(self, options: LotteryFLOptions, ctx: RunContext) -> None:
         require_hidden_units(ctx.model, "lotteryfl", "prunes the layers below the output layer")
@@ -173,6 +170,10 @@ class LotteryFLOptions(LocalWorkOptions):
         0.5, ge=0, le=1, description="prune only when the training accuracy reaches this"
     )
     capabilities: DrawnCapabilities = "dyn"
+
+    client_outputs = ("model", "mask")
+    node_keys = {"personal": "client"}
+    personal_on_node = True
 
     def build(self, ctx: RunContext) -> Algorithm:
         return LotteryFL(self, ctx)

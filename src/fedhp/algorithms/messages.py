@@ -5,7 +5,7 @@ the widths of the rows a Flower deployment moves."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,10 +24,10 @@ class MessageRows:
 
     ctx: RunContext
     buffers: BufferPolicy
-    client_outputs: ClassVar[tuple[str, ...]]
-    edge_outputs: ClassVar[tuple[str, ...]]
-    client_buffer_outputs: ClassVar[tuple[str, ...]]
-    edge_buffer_outputs: ClassVar[tuple[str, ...]]
+    client_outputs: tuple[str, ...]  # (the Algorithm's, declared by its options class)
+    edge_outputs: tuple[str, ...]
+    client_buffer_outputs: tuple[str, ...]
+    edge_buffer_outputs: tuple[str, ...]
 
     if TYPE_CHECKING:  # (the Algorithm's)
 

@@ -88,8 +88,6 @@ class Moon(FedAvg):
     """MOON: FedAvg's rounds with the model-contrastive local objective."""
 
     options: MoonOptions
-    node_keys = {"prev": "client"}
-    folds_uploads = True  # its train touches only the part's rows of prev
 
     def buffer_node_keys(self) -> dict[str, RowKind]:
         return {**self.buffers.node_keys(), "prev_buffers": "client"}
@@ -139,6 +137,8 @@ class MoonOptions(FedAvgOptions):
     )
 
     supports_buffers = True
+    node_keys = {"prev": "client"}
+    folds_uploads = True  # its train touches only the part's rows of prev
 
     def build(self, ctx: RunContext) -> Algorithm:
         return Moon(self, ctx)

@@ -18,15 +18,18 @@ if TYPE_CHECKING:
     from fedhp.engine.context import RunContext
 
 BufferMode = Literal["average", "local"]
+RowKind = Literal["client", "edge"]
+"""Whose rows a node-held state entry has: one per client, or one per edge."""
 
 
 class AlgorithmOptions(pydantic.BaseModel):
     """Options shared by every algorithm. Local work is explicit: ``local_steps`` minibatch
     gradient steps of ``batch_size`` samples per client per round (see ``gradient_evaluations``).
 
-    The class variables below are the method's declarations the configuration checks and the
-    builder read before the algorithm exists (torch-free); what its round object does is
-    declared on the algorithm class (:class:`~fedhp.algorithms.base.Algorithm`)."""
+    The class variables below are the method's behaviour flags, every one declared here, on
+    its options class, and nowhere else: what the configuration checks and the builder read
+    before the algorithm exists, and what its round does (its algorithm object reads those as
+    its own attributes, :mod:`fedhp.algorithms.declarations`; none is changed for it)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -63,6 +66,36 @@ class AlgorithmOptions(pydantic.BaseModel):
     keeps_centres: ClassVar[frozenset[str]] = frozenset()
     """The levels at which the method keeps a centred rule's previous aggregate in its state and
     passes it to the uplink (``cclip``; :data:`fedhp.engine.uplink.CENTRE_KEYS`)."""
+
+    # What its round does (read as ``algorithm.<flag>``):
+    node_keys: ClassVar[dict[str, RowKind]] = {}
+    """The state entries kept below the cloud (per-client or per-edge rows, e.g. personalized
+    models); under Flower they live on the nodes, the rest on the cloud."""
+    personal_on_node: ClassVar[bool] = False
+    """The personalized models are computed from node state (evaluated there)."""
+    personal_needs_global: ClassVar[bool] = False
+    """Computing the personalized models needs the global model too (sent along)."""
+    client_outputs: ClassVar[tuple[str, ...]] = ()
+    """The keys of the per-client :class:`~fedhp.algorithms.task.Update` rows ``train``
+    returns."""
+    edge_outputs: ClassVar[tuple[str, ...]] = ()
+    """The keys of the per-edge :class:`~fedhp.algorithms.task.Update` rows ``train`` returns."""
+    client_buffer_outputs: ClassVar[tuple[str, ...]] = ()
+    """With BatchNorm (B > 0 buffers per model): the per-client keys holding buffer rows
+    ``[n, B]``."""
+    edge_buffer_outputs: ClassVar[tuple[str, ...]] = ()
+    """With BatchNorm: the per-edge keys holding buffer rows ``[n, B]``."""
+    bills_stragglers: ClassVar[bool] = False
+    """``train`` bills every message this round's stragglers received (from
+    ``Task.stragglers``); otherwise the runner bills each straggler one global model."""
+    folds_uploads: ClassVar[bool] = False
+    """The algorithm this class builds aggregates by ``open_fold``, ``fold_in`` of the whole
+    update, ``close_fold``, and its ``train`` of a part of the clients (``Task.part``) touches
+    only their rows and draws no minibatches beyond ``Task.batches``: a round is then trained
+    and aggregated in parts of its clients (``Algorithm.round_parts``). A promise about one
+    algorithm's own code, so it is read from this class's own body, not inherited
+    (``Algorithm.folds``): an options subclass whose algorithm trains or aggregates its own way
+    folds where it says so itself."""
 
     def build(self, ctx: RunContext) -> Algorithm:
         """The algorithm object for one run."""

@@ -10,8 +10,8 @@ random stream); test data are never used for adaptation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Literal, cast
 
 import pydantic
 import torch
@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import CapabilityMode, DenseDeviceCost, capabilities_field
 from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
+from fedhp.algorithms.perfedavg_stacked import stack_key, stacked_train
 from fedhp.algorithms.task import Task, Update
 from fedhp.comm import truncate
 from fedhp.engine.context import RunContext
@@ -51,9 +52,6 @@ class PerFedAvg(DenseDeviceCost):
     ``capabilities: fix|dyn``: FedLPS's device model (:class:`DenseDeviceCost`)."""
 
     options: PerFedAvgOptions
-    client_outputs = ("model",)
-    personal_on_node = True
-    personal_needs_global = True
 
     def __init__(self, options: PerFedAvgOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
@@ -101,6 +99,15 @@ class PerFedAvg(DenseDeviceCost):
             losses.append(loss)
         return Update(per_client={"model": params}, losses=torch.stack(losses))
 
+    def stack_key(self, state: State, task: Task) -> Hashable | None:
+        """Runs as rows: :func:`fedhp.algorithms.perfedavg_stacked.stack_key`."""
+        return stack_key(self, state, task)
+
+    @staticmethod
+    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+        """S runs' rounds as one (:mod:`fedhp.algorithms.perfedavg_stacked`)."""
+        return stacked_train([(cast(PerFedAvg, a), s, t) for a, s, t in items])
+
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, clients, start = self.ctx, task.clients, task.broadcast["global"]
         assert update.losses is not None
@@ -136,8 +143,10 @@ class PerFedAvgOptions(AlgorithmOptions):
     beta: float = pydantic.Field(0.001, gt=0, description="outer (meta) step size")
     capabilities: CapabilityMode = capabilities_field()
 
-    def gradient_evaluations(self) -> int:
-        return self.local_steps * (3 if self.variant == "hf" else 2)
+    client_outputs = ("model",)
+    personal_on_node = True
+    personal_needs_global = True
+    uploads = {"cloud": "estimate"}  # the clients' meta-models
 
     def unread(self, run: RunConfig) -> dict[str, str]:
         """``lr``: the steps are ``alpha`` (inner) and ``beta`` (outer)."""
@@ -146,7 +155,8 @@ class PerFedAvgOptions(AlgorithmOptions):
             "and algorithm.beta instead"
         }
 
-    uploads = {"cloud": "estimate"}  # the clients' meta-models
+    def gradient_evaluations(self) -> int:
+        return self.local_steps * (3 if self.variant == "hf" else 2)
 
     def build(self, ctx: RunContext) -> Algorithm:
         return PerFedAvg(self, ctx)

@@ -64,7 +64,6 @@ class PFedGP(Algorithm):
     """Averaged feature extractor; per-client GP trees for training and prediction."""
 
     options: PFedGPOptions
-    client_outputs = ("model", "inducing", "inducing_held", "kernel")
 
     def __init__(self, options: PFedGPOptions, ctx: RunContext) -> None:
         super().__init__(options, ctx)
@@ -288,6 +287,8 @@ class PFedGPOptions(AlgorithmOptions):
         False, description="pFedGP-IP: node GPs fitted on learned inducing points (IP-data)"
     )
     inducing_points: int = pydantic.Field(100, gt=0, description="inducing points per class")
+
+    client_outputs = ("model", "inducing", "inducing_held", "kernel")
 
     def gradient_evaluations(self) -> int:
         return self.inner_steps

@@ -45,9 +45,6 @@ class PFedMe(Algorithm):
     """pFedMe; global model ``w``, personalized models ``theta``."""
 
     options: PFedMeOptions
-    client_outputs = ("local",)
-    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
-    personal_on_node = True
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
@@ -136,14 +133,17 @@ class PFedMeOptions(AlgorithmOptions):
     l2: float = pydantic.Field(0.0, ge=0, description="the reference's hidden L2 on theta")
     theta_init: ThetaInit = theta_init_field("the global model w received this round")
 
+    client_outputs = ("local",)
+    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
+    personal_on_node = True
+    uploads = {"cloud": "estimate"}  # local models, mixed by beta into the global one
+
     def gradient_evaluations(self) -> int:
         return self.R * self.K
 
     def unread(self, run: RunConfig) -> dict[str, str]:
         """``local_steps``: R and K set the local work."""
         return {"local_steps": derived_steps("pfedme", "K", "R")}
-
-    uploads = {"cloud": "estimate"}  # local models, mixed by beta into the global one
 
     def build(self, ctx: RunContext) -> Algorithm:
         return PFedMe(self, ctx)

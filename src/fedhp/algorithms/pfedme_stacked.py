@@ -78,15 +78,8 @@ def stacked_train(items: Sequence[tuple[PFedMe, State, Task]]) -> list[Update]:
     update, as :func:`~fedhp.algorithms.pfedme_fused.fused_train` gives it alone."""
     lead = items[0][0]
     opt = lead.options
-    runs, c0 = [], 0
-    for algo, state, task in items:
-        c = len(task.clients)
-        draw = algo.ctx.batches(task.clients, opt.batch_size)
-        runs.append(_Run(algo, state, task, slice(c0, c0 + c), draw))
-        c0 += c
-    received = torch.cat(
-        [r.task.broadcast["global"].expand(r.rows.stop - r.rows.start, -1) for r in runs]
-    )
+    runs, received = stacked.flat_runs(items, opt.batch_size, _Run)
+    c0 = received.shape[0]
     local = received.clone()
     theta = stacked.warm_theta(runs) if opt.theta_init == "warm" else received.clone()
     steps = _Steps.of(runs, theta)

@@ -57,9 +57,6 @@ class Scaffold(Algorithm):
     """SCAFFOLD; the global model is ``global``, the server control variate ``c``."""
 
     options: ScaffoldOptions
-    node_keys = {"c_local": "client"}
-    client_outputs = ("model", "dc")
-    client_buffer_outputs = ("buffers",)
 
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.clone()
@@ -162,6 +159,9 @@ class ScaffoldOptions(LocalWorkOptions):
 
     supports_buffers = True
     uploads = {"cloud": "estimate"}  # y (the control variates dc: the plain mean)
+    node_keys = {"c_local": "client"}
+    client_outputs = ("model", "dc")
+    client_buffer_outputs = ("buffers",)
 
     def build(self, ctx: RunContext) -> Algorithm:
         return Scaffold(self, ctx)

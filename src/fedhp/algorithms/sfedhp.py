@@ -50,10 +50,6 @@ class SFedHP(Algorithm):
     """sFedHP; the global model is ``w``, the personalized models are the clients' ``theta``."""
 
     options: SFedHPOptions
-    edge_outputs = ("w",)
-    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client", "edge": "edge"}
-    personal_on_node = True
-    bills_stragglers = True  # a straggler receives its edge's phi_i and w_i every local round
     fused = True  # train: the fused round (edge rules and attacks too); False: reference_train
 
     def init_state(self, init_params: torch.Tensor) -> State:
@@ -248,6 +244,12 @@ class SFedHPOptions(AlgorithmOptions):
     )
 
     hierarchical = True
+    edge_outputs = ("w",)
+    node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client", "edge": "edge"}
+    personal_on_node = True
+    bills_stragglers = True  # a straggler receives its edge's phi_i and w_i every local round
+    uploads = {"edge": "estimate", "cloud": "model"}  # phi_ij up to the edges, w_i to the cloud
+    keeps_centres = frozenset({"edge", "cloud"})
 
     @property
     def lam1_value(self) -> float:
@@ -273,10 +275,8 @@ class SFedHPOptions(AlgorithmOptions):
             out["momentum"] = "the inner solver is plain gd; set algorithm.inner=nesterov"
         return out
 
-    uploads = {"edge": "estimate", "cloud": "model"}  # phi_ij up to the edges, w_i to the cloud
     # cclip's previous aggregate update: w's at the cloud, each edge's phi_i - w_i at the edges
     # (one per local round: the fused round's edge rule reads and replaces its edge's row)
-    keeps_centres = frozenset({"edge", "cloud"})
 
     def build(self, ctx: RunContext) -> Algorithm:
         return SFedHP(self, ctx)

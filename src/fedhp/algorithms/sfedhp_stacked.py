@@ -63,14 +63,9 @@ def stack_key(algo: SFedHP, state: State, task: Task) -> Hashable | None:
 
 
 @dataclass
-class _Run(stacked.StackedRun["SFedHP"]):
-    """One run's share of the stacked round: beside its clients ``rows``, its edges
-    ``edge_rows`` (a slice of the stacked edges) and whom it bills."""
-
-    edge_rows: slice
-    ids: torch.Tensor  # the clients' global ids (ledger)
-    recv_seg: torch.Tensor  # receivers of the edges' broadcasts (clients, stragglers): edge pos.
-    recv_ids: torch.Tensor
+class _Run(stacked.EdgeRun["SFedHP"]):
+    """One run's share of the stacked round (:class:`~fedhp.algorithms.stacked_theta.EdgeRun`),
+    with its step weights."""
 
     @property
     def pull(self) -> float:
@@ -90,30 +85,8 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
     run, all with the same :func:`stack_key`) as one round; each run's update, as alone."""
     lead = items[0][0]
     opt, eps = lead.options, lead.ctx.zero_threshold
-    runs, c0, e0 = [], 0, 0
-    for algo, state, task in items:
-        ctx, edges = algo.ctx, task.edges
-        assert edges is not None
-        c, n = len(task.clients), len(edges)
-        late = task.stragglers if task.stragglers is not None else task.clients[:0]
-        ids = ctx.global_clients(task.clients)
-        recv_seg = torch.cat(
-            (ctx.edge_positions(task.clients, edges), ctx.edge_positions(late, edges))
-        )
-        runs.append(
-            _Run(
-                algo, state, task, slice(c0, c0 + c), ctx.batches(task.clients, opt.batch_size),
-                slice(e0, e0 + n), ids, recv_seg, torch.cat((ids, ctx.global_clients(late))),
-            )
-        )  # fmt: skip
-        c0, e0 = c0 + c, e0 + n
-    # Each client's edge as a row of the stacked edges: run s's edges follow run s - 1's.
-    edge_of = torch.cat(
-        [
-            r.algo.ctx.edge_positions(r.task.clients, r.task.edges) + r.edge_rows.start  # type: ignore[arg-type]
-            for r in runs
-        ]
-    )
+    runs, c0, e0 = stacked.edge_runs(items, opt.batch_size, _Run)
+    edge_of = stacked.edge_rows_of(runs)
     w_edge = torch.cat([r.task.broadcast["global"].expand(len(r.task.edges), -1) for r in runs])  # type: ignore[arg-type]
     p, dtype, dev = w_edge.shape[1], w_edge.dtype, w_edge.device
     phi_edge, phi_sum = w_edge.clone(), torch.empty_like(w_edge)

@@ -14,6 +14,7 @@ from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.task import Task
 from fedhp.data.rows import slice_rows
 from fedhp.engine.run_rows import Draw, one_draw
+from fedhp.models.base import BatchedModel
 
 A = TypeVar("A", bound=Algorithm)
 
@@ -42,6 +43,69 @@ def theta_stack_key(name: str, algo: Algorithm, task: Task, steps: Hashable) -> 
     return (name, steps, model, w.shape[-1], w.dtype, str(w.device), ctx.zero_threshold)
 
 
+@dataclass
+class EdgeRun(StackedRun[A]):
+    """One run's share of a hierarchical stacked round: beside its clients ``rows``, its edges
+    ``edge_rows`` (a slice of the stacked edges) and whom it bills."""
+
+    edge_rows: slice
+    ids: torch.Tensor  # the clients' global ids (ledger)
+    recv_seg: torch.Tensor  # receivers of the edges' models (clients, stragglers): edge pos.
+    recv_ids: torch.Tensor
+
+
+def flat_runs(
+    items: Sequence[tuple[Any, State, Task]], batch_size: int, make: Callable[..., R]
+) -> tuple[list[R], torch.Tensor]:
+    """Each run's share of a flat stacked round (``make(algo, state, task, rows, draw)``: its
+    clients' rows, its own draw), and every run's received global model, a row per client."""
+    runs, c0 = [], 0
+    for algo, state, task in items:
+        c = len(task.clients)
+        draw = algo.ctx.batches(task.clients, batch_size)
+        runs.append(make(algo, state, task, slice(c0, c0 + c), draw))
+        c0 += c
+    received = torch.cat(
+        [r.task.broadcast["global"].expand(r.rows.stop - r.rows.start, -1) for r in runs]
+    )
+    return runs, received
+
+
+E = TypeVar("E", bound=EdgeRun[Any])
+
+
+def edge_runs(
+    items: Sequence[tuple[Any, State, Task]], batch_size: int, make: Callable[..., E]
+) -> tuple[list[E], int, int]:
+    """Each run's share of a hierarchical stacked round (:class:`EdgeRun`): its clients' and
+    sampled edges' rows, its own draw, the receivers of its edges' models (its clients, then its
+    stragglers) with their ids; and the stacked clients' and edges' counts."""
+    runs, c0, e0 = [], 0, 0
+    for algo, state, task in items:
+        ctx, edges = algo.ctx, task.edges
+        assert edges is not None
+        c, n = len(task.clients), len(edges)
+        late = task.stragglers if task.stragglers is not None else task.clients[:0]
+        ids = ctx.global_clients(task.clients)
+        recv_seg = torch.cat(
+            (ctx.edge_positions(task.clients, edges), ctx.edge_positions(late, edges))
+        )
+        runs.append(
+            make(
+                algo, state, task, slice(c0, c0 + c), ctx.batches(task.clients, batch_size),
+                slice(e0, e0 + n), ids, recv_seg, torch.cat((ids, ctx.global_clients(late))),
+            )
+        )  # fmt: skip
+        c0, e0 = c0 + c, e0 + n
+    return runs, c0, e0
+
+
+def edge_rows_of(runs: Sequence[EdgeRun[Any]]) -> torch.Tensor:
+    """Each stacked client's edge as a row of the stacked edges ``[ΣC]`` (run s's edges follow
+    run s - 1's)."""
+    return torch.cat([r.recv_seg[: len(r.task.clients)] + r.edge_rows.start for r in runs])
+
+
 def warm_theta(runs: Sequence[StackedRun[Any]]) -> torch.Tensor:
     """Every run's clients' θ kept from the last round, run after run."""
     return torch.cat([r.state["theta"][r.task.clients] for r in runs])
@@ -54,9 +118,26 @@ def one_draw_of(runs: Sequence[StackedRun[Any]], batch_size: int) -> Draw:
     return one_draw(contexts, clients, batch_size, [r.draw for r in runs])
 
 
-def part_bounds(chunk: int, rows: int) -> list[tuple[int, int]]:
-    """The cache-sized parts ``(a, b)`` of ``rows`` rows, ``chunk`` rows each (the last fewer)."""
-    return [(a, min(a + chunk, rows)) for a in range(0, rows, chunk)]
+def part_bounds(chunk: int, rows: int, model: BatchedModel | None = None) -> list[tuple[int, int]]:
+    """The cache-sized parts ``(a, b)`` of ``rows`` rows, ``chunk`` rows each (the last fewer);
+    on a ``model`` whose rows are not independent (``BatchedModel.rows_independent``), a last
+    part of one row joined to the one before: no row alone in a call, as no row of a run alone
+    is (:func:`lone_part`)."""
+    bounds = [(a, min(a + chunk, rows)) for a in range(0, rows, chunk)]
+    apart = model is not None and not model.rows_independent
+    if apart and chunk > 1 and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], rows)]
+    return bounds
+
+
+def lone_part(model: BatchedModel, width: int, rows: int) -> bool:
+    """Whether a run of ``rows`` clients trains, alone, a part of ONE row of ``width`` columns
+    where parts may hold several, on a model that computes one row apart from several
+    (``BatchedModel.rows_independent`` false: a vmap'ed convolution); stacked, that row would
+    share a call and come out different in the last bits, so the round trains alone."""
+    if model.rows_independent or model.policy.chunk(width, 2) == 1:
+        return False  # (every part of every run one row, alone and stacked)
+    return rows == 1 or rows % model.policy.chunk(width, rows) == 1
 
 
 def blocks(runs: Sequence[R], a: int, b: int) -> list[tuple[int, int, R]]:

@@ -81,10 +81,15 @@ class BatchedModel(ABC):
     """A model evaluated for many clients at once: ``forward(flat [C,P], x [C,B,...])``.
 
     ``reports_objective``: evaluation also logs the training objective (sparse-learning losses,
-    :mod:`fedhp.models.linear`); ``sparsity_groups``: blocks of P thresholded separately by H_τ."""
+    :mod:`fedhp.models.linear`); ``sparsity_groups``: blocks of P thresholded separately by H_τ;
+    ``rows_independent``: a row's result is bit for bit the same whatever other rows share the
+    call (the hand-batched models, one ``bmm`` per layer); otherwise (``torch.func.vmap`` over a
+    convolution) a call of ONE row may run other kernels than a call of several, 1e-8 .. 4e-5
+    apart on the CPU, so runs sharing a call must never leave a row alone (runs as rows)."""
 
     reports_objective: bool = False
     sparsity_groups: int = 1
+    rows_independent: bool = False
 
     def __init__(self, reference: nn.Module, feature_shape: tuple[int, ...], num_classes: int):
         self.reference = reference

@@ -59,6 +59,8 @@ class LinearModel(BatchedModel):
     recovery and ‖x − x*‖ where the data know x*) for it; ``curvature`` bounds the loss's second
     derivative in the logits (client smoothness l ≤ curvature·λmax(ZᵀZ/n) + λ)."""
 
+    rows_independent = True
+
     reports_objective = True
     curvature = 1.0
 

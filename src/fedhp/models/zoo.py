@@ -97,6 +97,8 @@ class BatchedMLP(BatchedModel):
     """Hand-batched MLP: one ``baddbmm`` per layer over the client dimension, and a hand-written
     backward pass that writes each layer's gradient straight into the flat ``[C, P]`` buffer."""
 
+    rows_independent = True
+
     def _layers(self, flat: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         specs = self.layout.specs
         return [

@@ -204,7 +204,8 @@ class Lockstep:
         the turn); the runs whose calls ran, in order."""
         groups: dict[tuple[Any, ...], list[_Call]] = {}
         for call in sorted(self._pending.values(), key=lambda c: c.run):
-            groups.setdefault(call.group_key(), []).append(call)
+            key = (call.run,) if _row_alone(call) else call.group_key()
+            groups.setdefault(key, []).append(call)
         runs = sorted(self._pending)
         self._pending.clear()
         self._executing = threading.current_thread()
@@ -226,6 +227,19 @@ class Lockstep:
         finally:
             self._executing = None
         return runs
+
+
+def _row_alone(call: _Call) -> bool:
+    """A model call of ONE row on a model whose rows are not independent (``torch.func.vmap``
+    over a convolution): among other rows it would run other kernels than alone, so it runs
+    alone."""
+    model = call.model
+    return (
+        call.kind != "train"
+        and model is not None
+        and not model.rows_independent
+        and (_rows(call.flat).shape[0] == 1)
+    )
 
 
 def _alone(call: _Call) -> None:
