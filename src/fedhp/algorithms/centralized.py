@@ -40,7 +40,9 @@ class Centralized(Algorithm):
         return BufferPolicy.of_run(self.ctx, "average")
 
     def plan(self, state: State, rnd: int) -> Task:
-        raise NotImplementedError("centralized is not federated: it has no plan (see run_round)")
+        """No one is sampled: the round's task holds no clients (the one model trains on the
+        pooled data)."""
+        return Task(torch.zeros(0, dtype=torch.int64, device=self.ctx.device))
 
     def train(self, state: State, task: Task) -> Update:
         """The round's ``local_steps`` SGD steps on the pooled data, in place on ``state``
@@ -92,9 +94,8 @@ class Centralized(Algorithm):
         raise NotImplementedError("centralized is not federated: nothing to aggregate")
 
     def run_round(self, state: State, rnd: int) -> dict[str, float]:
-        """The round: :meth:`train` on the pooled data (no clients, no plan, no aggregation)."""
-        clients = torch.zeros(0, dtype=torch.int64, device=self.ctx.device)
-        update = self.train(state, Task(clients))
+        """The round: :meth:`train` on the pooled data (no clients, no aggregation)."""
+        update = self.train(state, self.plan(state, rnd))
         assert update.losses is not None
         return {"local_loss": float(update.losses) / self.options.local_steps}
 
