@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedhp.algorithms.base import ALGORITHMS, Task
-from fedhp.algorithms.fednova import momentum_norm, normalized_average
+from fedhp.algorithms.fednova import NormalizedStep, momentum_norm, normalized_average
 from fedhp.models.zoo import DNNOptions
 from tests.conftest import small_experiment
 from tests.engine.test_local_epochs import COUNTS, unequal_context
@@ -56,6 +56,29 @@ def test_unequal_clients_are_normalized_by_their_real_steps() -> None:
     torch.testing.assert_close(state["global"].double(), expected, atol=1e-6, rtol=0)
     fedavg = y.mean(0)
     assert float((state["global"] - fedavg).abs().max()) > 1e-4
+
+
+def test_the_round_is_normalized_average_through_the_uplink() -> None:
+    """FedNova's round aggregates through FedAvg's uplink fold with its round's
+    :class:`NormalizedStep` (a ``Summed`` combine): bit for bit :func:`normalized_average` of
+    the uploads with the clients' real step counts, in one part and summed over two parts."""
+    model = DNNOptions(hidden=[8]).build((1, 8, 8), 3)
+    ctx = unequal_context(model)
+    opts = ALGORITHMS.build({"name": "fednova", "local_epochs": 1, "batch_size": 4}, "algorithm")
+    algo = opts.build(ctx)
+    state = algo.init_state(model.init_params(0))
+    x = state["global"].clone()
+    task = Task(ctx.all_clients, broadcast={"global": x})
+    update = algo.train(state, task)
+    combine = algo.round_combine(state, task)["global"]
+    assert isinstance(combine, NormalizedStep)
+    y, steps = update.per_client["model"], update.steps
+    assert steps is not None
+    expected = normalized_average(x, y, steps.double(), ctx.client_weights(task.clients))
+    algo.aggregate(state, task, update)
+    assert torch.equal(state["global"], expected)
+    halves = combine.share(y[:2], 0).add_(combine.share(y[2:], 2))
+    torch.testing.assert_close(combine.finish(halves), expected, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("rho", [0.0, 0.5, 0.9])

@@ -42,7 +42,7 @@ from fedhp.algorithms.device_cost import CapabilityMode, DenseCostModel, capabil
 from fedhp.algorithms.options import AlgorithmOptions, client_momentum_field
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ExtraGrad, LossGrad, prox_grad
-from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY, foldable
+from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY, Combine, foldable
 
 
 @foldable
@@ -129,9 +129,16 @@ class FedAvg(Algorithm):
         weights = ctx.client_weights(task.clients)
         centre = state.get(CENTRE_KEYS["cloud"])
         centres = {"global": centre} if centre is not None else None
+        combine = self.round_combine(state, task)
         return UploadFold(
-            weights, ctx.cloud_uplink, start, ctx.num_clients, centres, combine=self.combine
+            weights, ctx.cloud_uplink, start, ctx.num_clients, centres, combine=combine
         )
+
+    def round_combine(self, state: State, task: Task) -> Combine | dict[str, Combine]:
+        """This round's aggregation of the uploads: :attr:`combine` (of the models and their
+        BatchNorm statistics; a method whose aggregation depends on the round returns it built
+        for the round, by key)."""
+        return self.combine
 
     def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
         """Bill the part's uploads (with client momentum: ``start`` + the clients' momenta) and

@@ -14,13 +14,16 @@ the local SGD (0: a_i = τ_i); weight decay counts as part of the gradient, as i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.algorithms.options import ALGORITHMS
-from fedhp.algorithms.task import Task, Update, UploadFold
+from fedhp.algorithms.task import Task
 from fedhp.engine.context import RunContext
+from fedhp.engine.uplink import Combine, Summed
 
 
 def momentum_norm(steps: torch.Tensor, momentum: float = 0.0) -> torch.Tensor:
@@ -57,42 +60,37 @@ def normalized_sum(x: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> torc
     return (coef.unsqueeze(1) * (x - y)).sum(0)
 
 
+@dataclass(frozen=True)
+class NormalizedStep(Summed):
+    """FedNova's aggregation of one round, :func:`normalized_average` as a sum over the clients
+    (the engine may fold it part by part): ``share`` = :func:`normalized_sum` of the clients'
+    ``y`` with their ``coef = p_i / a_i``, ``finish`` = ``x − τ_eff ·`` the total."""
+
+    x: torch.Tensor
+    coef: torch.Tensor
+    tau_eff: float
+
+    def share(self, rows: torch.Tensor, first: int) -> torch.Tensor:
+        return normalized_sum(self.x, rows, self.coef[first : first + rows.shape[0]])
+
+    def finish(self, total: torch.Tensor) -> torch.Tensor:
+        return self.x - self.tau_eff * total
+
+
 class FedNova(FedAvg):
-    """FedAvg's local work; the cloud averages the clients' step-normalized updates, folded in
-    part by part (streamed rounds): ``Σ p_i/a_i (x − y_i)`` summed over the parts, then
-    ``x − τ_eff ·`` it. The a_i come from the clients' step counts, known before they train
-    (their sample counts under ``local_epochs``)."""
+    """FedAvg's local work; the cloud's aggregation of the clients' models is their normalized
+    average (:class:`NormalizedStep`, built each round from the clients' step counts, known
+    before they train: their sample counts under ``local_epochs``); their BatchNorm statistics
+    are averaged as FedAvg's."""
 
     options: FedNovaOptions
 
-    def open_fold(self, state: State, task: Task) -> UploadFold:
-        opt, ctx = self.options, self.ctx
+    def round_combine(self, state: State, task: Task) -> dict[str, Combine]:
+        opt, ctx, x = self.options, self.ctx, state["global"]
         steps = opt.step_counts(ctx.fed.train.counts[task.clients])
-        a = momentum_norm(steps.to(state["global"].device), opt.momentum)
-        tau_eff, coef = step_weights(a, ctx.client_weights(task.clients), state["global"].dtype)
-        fold = UploadFold(ctx.client_weights(task.clients))
-        fold.own.update(tau_eff=tau_eff, coef=coef)
-        return fold
-
-    def fold_in(self, state: State, fold: UploadFold, part: Task, update: Update) -> None:
-        """Bill the part's uploads; add ``Σ p_i/a_i (x − y_i)`` of its clients (and the buffers'
-        weighted mean)."""
-        message = self.with_buffers(update.per_client["model"], update.per_client.get("buffers"))
-        up = self.ctx.send("client_cloud", "up", message, part.clients)
-        y, bufs = up["model"], up.get("buffers")
-        start, count = fold.done, len(part.clients)
-        coef = fold.own["coef"][start : start + count]
-        share = normalized_sum(state["global"], y, coef)
-        fold.sums["moved"] = share if "moved" not in fold.sums else fold.sums["moved"].add_(share)
-        fold.add({"global_buffers": bufs} if bufs is not None else {}, update, count)
-
-    def close_fold(self, state: State, task: Task, fold: UploadFold) -> dict[str, float]:
-        state["global"] = state["global"] - fold.own["tau_eff"] * fold.sums["moved"]
-        if "global_buffers" in fold.sums:
-            state["global_buffers"] = fold.sums["global_buffers"]
-        stats = self.local_work_stats(task, fold.update())
-        stats.update(self.cost_model.account(state, task.clients, self.round_samples))
-        return stats
+        a = momentum_norm(steps.to(x.device), opt.momentum)
+        tau_eff, coef = step_weights(a, ctx.client_weights(task.clients), x.dtype)
+        return {"global": NormalizedStep(x, coef, tau_eff)}
 
 
 @ALGORITHMS.register("fednova")
@@ -100,7 +98,7 @@ class FedNovaOptions(FedAvgOptions):
     """FedNova: FedAvg's local SGD (``local_steps`` or ``local_epochs``), then normalized
     averaging by each client's real step count (plain SGD: a_i = τ_i)."""
 
-    uploads = {"cloud": "own"}  # its own normalized fold, not a weighted mean of models
+    uploads = {"cloud": "own"}  # normalized steps: no rule, attack or DP derived for them
     keeps_centres = frozenset()
     folds_uploads = True
 

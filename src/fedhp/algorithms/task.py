@@ -13,7 +13,7 @@ import torch
 
 from fedhp.engine.ops import normalized, weighted_mean
 from fedhp.engine.sampler import EpochBatches
-from fedhp.engine.uplink import CENTRE_KEYS, Combine, Uplink, folds_in_parts
+from fedhp.engine.uplink import CENTRE_KEYS, Combine, Summed, Uplink, folds_in_parts
 from fedhp.errors import FedhpWarning
 
 Trained = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -66,10 +66,12 @@ class UploadFold:
     part of the clients' models is ever held: rows ``[c, W]`` of the next ``c`` clients are
     added with their share of ``weights`` (normalized over all the round's clients), and their
     losses and step counts kept for the round's statistics. ``combine``: the method's
-    aggregation (:data:`~fedhp.engine.uplink.Combine`); declared
-    :func:`~fedhp.engine.uplink.foldable` (the weighted mean), a round in one part is
-    ``combine`` of its rows and a round in parts is folded (the engine's optimization, equal to
-    it); otherwise the rows are kept and combined in :meth:`result`. None: folded.
+    aggregation (:data:`~fedhp.engine.uplink.Combine`), of every key or by key (a key not named:
+    the weighted mean); declared :func:`~fedhp.engine.uplink.foldable` (the weighted mean), a
+    round in one part is ``combine`` of its rows and a round in parts is folded (the engine's
+    optimization, equal to it); :class:`~fedhp.engine.uplink.Summed`, the parts' shares are
+    added and finished once; otherwise the rows are kept and combined in :meth:`result`. None:
+    folded.
 
     With an ``uplink`` (the cloud's pipeline, :class:`~fedhp.engine.uplink.Uplink`) whose
     aggregate is not the weighted mean (a robust rule, DP), the rows of the keys in ``start``
@@ -88,17 +90,18 @@ class UploadFold:
         population: int | None = None,
         centres: dict[str, torch.Tensor] | None = None,
         *,
-        combine: Combine | None = None,
+        combine: Combine | Mapping[str, Combine] | None = None,
     ) -> None:
         self.raw_weights = weights
         self.weights = normalized(weights)
-        self.combine = combine
+        self.combines = dict(combine) if isinstance(combine, Mapping) else None
+        self.combine = None if isinstance(combine, Mapping) else combine
         self.sums: dict[str, torch.Tensor] = {}
-        self.own: dict[str, Any] = {}  # a method's own per-round values (e.g. FedNova's τ_eff)
         self.done = 0
         self._losses: list[torch.Tensor] = []
         self._steps: list[torch.Tensor] = []
-        folds = combine is None or folds_in_parts(combine)
+        given = [self.combine] if self.combines is None else list(self.combines.values())
+        folds = all(c is None or folds_in_parts(c) for c in given)
         self.uplink = None if uplink is None or (uplink.folds and folds) else uplink
         self._held: dict[str, list[torch.Tensor]] = {}  # rows of a combine that does not fold
         self._folds = folds
@@ -119,12 +122,16 @@ class UploadFold:
         weights = self.weights[self.done : self.done + count]
         whole = self.done == 0 and count == len(self.weights)  # the round in one part
         for key, value in present.items():
+            combine = self.combine_of(key)
             if key in self._kept:
                 self._kept[key].append(value)
             elif not self._folds:
                 self._held.setdefault(key, []).append(value)
-            elif whole and self.combine is not None:
-                self.sums[key] = self.combine(value, self.raw_weights)
+            elif isinstance(combine, Summed):
+                share = combine.share(value, self.done)
+                self.sums[key] = share if key not in self.sums else self.sums[key].add_(share)
+            elif whole and combine is not None:
+                self.sums[key] = combine(value, self.raw_weights)
             else:
                 share = weights.to(value.dtype) @ value
                 self.sums[key] = share if key not in self.sums else self.sums[key].add_(share)
@@ -138,22 +145,31 @@ class UploadFold:
         """The round's aggregates by key: the folded means, and the uplink's aggregates of the
         kept keys."""
         out = dict(self.sums)
+        for key, total in self.sums.items():
+            combine = self.combine_of(key)
+            if isinstance(combine, Summed):
+                out[key] = combine.finish(total)
         for key, parts in self._held.items():
-            assert self.combine is not None
-            out[key] = self.combine(torch.cat(parts), self.raw_weights)
+            out[key] = (self.combine_of(key) or weighted_mean)(torch.cat(parts), self.raw_weights)
         for key, parts in self._kept.items():
             if parts:
                 uplink = self.uplink
                 assert uplink is not None
                 rows = torch.cat(parts)
                 start, centre = self.start[key], self.centres.get(key)
-                combine = self.combine or weighted_mean
+                combine = self.combine_of(key) or weighted_mean
                 out[key] = uplink.aggregate(
                     rows, self.raw_weights, start, self.population, centre, combine=combine
                 )
                 if centre is not None:  # the next round's centre: this aggregate's update
                     out[CENTRE_KEYS[uplink.level]] = out[key] - start
         return out
+
+    def combine_of(self, key: str) -> Combine | None:
+        """The aggregation of ``key``'s rows (None: the weighted mean, folded)."""
+        if self.combines is not None:
+            return self.combines.get(key)
+        return self.combine
 
     def update(self) -> Update:
         """The folded clients' losses ``[S, n]`` and steps ``[n]`` (as one :class:`Update`)."""

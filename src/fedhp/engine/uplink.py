@@ -30,6 +30,7 @@ and DP can act (``fedhp.build.check_adversarial`` refuses the rest).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -55,9 +56,32 @@ def foldable(combine: C) -> C:
     return combine
 
 
+class Summed(ABC):
+    """A method's aggregation that is a sum over the senders, finished once::
+
+        combine(rows, weights) = finish(share(rows, 0))
+
+    ``share(rows, first)``: the term of the round's senders ``first .. first + n - 1`` (their
+    ``rows [n, W]``; the weights, and whatever else the sum needs, bound when it was built for
+    the round); ``finish(total)``: the aggregate from the summed terms. The engine may fold it
+    part by part, adding the parts' shares in the round's order (an optimization the method does
+    not see; a round in one part is ``combine`` itself)."""
+
+    @abstractmethod
+    def share(self, rows: torch.Tensor, first: int) -> torch.Tensor:
+        """The summed term of the senders ``first ..`` whose rows these are."""
+
+    @abstractmethod
+    def finish(self, total: torch.Tensor) -> torch.Tensor:
+        """The aggregate from the sum of every sender's term."""
+
+    def __call__(self, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return self.finish(self.share(rows, 0))
+
+
 def folds_in_parts(combine: Callable[..., torch.Tensor]) -> bool:
-    """Whether ``combine`` was declared :func:`foldable`."""
-    return bool(getattr(combine, "foldable", False))
+    """Whether ``combine`` was declared :func:`foldable` or is :class:`Summed`."""
+    return isinstance(combine, Summed) or bool(getattr(combine, "foldable", False))
 
 
 LEVELS = ("edge", "cloud")
