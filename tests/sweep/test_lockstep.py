@@ -40,6 +40,10 @@ METHODS: dict[str, tuple[list[str], str]] = {
         ],
         "algorithm.lam=15.0,20.0",
     ),
+    "bf16-sfedhp": (  # (precision=bf16: the model's step under autocast, stacked the same)
+        ["algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=2", "precision=bf16"],
+        "algorithm.lam=15.0,20.0",
+    ),
     "scaffold": (["algorithm.local_steps=3"], "algorithm.server_lr=1.0,0.5"),
     "ditto": (["algorithm.local_steps=2"], "algorithm.lam=0.1,1.0"),
     "centralized": (["algorithm.local_steps=2"], "algorithm.lr=0.05"),
