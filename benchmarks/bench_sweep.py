@@ -27,6 +27,8 @@ experiment prepared in both), ``train_speedup`` the same for the round loops.
 
 Usage: python benchmarks/bench_sweep.py [--device cpu|cuda] [--runs 15] [--rounds 20]
   [--threads 1] [--repeats 1] [--json PATH] [--work DIR] [--inprocess]
+  [--method sfedhp --key algorithm.lam --lams 15,20,25,30,35] (another method's sweep: e.g.
+  ``--method hierfavg --key algorithm.lr --lams 0.02,0.03,0.05,0.07,0.1``)
 ``--runs N`` takes the first N runs of the grid (1, 2, or a multiple of 3 up to 15: N/3 λ values ×
 3 seeds), e.g. ``--runs 2 --rounds 1`` for a smoke test.
 Output: a table (machine facts, each variant's times and memory, the ratios against the issue's
@@ -80,8 +82,10 @@ def grid_of(runs: int, lams: Sequence[float] = LAMS) -> tuple[list[float], list[
 
 
 def base_overrides(args: argparse.Namespace) -> list[str]:
-    """What every run of every variant gets besides its λ and seed."""
+    """What every run of every variant gets besides its grid value and seed."""
+    method = [] if args.method == "sfedhp" else [f"algorithm.name={args.method}"]
     return [
+        *method,
         f"rounds={args.rounds}",
         f"threads={args.threads}",
         f"device={args.device}",
@@ -147,7 +151,7 @@ def measure_runs(
             cmd = [
                 *fedhp_command(),
                 "run",
-                f"algorithm.lam={lam}",
+                f"{args.key}={lam}",
                 f"seed={seed}",
                 *base_overrides(args),
                 "--out",
@@ -178,7 +182,7 @@ def measure_sweep(
         *fedhp_command(),
         "sweep",
         "--grid",
-        "algorithm.lam=" + ",".join(str(v) for v in lams),
+        f"{args.key}=" + ",".join(str(v) for v in lams),
         "--seeds",
         ",".join(str(s) for s in seeds),
         "--out",
@@ -282,9 +286,10 @@ def report(
     n = args.runs
     threads = sorted({int(t) for r in repeats for v in r if (t := r[v].get("threads"))})
     lines = [
-        f"# bench_sweep: {n} runs (fedhp run's defaults: sFedHP, MNIST, 20 clients, DNN-100; "
-        f"algorithm.lam in {args.lams} x seeds), rounds={args.rounds}, threads={args.threads}, "
-        f"device={args.device}, repeats={args.repeats} (variants alternating; medians)",
+        f"# bench_sweep: {n} runs (fedhp run's defaults: {args.method}, MNIST, 20 clients, "
+        f"DNN-100; {args.key} in {args.lams} x seeds), rounds={args.rounds}, "
+        f"threads={args.threads}, device={args.device}, repeats={args.repeats} (variants "
+        "alternating; medians)",
         f"# machine: {facts['cores']} cores ({facts['cores_usable']} usable) {facts['cpu']}; "
         f"torch {facts['torch']}"
         + (f", GPU {facts['gpu']}" if facts.get("gpu") else "")
@@ -385,7 +390,7 @@ def inprocess(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     lams, seeds = grid_of(args.runs, args.lams)
     base = base_overrides(args)
-    points = points_of({"algorithm.lam": lams})
+    points = points_of({args.key: lams})
     cuda = args.device.startswith("cuda")
 
     def sync() -> None:
@@ -454,8 +459,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--lams",
         type=lambda text: [float(v) if "." in v else int(v) for v in text.split(",")],
         default=list(LAMS),
-        help="the λ values (algorithm.lam) of the grid (15,20,25,30,35)",
+        help="the grid's values of --key (15,20,25,30,35: sFedHP's λ)",
     )
+    ap.add_argument("--method", default="sfedhp", help="algorithm.name of every run (sfedhp)")
+    ap.add_argument("--key", default="algorithm.lam", help="the grid's key (algorithm.lam)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1)")
     ap.add_argument("--repeats", type=int, default=1, help="alternating repeats (medians)")
     ap.add_argument("--json", type=Path, help="write the numbers here")

@@ -45,6 +45,9 @@ sFedHP and HierFAVG first; its 3 seeds batched), as many as the 470 s deadline h
 (summary.json ``seconds``), ``final_pct`` the table's final accuracy (the global model's, else
 the personalized one's). A method cut off reports the rounds its runs reached (timings.csv) and
 the round loop they project to.
+``--issue 40c`` (optional, after Call A): ``sweep:<method>``, the same 15-run sweep for every
+other method whose rounds stack as rows (:data:`SWEEP_METHODS`: its grid key and values), as
+many as the 470 s deadline holds.
 ``--keep DIR`` copies each piece's small result files (tables, summaries, metrics, logs) into
 ``DIR/<piece>`` (the tables of Call B are the results to commit).
 
@@ -109,7 +112,22 @@ REPRODUCE_METHODS = (
 """``--issue 40b``'s methods of ``sfedhp-table1``, in the order they run (the paper model's rows
 the issue asks for first)."""
 ISSUE_PIECES["40b"] = [f"reproduce:{m}" for m in REPRODUCE_METHODS]
-ISSUE_DEADLINE = {"40b": 470.0}
+SWEEP_METHODS = {
+    "pfedme": ("algorithm.lam", "15,20,25,30,35"),
+    "fedprox": ("algorithm.mu", "0.001,0.01,0.1,0.5,1"),
+    "scaffold": ("algorithm.server_lr", "0.5,0.75,1,1.5,2"),
+    "ditto": ("algorithm.lam", "0.05,0.1,0.5,1,2"),
+    "hierfavg": ("algorithm.lr", "0.02,0.03,0.05,0.07,0.1"),
+    "perfedavg": ("algorithm.beta", "0.001,0.002,0.005,0.01,0.02"),
+    "heurfedamp": ("algorithm.lam", "0.5,1,2,4,8"),
+    "centralized": ("algorithm.lr", "0.01,0.02,0.05,0.1,0.2"),
+}
+"""``--issue 40c``'s sweeps (``sweep:<method>``): the λ sweep's shape (15 runs, 20 rounds, one
+process) for every other method whose rounds stack as rows over a grid, the grids of
+``benchmarks/run_rows_ops.py`` (FedAvg's path is FedProx's; HierFAVG's lr grid stacks its seeds
+per lr value)."""
+ISSUE_PIECES["40c"] = [f"sweep:{m}" for m in SWEEP_METHODS]
+ISSUE_DEADLINE = {"40b": 470.0, "40c": 470.0}
 """An issue's default ``--deadline`` (its time boxes add up to more than its call may take)."""
 TABLE1 = ["--dataset", "mnist", "--setting", "1", "--model", "dnn-500-200", "--rounds", "800"]
 TABLE1_SEEDS = 3
@@ -144,6 +162,9 @@ BUDGET = {
     "reproduce:sfedhp": 360,
     "reproduce:hierfavg": 360,
     **{f"reproduce:{m}": 150 for m in REPRODUCE_METHODS[2:]},
+    # issue 40c (a 470 s deadline: as many sweeps as it holds; the rest in a second call with
+    # --only). Sized from sweep-lam's 68.9 s on an H200 (sFedHP: 100 local steps a round).
+    **{f"sweep:{m}": 90 for m in SWEEP_METHODS},
 }
 SMOKE_RUN = ["rounds=2", "eval_every=1", "algorithm.R=1", "algorithm.K=1"]
 
@@ -188,6 +209,13 @@ MUST_SHOW: list[tuple[str, str, str, float | None, str]] = [
     ("λ sweep: lockstep batch seconds", "sweep-lam", "lockstep_s", None, ""),
     ("λ sweep: round loops, sequential / lockstep", "sweep-lam", "train_speedup", None, ""),
 ]
+for _m in SWEEP_METHODS:
+    _piece = f"sweep:{_m}"
+    MUST_SHOW += [
+        (f"{_m} sweep, 15 runs: sequential / lockstep, one process", _piece, "speedup", None, ""),
+        (f"{_m} sweep: round loops, sequential / lockstep", _piece, "train_speedup", None, ""),
+        (f"{_m} sweep: lockstep batch seconds", _piece, "lockstep_s", None, ""),
+    ]
 for _m in REPRODUCE_METHODS:
     _piece = f"reproduce:{_m}"
     MUST_SHOW += [
@@ -246,8 +274,13 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
             "eval_every=1",
             *scale,
         ]
-    if name == "sweep-lam":
+    if name == "sweep-lam" or name.startswith("sweep:"):
         sizes = ["--runs", "2", "--rounds", "1"] if smoke else []
+        method = []
+        if name.startswith("sweep:"):
+            m = name.split(":", 1)[1]
+            key, values = SWEEP_METHODS[m]
+            method = ["--method", m, "--key", key, "--lams", values]
         return [
             py,
             str(HERE / "bench_sweep.py"),
@@ -255,6 +288,7 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
             device,
             "--inprocess",
             *sizes,
+            *method,
             "--json",
             str(out / "bench_sweep.json"),
         ]
@@ -337,9 +371,10 @@ def parse(name: str, output: str, out: Path) -> dict[str, float]:
                 values["round_s"] = seconds[-1] - seconds[-2]
                 values["full_run_h"] = LEAF_ROUNDS * LEAF_EPOCHS * values["round_s"] / 3600
         return values
-    if name in LINE_PREFIX:
+    prefix = LINE_PREFIX.get("sweep-lam" if name.startswith("sweep:") else name)
+    if prefix is not None:
         for line in output.splitlines():
-            if line.startswith(LINE_PREFIX[name]):
+            if line.startswith(prefix):
                 for key, value in re.findall(r"(\w+)=([-+0-9.e]+)(?:\s|$)", line):
                     values[key] = float(value)
         return values

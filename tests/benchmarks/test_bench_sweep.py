@@ -62,7 +62,14 @@ def test_ratios_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert rat["train_loops"] == 2.0 and rat["train_batch"] == 2.0
     assert rat["memory_sequential"] == 900 / 800 and rat["memory_lockstep"] == 1700 / 800
     args = argparse.Namespace(
-        runs=15, rounds=20, threads=1, device="cpu", repeats=1, lams=[15, 20, 25, 30, 35]
+        runs=15,
+        rounds=20,
+        threads=1,
+        device="cpu",
+        repeats=1,
+        lams=[15, 20, 25, 30, 35],
+        method="sfedhp",
+        key="algorithm.lam",
     )
     facts = {"cores": 2, "cores_usable": 2, "cpu": "x", "torch": "2", "python": "3"}
     bench_sweep.report(args, facts, repeats, (1.0, 1.5))

@@ -231,3 +231,26 @@ def test_graph_probe_piece_runs_eager_on_the_cpu_and_its_line_is_parsed(tmp_path
     line = "graph-probe device=cuda eager_s=0.02 graph_s=0.004 speedup=5 max_abs_diff=0 graph=ok"
     values = gpu_check.parse("graph-probe", line, tmp_path)
     assert values["speedup"] == 5 and values["max_abs_diff"] == 0
+
+
+def test_issue_40c_sweeps_of_other_methods_run_at_smoke_sizes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--issue 40c``'s ``sweep:<method>`` pieces (``bench_sweep.py --inprocess --method M
+    --key K --lams ...``, 2 runs of 1 round on the CPU): HierFAVG's lr sweep reaches its rows,
+    and every piece has a time box inside the call's deadline."""
+    import gpu_check
+
+    argv = ["--device", "cpu", "--smoke", "--only", "sweep:hierfavg", "--scale", "4"]
+    code = gpu_check.main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| hierfavg sweep, 15 runs"))
+    assert float(row.split("|")[2]) > 0
+    assert gpu_check.ISSUE_PIECES["40c"] == [f"sweep:{m}" for m in gpu_check.SWEEP_METHODS]
+    assert all(
+        gpu_check.BUDGET[p] <= gpu_check.ISSUE_DEADLINE["40c"]
+        for p in gpu_check.ISSUE_PIECES["40c"]
+    )
+    command = gpu_check.piece_command("sweep:perfedavg", "cuda", False, Path("out"))
+    assert command[command.index("--key") + 1] == "algorithm.beta"
