@@ -13,7 +13,8 @@ one. For S runs of sFedHP (the default ``fedhp run`` experiment, seeds × λ), i
   aggregate, the ledger), paid per run in lockstep too;
 * ``evaluation``: one evaluation of one run (and its host syncs), every ``eval_every`` rounds;
 
-and prints the ratio of launches per round, alone / stacked, evaluation amortized. It is a
+and prints the ratio of launches per round, alone / stacked, evaluation amortized, and the
+host syncs of the round below the cloud (``train_syncs_*``: per round, not per local step). It is a
 count, not a time: the GPU check (``benchmarks/gpu_check.py --issue 40``, ``sweep-lam``) times it.
 
 Usage: python benchmarks/run_rows_ops.py [--method M] [--values 15,20,25,30,35] [--seeds 0,1,2]
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "train_alone": alone.launches,
         "train_stacked": stacked.launches,
         "train_ratio": alone.launches / stacked.launches,
+        "train_syncs_alone": alone.syncs,
+        "train_syncs_stacked": stacked.syncs,
         "outside_train": outside,
         "evaluation": evaluation.launches,
         "evaluation_syncs": evaluation.syncs,

@@ -22,6 +22,7 @@ from fedhp.engine.context import RunContext
 from fedhp.engine.experiment import ENGINE_SEED_OFFSET, Experiment
 from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
+from fedhp.engine.graphs import StepGraphs, graphs_unread
 from fedhp.engine.participation import Participation
 from fedhp.engine.sampler import BatchSampler
 from fedhp.engine.uplink import client_level, safeguards
@@ -260,6 +261,7 @@ def build_experiment(cfg: RunConfig) -> Experiment[Algorithm, AlgorithmOptions]:
         clients_per_chunk=cfg.engine.clients_per_chunk,
         memory_fraction=cfg.engine.memory_fraction,
         channels_last=cfg.engine.channels_last,
+        cuda_graphs=graphs_unread(cfg, options) is None and cfg.engine.cuda_graphs,
     )
     generator = torch.Generator(device="cpu").manual_seed(cfg.seed + ENGINE_SEED_OFFSET)
     # The global generators too (what dropout draws from; checkpoints save and restore them):
@@ -296,5 +298,6 @@ def build_experiment(cfg: RunConfig) -> Experiment[Algorithm, AlgorithmOptions]:
         edge_rule=level_rule(cfg, "edge", device),
         client_momentum=client_momentum_of(options),
         client_level=client_level(options.hierarchical),
+        graphs=StepGraphs(enabled=model.policy.cuda_graphs),
     )
     return Experiment(cfg, model, options, options.build(ctx), ctx)

@@ -199,6 +199,9 @@ class EngineConfig(pydantic.BaseModel):
     channels_last: bool = pydantic.Field(
         False, description="conv nets: inputs in channels-last memory order (measure first)"
     )
+    cuda_graphs: bool = pydantic.Field(
+        False, description="CUDA: local steps captured once as CUDA graphs and replayed"
+    )
 
 
 class RunConfig(pydantic.BaseModel):

@@ -138,6 +138,21 @@ def test_issue_40_sweep_piece_runs_at_smoke_sizes_and_fills_its_rows(
     assert "LSTM" not in out and "VGG" in out  # issue 40's must-shows only
 
 
+def test_issue_40_graphs_run_piece_fills_its_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """``run-graphs`` (the default run with ``engine.cuda_graphs=true`` on a GPU; on the CPU the
+    plain run, which refuses that option) fills its seconds and its count of graph fallbacks."""
+    import gpu_check
+
+    assert "engine.cuda_graphs=true" in gpu_check.piece_command("run-graphs", "cuda", False, Path())
+    assert "engine.cuda_graphs=true" not in gpu_check.piece_command("run", "cuda", False, Path())
+    code = gpu_check.main(["--device", "cpu", "--smoke", "--only", "run-graphs", "--scale", "4"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| the same with engine.cuda"))
+    assert float(row.split("|")[2]) > 0 and "| <= 10 |" in row
+    assert "|   its keys that ran without a graph | 0 | <= 0 | yes |" in out
+
+
 def test_issue_40b_table1_pieces_run_at_smoke_sizes_and_keep_their_tables(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

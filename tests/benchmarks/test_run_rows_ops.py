@@ -31,3 +31,24 @@ def test_stacked_rounds_launch_fewer_kernels(monkeypatch: pytest.MonkeyPatch) ->
         assert 0 < out["train_stacked"] < out["train_alone"], method
         assert out["round_ratio"] > 1 and out["evaluation"] > 0, method
     assert not run_rows.GATHER_ON_CPU  # (put back)
+
+
+@pytest.mark.parametrize(
+    ("method", "steps"),
+    [("sfedhp", "algorithm.R"), ("pfedme", "algorithm.R"), ("fedprox", "algorithm.local_steps")],
+)
+def test_a_stacked_round_reads_nothing_back_per_local_step(
+    monkeypatch: pytest.MonkeyPatch, method: str, steps: str
+) -> None:
+    """A stacked round's host syncs (a device value read on the host: ``.item()``, ``bool``) do
+    not grow with its local steps: none inside the batch's local-step loop."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import run_rows_ops
+
+    tiny = ["federation.num_clients=4", "federation.num_edges=2", "algorithm.K=2"]
+    tiny = tiny if method != "fedprox" else tiny[:2]
+    syncs = []
+    for n in (2, 5):
+        argv = ["--method", method, "--values", "0.1,0.2", "--seeds", "0,1", *tiny, f"{steps}={n}"]
+        syncs.append(run_rows_ops.main(argv)["train_syncs_stacked"])
+    assert syncs[0] == syncs[1], syncs

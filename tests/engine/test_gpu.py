@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from fedhp.engine.experiment import ENGINE_SEED_OFFSET, MODEL_SEED_OFFSET, Exper
 from fedhp.engine.ops import sgd_steps
 from fedhp.engine.runner import run_experiment
 from fedhp.engine.sampler import BatchSampler, EpochBatches
+from fedhp.errors import FedhpWarning
 from fedhp.models import MODELS
 from fedhp.models.policy import ROW_COPIES, ExecutionPolicy, build_policy
 from tests.engine.float64_reference import (
@@ -519,3 +521,22 @@ def test_lower_precisions_land_near_fp32(
     assert gap < 0.05 * moved, (gap, moved)
     if precision == "bf16":
         assert gap > 0
+
+
+def test_cuda_graphs_replay_sfedhp_theta_steps_as_the_eager_run_computes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine.cuda_graphs=true``: sFedHP's θ steps are captured as CUDA graphs (no key falls
+    back to eager) and replayed every local round after the first, and three rounds land where
+    the same rounds without graphs land (the replay runs the captured kernels on the same
+    values: equal up to float32 rounding of cuBLAS's choices)."""
+    over = ["algorithm.name=sfedhp", "algorithm.R=3", "algorithm.K=2", "rounds=3"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FedhpWarning)  # a fallback to eager fails the test
+        eager = Run("cuda", over, tmp_path / "eager", monkeypatch)
+        graphed = Run("cuda", [*over, "engine.cuda_graphs=true"], tmp_path / "graphs", monkeypatch)
+    graphs = graphed.exp.ctx.graphs
+    assert graphs.enabled and graphs.graphs and not graphs.eager
+    assert graphs.replays >= 3 * 3 and not eager.exp.ctx.graphs.enabled
+    for key in ("theta", "edge", "global"):
+        torch.testing.assert_close(graphed.state[key], eager.state[key], rtol=1e-5, atol=1e-6)

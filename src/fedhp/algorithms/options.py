@@ -108,6 +108,11 @@ class AlgorithmOptions(pydantic.BaseModel):
         checks the declarations against the options a run reads."""
         return {}
 
+    def graph_steps(self) -> bool:
+        """Whether this configuration's local steps have a form ``engine.cuda_graphs`` replays
+        as CUDA graphs (:mod:`fedhp.engine.graphs`; elsewhere that option is refused as unread)."""
+        return False
+
     def gradient_evaluations(self) -> int:
         """Minibatch gradient evaluations per client per global round."""
         return self.local_steps

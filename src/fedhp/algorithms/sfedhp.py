@@ -275,6 +275,11 @@ class SFedHPOptions(AlgorithmOptions):
             out["momentum"] = "the inner solver is plain gd; set algorithm.inner=nesterov"
         return out
 
+    def graph_steps(self) -> bool:
+        """The θ subproblem's K plain steps (no client sparsity, ``inner: gd``) replay as one
+        CUDA graph (:func:`fedhp.algorithms.sfedhp_fused._prox_steps`)."""
+        return self.inner == "gd" and self.gamma1 == 0
+
     # cclip's previous aggregate update: w's at the cloud, each edge's phi_i - w_i at the edges
     # (one per local round: the fused round's edge rule reads and replaces its edge's row)
 

@@ -114,10 +114,33 @@ def solve_theta(
 def _prox_steps(
     algo: SFedHP, theta: torch.Tensor, center: Received, x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
-    """:func:`solve_theta` without a penalty or momentum: each step
-    ``theta <- lerp(theta, centre, lr lam1) - lr grad`` is the model's
+    """:func:`solve_theta` without a penalty or momentum: :func:`_prox_kernels`, replayed as
+    one CUDA graph per shape where the run asks for graphs (``engine.cuda_graphs``; the graph
+    reads the edge rows, the minibatch and θ, and writes θ and the loss)."""
+    opt, ctx = algo.options, algo.ctx
+    for _ in range(opt.K):
+        ctx.model.count_trained(x)  # (a Python counter: kept outside the graph)
+    rows, gathered = center.rows, center.gathered
+    key = ("sfedhp θ steps", opt.K, opt.lr, opt.lam1_value)
+    layout = (rows.num_edges, rows.runs, rows.width, gathered)
+
+    def steps(
+        theta: torch.Tensor, edge_rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        return _prox_kernels(algo, theta, Received(rows, edge_rows, gathered), x, y)
+
+    loss = ctx.graphs.run((*key, layout), steps, (theta, center.edge_rows, x, y), writes=(0,))
+    assert loss is not None
+    return loss
+
+
+def _prox_kernels(
+    algo: SFedHP, theta: torch.Tensor, center: Received, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """K steps ``theta <- lerp(theta, centre, lr lam1) - lr grad``, each the model's
     :meth:`~fedhp.models.base.BatchedModel.sgd_step` with the pull applied to each layer's
-    columns inside it (one pass; the MLPs update inside their backward pass)."""
+    columns inside it (one pass; the MLPs update inside their backward pass). Only kernels:
+    no host sync, no Python side effect (what a CUDA graph needs)."""
     opt, model = algo.options, algo.ctx.model
     lr, pull = opt.lr, opt.lr * opt.lam1_value
 
@@ -134,7 +157,6 @@ def _prox_steps(
 
     loss = torch.zeros(theta.shape[0], device=theta.device)
     for _ in range(opt.K):
-        model.count_trained(x)
         loss = model.sgd_step(theta, x, y, lr, towards_centre)
     return loss
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
 import torch
@@ -14,6 +14,7 @@ from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.attacks import Attack
 from fedhp.engine.faults import RoundFaults, partial_units
 from fedhp.engine.federation import Federation
+from fedhp.engine.graphs import StepGraphs
 from fedhp.engine.ops import (
     ExtraGrad,
     LocalWork,
@@ -64,6 +65,8 @@ class RunContext:
     # federation (a Flower node); None: it holds all of it and local indices are global.
     client_ids: torch.Tensor | None = None
     edge_ids: torch.Tensor | None = None
+    # The steps replayed as CUDA graphs (``engine.cuda_graphs``); disabled: every call eager.
+    graphs: StepGraphs = field(default_factory=StepGraphs)
 
     def __post_init__(self) -> None:
         if self.participation is None:

@@ -9,7 +9,9 @@ evaluation forward used to answer with CPU constants of their own:
 * :meth:`~ExecutionPolicy.eval_rows`: how many evaluation rows go into one forward;
 * :meth:`~ExecutionPolicy.direct`: whether a single client skips ``vmap``;
 * :attr:`~ExecutionPolicy.small_layer`: the MLP step's small-layer kernel threshold;
-* :meth:`~ExecutionPolicy.autocast`: the run's precision (``fp32 | tf32 | bf16``).
+* :meth:`~ExecutionPolicy.autocast`: the run's precision (``fp32 | tf32 | bf16``);
+* :attr:`~ExecutionPolicy.cuda_graphs`: whether steps with a captured form replay as CUDA graphs
+  (:mod:`fedhp.engine.graphs`).
 
 It lives with the models, which hold it and consult it in every forward and step, so that the
 models import nothing of the engine; the engine reads it through the model and the run context.
@@ -87,6 +89,7 @@ class ExecutionPolicy:
     small_layer: int = SMALL_LAYER
     precision: Precision = "fp32"
     channels_last: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.clients_per_chunk is not None and self.clients_per_chunk < 1:
@@ -213,13 +216,15 @@ def build_policy(
     clients_per_chunk: int | None = None,
     memory_fraction: float = 0.5,
     channels_last: bool = False,
+    cuda_graphs: bool = False,
     free_bytes: int | None = None,
 ) -> ExecutionPolicy:
     """The policy of a run on ``device`` of the model whose plain module is ``reference``.
 
     CPU: the cache-sized constants. CUDA: a budget of ``memory_fraction`` of the free device
     memory (``free_bytes`` if given — tests fake a device with it — else measured now), per-client
-    activation bytes from :func:`activation_floats` at ``batch_size`` samples."""
+    activation bytes from :func:`activation_floats` at ``batch_size`` samples; CUDA graphs for
+    the steps with a captured form where ``cuda_graphs``."""
     common = {
         "clients_per_chunk": clients_per_chunk,
         "precision": precision,
@@ -234,5 +239,6 @@ def build_policy(
         budget_bytes=int(free * memory_fraction),
         client_bytes=TRAIN_ACTIVATION_COPIES * 4 * acts * max(batch_size, 1),
         eval_row_bytes=EVAL_ACTIVATION_COPIES * 4 * acts,
+        cuda_graphs=cuda_graphs,
         **common,  # type: ignore[arg-type]
     )
