@@ -90,6 +90,7 @@ def base_overrides(args: argparse.Namespace) -> list[str]:
         f"threads={args.threads}",
         f"device={args.device}",
         "progress=false",
+        *args.set,
     ]
 
 
@@ -464,6 +465,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--method", default="sfedhp", help="algorithm.name of every run (sfedhp)")
     ap.add_argument("--key", default="algorithm.lam", help="the grid's key (algorithm.lam)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more option for every run of every variant (repeatable), e.g. "
+        "engine.cuda_graphs=true",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="alternating repeats (medians)")
     ap.add_argument("--json", type=Path, help="write the numbers here")
     ap.add_argument("--work", type=Path, help="keep the runs here (default: a temporary folder)")

@@ -48,9 +48,11 @@ sFedHP and HierFAVG first; its 3 seeds batched), as many as the 470 s deadline h
 (summary.json ``seconds``), ``final_pct`` the table's final accuracy (the global model's, else
 the personalized one's). A method cut off reports the rounds its runs reached (timings.csv) and
 the round loop they project to.
-``--issue 40c`` (optional, after Call A): ``sweep:<method>``, the same 15-run sweep for every
-other method whose rounds stack as rows (:data:`SWEEP_METHODS`: its grid key and values), as
-many as the 470 s deadline holds.
+``--issue 40c`` (optional, after Call A): ``sweep-graphs``, the λ sweep with
+``engine.cuda_graphs=true`` (every run alone and the stacked rounds with their θ steps replayed
+as CUDA graphs), then ``sweep:<method>``, the same 15-run sweep for every other method whose
+rounds stack as rows (:data:`SWEEP_METHODS`: its grid key and values), as many as the 470 s
+deadline holds.
 ``--keep DIR`` copies each piece's small result files (tables, summaries, metrics, logs) into
 ``DIR/<piece>`` (the tables of Call B are the results to commit).
 
@@ -130,7 +132,7 @@ SWEEP_METHODS = {
 process) for every other method whose rounds stack as rows over a grid, the grids of
 ``benchmarks/run_rows_ops.py`` (FedAvg's path is FedProx's; HierFAVG's lr grid stacks its seeds
 per lr value)."""
-ISSUE_PIECES["40c"] = [f"sweep:{m}" for m in SWEEP_METHODS]
+ISSUE_PIECES["40c"] = ["sweep-graphs", *(f"sweep:{m}" for m in SWEEP_METHODS)]
 ISSUE_DEADLINE = {"40b": 470.0, "40c": 470.0}
 """An issue's default ``--deadline`` (its time boxes add up to more than its call may take)."""
 TABLE1 = ["--dataset", "mnist", "--setting", "1", "--model", "dnn-500-200", "--rounds", "800"]
@@ -170,6 +172,7 @@ BUDGET = {
     # issue 40c (a 470 s deadline: as many sweeps as it holds; the rest in a second call with
     # --only). Sized from sweep-lam's 68.9 s on an H200 (sFedHP: 100 local steps a round).
     **{f"sweep:{m}": 90 for m in SWEEP_METHODS},
+    "sweep-graphs": 110,  # as sweep-lam
 }
 SMOKE_RUN = ["rounds=2", "eval_every=1", "algorithm.R=1", "algorithm.K=1"]
 
@@ -215,6 +218,9 @@ MUST_SHOW: list[tuple[str, str, str, float | None, str]] = [
     ("λ sweep: sequential batch seconds", "sweep-lam", "sequential_s", None, ""),
     ("λ sweep: lockstep batch seconds", "sweep-lam", "lockstep_s", None, ""),
     ("λ sweep: round loops, sequential / lockstep", "sweep-lam", "train_speedup", None, ""),
+    ("λ sweep, CUDA graphs: sequential / lockstep", "sweep-graphs", "speedup", None, ""),
+    ("λ sweep, CUDA graphs: sequential batch seconds", "sweep-graphs", "sequential_s", None, ""),
+    ("λ sweep, CUDA graphs: lockstep batch seconds", "sweep-graphs", "lockstep_s", None, ""),
 ]
 for _m in SWEEP_METHODS:
     _piece = f"sweep:{_m}"
@@ -281,9 +287,11 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
             "eval_every=1",
             *scale,
         ]
-    if name == "sweep-lam" or name.startswith("sweep:"):
+    if name in ("sweep-lam", "sweep-graphs") or name.startswith("sweep:"):
         sizes = ["--runs", "2", "--rounds", "1"] if smoke else []
         method = []
+        if name == "sweep-graphs" and device == "cuda":
+            method = ["--set", "engine.cuda_graphs=true"]
         if name.startswith("sweep:"):
             m = name.split(":", 1)[1]
             key, values = SWEEP_METHODS[m]
@@ -380,7 +388,8 @@ def parse(name: str, output: str, out: Path) -> dict[str, float]:
                 values["round_s"] = seconds[-1] - seconds[-2]
                 values["full_run_h"] = LEAF_ROUNDS * LEAF_EPOCHS * values["round_s"] / 3600
         return values
-    prefix = LINE_PREFIX.get("sweep-lam" if name.startswith("sweep:") else name)
+    sweep = name == "sweep-graphs" or name.startswith("sweep:")
+    prefix = LINE_PREFIX.get("sweep-lam" if sweep else name)
     if prefix is not None:
         for line in output.splitlines():
             if line.startswith(prefix):

@@ -14,7 +14,9 @@ one. For S runs of sFedHP (the default ``fedhp run`` experiment, seeds × λ), i
 * ``evaluation``: one evaluation of one run (and its host syncs), every ``eval_every`` rounds;
 
 and prints the ratio of launches per round, alone / stacked, evaluation amortized, and the
-host syncs of the round below the cloud (``train_syncs_*``: per round, not per local step). It is a
+host syncs of the round below the cloud (``train_syncs_*``: per round, not per local step);
+with ``--graphs`` (sFedHP) also the stacked round whose θ steps replay as CUDA graphs
+(``train_*_graphs``: each replay one launch, its copies in and out counted). It is a
 count, not a time: the GPU check (``benchmarks/gpu_check.py --issue 40``, ``sweep-lam``) times it.
 
 Usage: python benchmarks/run_rows_ops.py [--method M] [--values 15,20,25,30,35] [--seeds 0,1,2]
@@ -68,6 +70,53 @@ def count(work: Callable[[], object]) -> CountLaunches:
     return counter
 
 
+class ReplayCount:
+    """A :class:`~fedhp.engine.graphs.Rerun` factory whose replays count the launches they
+    stand for (``inside``: what the recorded function dispatches, which one graph launch
+    replaces on a GPU) and themselves (``replays``)."""
+
+    def __init__(self) -> None:
+        self.inside = 0
+        self.replays = 0
+
+    def __call__(self) -> Any:
+        from fedhp.engine.graphs import Rerun
+
+        counts = self
+
+        class Counted(Rerun):
+            def replay(self) -> None:
+                with CountLaunches() as inner:
+                    super().replay()
+                counts.inside += inner.launches
+                counts.replays += 1
+
+        return Counted()
+
+
+def with_graphs(items: list[Any], stack: bool) -> int:
+    """The launches of ``items``' rounds (one stacked round, else each run's own) with
+    ``engine.cuda_graphs``' θ steps replayed: captured in a first round, counted in a second on
+    the same rows, each replay one launch for what it replays."""
+    from fedhp.engine.graphs import StepGraphs
+
+    replays = ReplayCount()
+    for algo, _, _ in items:
+        algo.ctx.graphs = StepGraphs(enabled=True, stacked=True, make=replays)
+
+    def rounds() -> None:
+        if stack:
+            type(items[0][0]).stacked_train(items)
+        else:
+            for algo, state, task in items:
+                algo.train(state, task)
+
+    rounds()  # captures
+    replays.inside = replays.replays = 0
+    launches = count(rounds).launches
+    return launches - replays.inside + replays.replays
+
+
 GRID_KEY = {
     "sfedhp": "lam",
     "pfedme": "lam",
@@ -111,6 +160,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--method", choices=sorted(GRID_KEY), default="sfedhp")
     parser.add_argument("--values", default="15,20,25,30,35", help="the grid (λ, μ; not FedAvg)")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="also count the stacked round with its θ steps replayed as CUDA graphs (sFedHP)",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value for every run")
     args = parser.parse_args(argv)
     from fedhp.engine import run_rows
@@ -126,14 +180,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run_rows.GATHER_ON_CPU = True  # the GPU's form: per-run rows gathered, one launch each
     overrides = ["engine.clients_per_chunk=100000", *args.overrides]  # (one part: the GPU's)
     try:
-        runs = [start(method, s, v, overrides) for s, v in pairs]
+
+        def restart() -> list[Any]:
+            return [start(method, s, v, overrides) for s, v in pairs]
+
+        runs = restart()
         alone = count(lambda: [exp.algorithm.train(st, task) for exp, st, task in runs])
-        runs = [start(method, s, v, overrides) for s, v in pairs]
+        runs = restart()
         items = [(exp.algorithm, st, task) for exp, st, task in runs]
         keys = {algo.stack_key(st, task) for algo, st, task in items}
         if len(keys) != 1 or None in keys:
             raise SystemExit(f"run-rows-ops: {method}'s rounds do not stack here ({keys})")
         stacked = count(lambda: type(items[0][0]).stacked_train(items))
+        graphed = None
+        if args.graphs:
+            graphed = tuple(
+                with_graphs([(e.algorithm, st, t) for e, st, t in restart()], stack)
+                for stack in (False, True)
+            )
         exp, state, _ = start(method, seeds[0], values[0], overrides)
         whole = count(lambda: exp.algorithm.run_round(state, 0))
         train_one = count(lambda: exp.algorithm.train(state, exp.algorithm.plan(state, 1)))
@@ -161,6 +225,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "per_run_round_stacked": per_run_stacked,
         "round_ratio": per_run_alone / per_run_stacked,
     }
+    if graphed is not None:
+        out["train_alone_graphs"], out["train_stacked_graphs"] = graphed
+        alone_graphs = graphed[0] / n + outside + per_eval
+        stacked_graphs = graphed[1] / n + outside + per_eval
+        out["per_run_round_alone_graphs"] = alone_graphs
+        out["per_run_round_stacked_graphs"] = stacked_graphs
+        out["round_ratio_graphs"] = alone_graphs / stacked_graphs  # both with graphs
+        out["round_ratio_vs_plain"] = per_run_alone / stacked_graphs  # alone without
     fields = " ".join(
         f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in out.items()
     )

@@ -298,6 +298,6 @@ def build_experiment(cfg: RunConfig) -> Experiment[Algorithm, AlgorithmOptions]:
         edge_rule=level_rule(cfg, "edge", device),
         client_momentum=client_momentum_of(options),
         client_level=client_level(options.hierarchical),
-        graphs=StepGraphs(enabled=model.policy.cuda_graphs),
+        graphs=StepGraphs(enabled=model.policy.cuda_graphs, stacked=model.policy.cuda_graphs),
     )
     return Experiment(cfg, model, options, options.build(ctx), ctx)

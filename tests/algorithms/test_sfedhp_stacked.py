@@ -12,6 +12,7 @@ import torch
 from fedhp.algorithms import sfedhp_stacked
 from fedhp.algorithms.sfedhp_stacked import stack_key
 from fedhp.engine import run_rows
+from fedhp.engine.graphs import Rerun, StepGraphs
 from tests.algorithms.stacked_runs import TINY, Started, alone, next_runs_rows, same, stacked, start
 
 BASE = [*TINY, "algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=3"]
@@ -149,3 +150,37 @@ def test_a_draw_from_another_runs_data_is_caught(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(AssertionError):
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)
+
+
+def test_the_gpu_form_replayed_from_graphs_gives_each_run_its_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GPU form's θ steps through the CUDA-graph bookkeeping (``engine.cuda_graphs`` in a
+    lockstep batch: every argument copied into the graph's static tensors, θ and the loss
+    copied back; replayed with :class:`~fedhp.engine.graphs.Rerun`, which computes what a
+    replay computes) give each run what it gets alone, bit for bit, including parts that span
+    two runs; one capture for every part of the same shapes, replayed for each part of every
+    local round after."""
+    monkeypatch.setattr(run_rows, "GATHER_ON_CPU", True)
+    made: list[Rerun] = []
+
+    def make() -> Rerun:
+        made.append(Rerun())
+        return made[-1]
+
+    graphs = StepGraphs(stacked=True, make=make)
+
+    def begin(overrides: Any) -> Started:
+        exp, state, task = start(overrides)
+        exp.ctx.graphs = graphs
+        return exp, state, task
+
+    for extra, parts in (([], 1), (["engine.clients_per_chunk=4"], 6)):  # 24 rows
+        made.clear()
+        graphs.graphs.clear()
+        graphs.replays = 0
+        runs = [[*BASE, *r, *extra] for r in RUNS + MIXED]
+        for one, both in zip(alone(runs, _outcome), stacked(runs, _outcome, begin), strict=True):
+            _same(one, both)
+        assert len(made) == 1 and not graphs.eager
+        assert graphs.replays == 3 * parts  # R = 3 local rounds

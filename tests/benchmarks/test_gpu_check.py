@@ -262,10 +262,29 @@ def test_issue_40c_sweeps_of_other_methods_run_at_smoke_sizes(
     assert code == 0, out
     row = next(ln for ln in out.splitlines() if ln.startswith("| hierfavg sweep, 15 runs"))
     assert float(row.split("|")[2]) > 0
-    assert gpu_check.ISSUE_PIECES["40c"] == [f"sweep:{m}" for m in gpu_check.SWEEP_METHODS]
+    pieces = ["sweep-graphs", *(f"sweep:{m}" for m in gpu_check.SWEEP_METHODS)]
+    assert gpu_check.ISSUE_PIECES["40c"] == pieces
     assert all(
         gpu_check.BUDGET[p] <= gpu_check.ISSUE_DEADLINE["40c"]
         for p in gpu_check.ISSUE_PIECES["40c"]
     )
     command = gpu_check.piece_command("sweep:perfedavg", "cuda", False, Path("out"))
     assert command[command.index("--key") + 1] == "algorithm.beta"
+
+
+def test_issue_40c_graphs_sweep_sets_the_option_on_a_gpu_and_fills_its_rows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``sweep-graphs``: the λ sweep with ``engine.cuda_graphs=true`` for every run on a GPU (on
+    the CPU, which refuses that option, the plain sweep at smoke size fills its rows)."""
+    import gpu_check
+
+    command = gpu_check.piece_command("sweep-graphs", "cuda", False, Path("out"))
+    assert command[command.index("--set") + 1] == "engine.cuda_graphs=true"
+    assert "--set" not in gpu_check.piece_command("sweep-lam", "cuda", False, Path("out"))
+    argv = ["--device", "cpu", "--smoke", "--only", "sweep-graphs", "--scale", "4"]
+    code = gpu_check.main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    row = next(ln for ln in out.splitlines() if ln.startswith("| λ sweep, CUDA graphs: seq"))
+    assert float(row.split("|")[2]) > 0

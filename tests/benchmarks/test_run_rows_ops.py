@@ -52,3 +52,17 @@ def test_a_stacked_round_reads_nothing_back_per_local_step(
         argv = ["--method", method, "--values", "0.1,0.2", "--seeds", "0,1", *tiny, f"{steps}={n}"]
         syncs.append(run_rows_ops.main(argv)["train_syncs_stacked"])
     assert syncs[0] == syncs[1], syncs
+
+
+def test_graphs_count_fewer_launches_for_the_stacked_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--graphs``: sFedHP's stacked round with its θ steps replayed (one launch per replay)
+    launches fewer kernels than without."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import run_rows_ops
+
+    tiny = ["federation.num_clients=4", "federation.num_edges=2", "algorithm.R=2"]
+    argv = ["--method", "sfedhp", "--values", "15,25", "--seeds", "0,1", "--graphs", *tiny]
+    out = run_rows_ops.main(argv)
+    assert 0 < out["train_stacked_graphs"] < out["train_stacked"]
+    assert 0 < out["train_alone_graphs"] < out["train_alone"]
+    assert out["round_ratio_vs_plain"] > out["round_ratio"]

@@ -41,6 +41,8 @@ from fedhp.algorithms.base import State
 from fedhp.algorithms.fused import count_sent, truncate_
 from fedhp.algorithms.penalties import truncate
 from fedhp.algorithms.task import Task, Update
+from fedhp.data.rows import slice_rows
+from fedhp.engine.graphs import StepGraphs
 from fedhp.engine.run_rows import gathers, per_row
 
 if TYPE_CHECKING:
@@ -120,8 +122,7 @@ def stacked_train(items: Sequence[tuple[SFedHP, State, Task]]) -> list[Update]:
         for a, b in bounds:  # cache-sized parts, each trained K steps and uploaded in one pass
             if start_theta or (opt.theta_init == "round" and r == 0):
                 torch.index_select(phi_sent, 0, edge_of[a:b], out=theta[a:b])
-            pull = steps.pull(theta, phi_sent, a, b)
-            loss[a:b] = stacked.theta_steps(runs, theta, (x, y), (a, b), k_steps, pull)
+            loss[a:b] = steps.train(lead.ctx.graphs, theta, phi_sent, (x, y), (a, b), k_steps)
             mixed = steps.uploads(w_sent, theta, a, b, buffer[: b - a])
             truncate_(mixed, eps)
             if uniform:  # count last, on the values themselves
@@ -216,13 +217,44 @@ class _ThetaSteps:
             torch.lerp(w_sent[e], theta[s:t], run.mix_weight, out=out[s - a : t - a])
         return out
 
-    def pull(
-        self, theta: torch.Tensor, centres: torch.Tensor, a: int, b: int
-    ) -> Callable[[int, int], None]:
-        """The θ steps' prox pull of rows ``a .. b - 1`` towards their edge's centre."""
-        if self.gather:
-            return self._gathered(centres, theta[a:b], a, b)
-        return self._by_edge(centres, theta, a, b)
+    def train(
+        self,
+        graphs: StepGraphs,
+        theta: torch.Tensor,
+        centres: torch.Tensor,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        part: tuple[int, int],
+        k_steps: tuple[int, float],
+    ) -> torch.Tensor:
+        """The K θ steps of rows ``part = (a, b)`` with their prox pull towards their edge's
+        centre (``centres [edges, P]``); the data loss. The GPU form (gathered centres) replays
+        as one CUDA graph per shape where the batch asks for graphs (``graphs``, stacked)."""
+        if not self.gather:
+            pull = self._by_edge(centres, theta, *part)
+            return stacked.theta_steps(self.runs, theta, batch, part, k_steps, pull)
+        (a, b), (x, y) = part, batch
+        stacked.count_steps(self.runs, x, part, k_steps[0])
+        pull_rows = stacked.rows_of(self.pull_rows, a, b)
+        args = {"theta": theta[a:b], "centres": centres, "edge_of": self.edge_of[a:b]}
+        args |= {"x": slice_rows(x, a, b), "y": y[a:b]}
+        if isinstance(pull_rows, torch.Tensor):
+            args["pull"] = pull_rows
+        if self.lands is not None:
+            args["lands"] = self.lands[a:b]
+        names, fixed = tuple(args), pull_rows if isinstance(pull_rows, float) else None
+        model = self.runs[0].algo.ctx.model
+
+        def steps(*tensors: torch.Tensor) -> torch.Tensor:
+            t = dict(zip(names, tensors, strict=True))
+            pull = gathered_pull(
+                t["centres"], t["theta"], t["edge_of"], t.get("pull", fixed), t.get("lands")
+            )
+            return stacked.model_steps(model, t["theta"], t["x"], t["y"], k_steps, pull)
+
+        key = ("sfedhp stacked θ steps", *k_steps, names, fixed)
+        loss = graphs.run(key, steps, tuple(args.values()), writes=(0,), stacked=True)
+        assert loss is not None
+        return loss
 
     def _by_edge(
         self, centres: torch.Tensor, theta: torch.Tensor, a: int, b: int
@@ -240,21 +272,28 @@ class _ThetaSteps:
 
         return towards_centre
 
-    def _gathered(
-        self, centres: torch.Tensor, rows: torch.Tensor, a: int, b: int
-    ) -> Callable[[int, int], None]:
-        """The part's centres gathered once, every row pulled in one launch per layer."""
-        mine = centres.index_select(0, self.edge_of[a:b])
-        pull = stacked.rows_of(self.pull_rows, a, b)
-        lands = None if self.lands is None else self.lands[a:b]
 
-        def towards_centre(lo: int, hi: int) -> None:
-            own, centre = rows[:, lo:hi], mine[:, lo:hi]
-            if isinstance(pull, float) and pull == 1.0:
-                own.copy_(centre)
-            elif lands is None:
-                own.lerp_(centre, pull)
-            else:  # (a lerp with weight 1 may flip the sign of a zero: those rows copy)
-                torch.where(lands, centre, own.lerp_(centre, pull), out=own)
+def gathered_pull(
+    centres: torch.Tensor,
+    rows: torch.Tensor,
+    edge_of: torch.Tensor,
+    pull: torch.Tensor | float | None,
+    lands: torch.Tensor | None,
+) -> Callable[[int, int], None]:
+    """The GPU form of the θ steps' prox pull: the centres of ``rows``' edges (``edge_of``)
+    gathered once, every row pulled by its run's ``pull`` (a ``[rows, 1]`` column, or one value)
+    in one launch per layer; ``lands`` (``[rows, 1]``, or None) marks the rows whose pull is
+    exactly 1, which copy their centre."""
+    mine = centres.index_select(0, edge_of)
+    assert pull is not None
 
-        return towards_centre
+    def towards_centre(lo: int, hi: int) -> None:
+        own, centre = rows[:, lo:hi], mine[:, lo:hi]
+        if isinstance(pull, float) and pull == 1.0:
+            own.copy_(centre)
+        elif lands is None:
+            own.lerp_(centre, pull)
+        else:  # (a lerp with weight 1 may flip the sign of a zero: those rows copy)
+            torch.where(lands, centre, own.lerp_(centre, pull), out=own)
+
+    return towards_centre

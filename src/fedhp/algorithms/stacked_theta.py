@@ -166,13 +166,33 @@ def theta_steps(
     """``steps = (K, lr)``: K steps of size ``lr`` on rows ``part = (a, b)`` of ``theta``, in
     place, the prox ``pull`` applied inside each step (the model's ``sgd_step`` hook), every
     run's own counter of trained samples kept; the data loss at the last step's start point."""
-    (a, b), (k, lr), (x, y) = part, steps, batch
-    model = runs[0].algo.ctx.model
-    rows, xa, ya = theta[a:b], slice_rows(x, a, b), y[a:b]
-    parts = blocks(runs, a, b)
-    loss = torch.zeros(b - a, device=theta.device)
-    for _ in range(k):
-        for lo, hi, run in parts:  # each run's own counter of trained samples
+    (a, b), (x, y) = part, batch
+    count_steps(runs, x, part, steps[0])
+    return model_steps(runs[0].algo.ctx.model, theta[a:b], slice_rows(x, a, b), y[a:b], steps, pull)
+
+
+def count_steps(
+    runs: Sequence[StackedRun[Any]], x: torch.Tensor, part: tuple[int, int], k: int
+) -> None:
+    """``k`` gradient evaluations of rows ``part = (a, b)`` on ``x``, on each run's own counter
+    of trained samples."""
+    for lo, hi, run in blocks(runs, *part):
+        for _ in range(k):
             run.algo.ctx.model.count_trained(slice_rows(x, lo, hi))
-        loss = model.sgd_step(rows, xa, ya, lr, pull)
+
+
+def model_steps(
+    model: BatchedModel,
+    rows: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    steps: tuple[int, float],
+    pull: Callable[[int, int], None],
+) -> torch.Tensor:
+    """``steps = (K, lr)``: the model's K ``sgd_step`` calls on ``rows`` with the ``pull`` hook;
+    the data loss at the last step's start point. Kernels only (what a CUDA graph records)."""
+    k, lr = steps
+    loss = torch.zeros(rows.shape[0], device=rows.device)
+    for _ in range(k):
+        loss = model.sgd_step(rows, x, y, lr, pull)
     return loss

@@ -116,21 +116,24 @@ def _layout(t: torch.Tensor) -> tuple[object, ...]:
 
 @dataclass
 class StepGraphs:
-    """A run's captured step functions, one per key (see the module docstring). ``enabled``
-    False: :meth:`run` calls the function directly. ``make`` builds a key's replayer
-    (:class:`CudaGraph`; :class:`Rerun` to exercise the bookkeeping on the CPU)."""
+    """A run's captured step functions, one per key (see the module docstring). ``enabled``:
+    the steps of the run alone; ``stacked``: those of the stacked rounds it takes part in (a
+    lockstep batch's, :meth:`stacked_only`); where off, :meth:`run` calls the function
+    directly. ``make`` builds a key's replayer (:class:`CudaGraph`; :class:`Rerun` to exercise
+    the bookkeeping on the CPU)."""
 
     enabled: bool = False
+    stacked: bool = False
     make: Callable[[], Replayer] = CudaGraph
     graphs: dict[Hashable, _Graph] = field(default_factory=dict)
     eager: dict[Hashable, str] = field(default_factory=dict)  # key → why it runs eagerly
     replays: int = 0  # replays made (tests, logs)
 
-    def disable(self) -> None:
-        """Run everything eagerly from now on (a lockstep batch, whose model calls meet other
-        runs' and cannot be recorded alone)."""
+    def stacked_only(self) -> None:
+        """Steps of the run alone eager from now on (a lockstep batch: its model calls meet the
+        other runs' and cannot be recorded alone); stacked rounds, which run in one thread
+        while the others wait, keep their graphs."""
         self.enabled = False
-        self.graphs.clear()
 
     def run(
         self,
@@ -138,10 +141,12 @@ class StepGraphs:
         fn: StepFn,
         args: Sequence[torch.Tensor],
         writes: Sequence[int] = (),
+        stacked: bool = False,
     ) -> torch.Tensor | None:
-        """``fn(*args)``, replayed from its graph where enabled; ``writes``: the positions of
-        the arguments ``fn`` updates in place (copied back after a replay)."""
-        if not self.enabled:
+        """``fn(*args)``, replayed from its graph where on (``stacked``: a stacked round's
+        steps); ``writes``: the positions of the arguments ``fn`` updates in place (copied back
+        after a replay)."""
+        if not (self.stacked if stacked else self.enabled):
             return fn(*args)
         full = (key, tuple(_layout(a) for a in args))
         if full in self.eager:

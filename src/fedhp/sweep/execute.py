@@ -64,12 +64,12 @@ class BatchReport:
     single_calls: int = 0
     stacked_rounds: int = 0  # rounds of several runs trained as one (runs as rows)
     statuses: list[str] = field(default_factory=list)  # finished / resume / new, before it ran
-    graphs_off: bool = False  # engine.cuda_graphs asked, but lockstep runs without graphs
+    graphs_stacked: bool = False  # engine.cuda_graphs: in lockstep, for stacked rounds only
 
     def lockstep_line(self) -> str:
         """How a lockstep batch ran, for its log line."""
         stacked = f", {self.stacked_rounds} rounds stacked" if self.stacked_rounds else ""
-        graphs = "; engine.cuda_graphs off: the runs' calls meet" if self.graphs_off else ""
+        graphs = "; CUDA graphs in stacked rounds only" if self.graphs_stacked else ""
         return f"in lockstep ({self.fused_calls} fused model calls{stacked}){graphs}"
 
     def carried(self) -> str:
@@ -209,8 +209,8 @@ def _lockstep(
     for slot, i in enumerate(todo):
         step.attach(slot, exps[i].model)
         step.attach_algorithm(slot, exps[i].algorithm)
-        report.graphs_off |= exps[i].ctx.graphs.enabled
-        exps[i].ctx.graphs.disable()  # (its model calls meet the other runs': none alone)
+        report.graphs_stacked |= exps[i].ctx.graphs.enabled
+        exps[i].ctx.graphs.stacked_only()  # (its model calls meet the other runs')
     errors: dict[int, BaseException] = {}
     lock = threading.Lock()
 
