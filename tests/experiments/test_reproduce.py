@@ -382,3 +382,26 @@ def test_table1_runs_per_fedavg_only_when_asked(tmp_path: Path) -> None:
         ("perfedavg", 0.05),
     ]
     assert {"algorithm.alpha=0.05", "algorithm.beta=0.05"} <= set(jobs[1].overrides)
+
+
+def test_an_override_of_some_methods_applies_to_those_that_read_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's ``key=value`` overrides of a reproduction go to the methods that read them
+    (FedProx's μ to FedProx, not FedAvg; a run-wide option to every method), with one line
+    naming the methods left out; one no method reads stays with every run, which refuses it."""
+    jobs = [
+        common.Job("fedavg", "fedavg", ["algorithm.name=fedavg"]),
+        common.Job("fedprox", "fedprox", ["algorithm.name=fedprox"]),
+    ]
+    extra = ["algorithm.mu=0.5", "eval_train=false", "state_dir=/tmp/nowhere"]
+    out = common.user_overrides_read(jobs, opts(tmp_path, extra=extra, quiet=False))
+    assert out["fedprox"] == extra
+    assert out["fedavg"] == ["eval_train=false", "state_dir=/tmp/nowhere"]
+    assert "algorithm.mu is not read by fedavg; applied to the other methods" in (
+        capsys.readouterr().err
+    )
+    sfedhp = common.Job("sfedhp", "sfedhp", ["algorithm.name=sfedhp"])
+    graphs = ["device=cuda", "engine.cuda_graphs=true"]  # read where the other one is given
+    out = common.user_overrides_read([*jobs, sfedhp], opts(tmp_path, extra=graphs))
+    assert out == {"fedavg": ["device=cuda"], "fedprox": ["device=cuda"], "sfedhp": graphs}

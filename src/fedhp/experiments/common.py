@@ -409,8 +409,9 @@ def run_jobs(
     from fedhp.unread import read_overrides
 
     tasks = []
+    extras = user_overrides_read(jobs, opts)
     for job in jobs:
-        own = [*job.overrides, *opts.extra]
+        own = [*job.overrides, *extras[job.key]]
         # (the shared options the method reads: Per-FedAvg does not read algorithm.lr)
         shared = read_overrides(opts.base_overrides(job.model), own)
         for seed in range(opts.seeds):
@@ -440,6 +441,44 @@ def run_jobs(
         agg.update(method=job.method, params=job.params, folders=[s["folder"] for s in summaries])
         results[job.key] = agg
     return results
+
+
+def user_overrides_read(jobs: Sequence[Job], opts: ReproOptions) -> dict[str, list[str]]:
+    """Each job's share of the user's ``key=value`` overrides (``opts.extra``): those its run
+    reads, so that one option of one method (``algorithm.mu=0.1``, ``engine.cuda_graphs=true``)
+    applies to the methods that read it, and one line says which methods leave it out. An
+    override no job reads is kept for every job: the runs then refuse it in one line, as
+    ``fedhp run`` does."""
+    from fedhp.build import check_components
+    from fedhp.config import RunConfig, resolve_config
+    from fedhp.unread import unread_options
+
+    def resolved(job: Job, items: Sequence[str]) -> RunConfig | None:
+        overrides = [*opts.base_overrides(job.model), *job.overrides, *items]
+        try:
+            cfg = resolve_config(None, overrides, refuse_unread=False)
+            check_components(cfg)
+        except ConfigError:  # not an option of this method (or not a value it takes)
+            return None
+        return cfg
+
+    def read_by(job: Job) -> list[str]:
+        valid = [item for item in opts.extra if resolved(job, [item]) is not None]
+        cfg = resolved(job, valid)  # (together: whether one is read may follow from another)
+        unread = set() if cfg is None else set(unread_options(cfg))
+        return [item for item in valid if item.partition("=")[0].strip() not in unread]
+
+    reads = {job.key: read_by(job) for job in jobs}
+    out: dict[str, list[str]] = {job.key: [] for job in jobs}
+    for item in opts.extra:
+        takers = [job for job in jobs if item in reads[job.key]] or list(jobs)  # none: refused
+        if len(takers) < len(jobs):
+            left = ", ".join(job.key for job in jobs if job not in takers)
+            key = item.partition("=")[0].strip()
+            _log(opts, f"{key} is not read by {left}; applied to the other methods")
+        for job in takers:
+            out[job.key].append(item)
+    return out
 
 
 def pct(stat: Any) -> str:
