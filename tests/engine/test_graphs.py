@@ -145,14 +145,19 @@ def sfedhp_run(out: Path, graphs: StepGraphs | None, extra: list[str]) -> StepGr
         pytest.param([], id="default"),
         pytest.param(["algorithm.lam=10", "federation.edge_sizes=[2,3,7,8]"], id="uneven-edges"),
         pytest.param(["federation.edges_per_round=2", "algorithm.theta_init=warm"], id="sampled"),
+        pytest.param(["algorithm.name=pfedme"], id="pfedme"),
+        pytest.param(
+            ["algorithm.name=pfedme", "engine.clients_per_chunk=3", "algorithm.theta_init=reset"],
+            id="pfedme-parts",
+        ),
     ],
 )
-def test_sfedhp_with_its_theta_steps_replayed_writes_the_bytes_of_the_eager_run(
+def test_theta_steps_replayed_write_the_bytes_of_the_eager_run(
     tmp_path: Path, extra: list[str]
 ) -> None:
-    """sFedHP's θ steps through the graph bookkeeping (every argument copied into the static
-    tensors, θ and the loss copied back) write the metrics.csv of the eager run, byte for byte;
-    one capture per layout of a part, the rest replays."""
+    """sFedHP's and pFedMe's θ steps through the graph bookkeeping (every argument copied into
+    the static tensors, θ and the loss copied back) write the metrics.csv of the eager run, byte
+    for byte; one capture per layout of a part, the rest replays."""
     make = Recorder()
     sfedhp_run(tmp_path / "eager", None, extra)
     graphs = sfedhp_run(tmp_path / "graphs", StepGraphs(enabled=True, make=make), extra)
@@ -161,6 +166,8 @@ def test_sfedhp_with_its_theta_steps_replayed_writes_the_bytes_of_the_eager_run(
     ).read_bytes()
     assert not graphs.eager and 1 <= len(make.made) <= 3
     assert graphs.replays >= 9  # 3 rounds × R = 3 local rounds, one part or more each
+    if "engine.clients_per_chunk=3" in extra:  # 20 clients: parts of 3 and one of 2
+        assert len(make.made) == 2 and graphs.replays == 9 * 7
 
 
 SYNCS = {
@@ -213,5 +220,7 @@ def test_the_option_is_refused_where_nothing_would_read_it() -> None:
 
     assert why([]) is None
     assert why(["algorithm.gamma1=0.001", "algorithm.gamma2=0.001"]) is not None
+    assert why(["algorithm.name=pfedme"]) is None
+    assert why(["algorithm.name=pfedme", "algorithm.l2=0.01"]) is not None
     assert "fedavg with these options" in str(why(["algorithm.name=fedavg"]))
     assert "bf16" in str(why(["precision=bf16"]))

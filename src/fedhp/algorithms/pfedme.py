@@ -145,5 +145,10 @@ class PFedMeOptions(AlgorithmOptions):
         """``local_steps``: R and K set the local work."""
         return {"local_steps": derived_steps("pfedme", "K", "R")}
 
+    def graph_steps(self) -> bool:
+        """The θ subproblem's K steps (without the hidden L2) replay as one CUDA graph
+        (:func:`fedhp.algorithms.pfedme_fused._pulled_steps`)."""
+        return self.l2 == 0
+
     def build(self, ctx: RunContext) -> Algorithm:
         return PFedMe(self, ctx)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedhp.algorithms.base import State
+from fedhp.algorithms.stacked_theta import model_steps
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.ops import batched_loss_grad
 
@@ -58,22 +59,44 @@ def _local_rounds(
     ctx, opt = algo.ctx, algo.options
     model = ctx.model
     pull, plr = opt.personal_lr * opt.lam, opt.personal_lr
-
-    def towards_local(lo: int, hi: int) -> None:
-        theta[:, lo:hi].lerp_(local[:, lo:hi], pull)
-
     for r in range(opt.R):
         if opt.theta_init == "reset" and r > 0:  # (round 0 starts from it already)
             theta.copy_(received)
         x, y = draw()
+        if opt.l2 == 0:  # the pull inside the model's step: one pass
+            losses[r] = _pulled_steps(algo, theta, local, x, y)
+            local.lerp_(theta, opt.lr * opt.lam)  # local - lr lam (local - theta)
+            continue
         for _ in range(opt.K):
-            if opt.l2 == 0:  # the pull inside the model's step: one pass
-                model.count_trained(x)
-                loss = model.sgd_step(theta, x, y, plr, towards_local)
-                continue
             loss, grad = batched_loss_grad(model, theta, x, y)
             grad.add_(theta, alpha=opt.l2)
             # theta - plr (grad + lam (theta - local)), fused: no temporaries.
             theta.lerp_(local, pull).add_(grad, alpha=-plr)
         losses[r] = loss
         local.lerp_(theta, opt.lr * opt.lam)  # local - lr lam (local - theta)
+
+
+def _pulled_steps(
+    algo: PFedMe, theta: torch.Tensor, local: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """K steps of θ on ``(x, y)`` in place, each the model's ``sgd_step`` with the pull
+    ``theta <- lerp(theta, local, personal_lr lam)`` applied to each layer's columns inside it;
+    the data loss at the last step's start point. Replayed as one CUDA graph per shape where the
+    run asks for graphs (``engine.cuda_graphs``)."""
+    opt, ctx = algo.options, algo.ctx
+    for _ in range(opt.K):
+        ctx.model.count_trained(x)  # (a Python counter: kept outside the graph)
+    pull, steps = opt.personal_lr * opt.lam, (opt.K, opt.personal_lr)
+
+    def kernels(
+        theta: torch.Tensor, local: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        def towards_local(lo: int, hi: int) -> None:
+            theta[:, lo:hi].lerp_(local[:, lo:hi], pull)
+
+        return model_steps(ctx.model, theta, x, y, steps, towards_local)
+
+    key = ("pfedme θ steps", *steps, pull)
+    loss = ctx.graphs.run(key, kernels, (theta, local, x, y), writes=(0,))
+    assert loss is not None
+    return loss

@@ -20,6 +20,7 @@ from fedhp.algorithms.base import State
 from fedhp.algorithms.edge_rounds import level_aggregate
 from fedhp.algorithms.fused import EdgeRows, Received, count_sent, truncate_
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
+from fedhp.algorithms.stacked_theta import model_steps
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.ops import batched_loss_grad
@@ -155,10 +156,7 @@ def _prox_kernels(
     def towards_centre(lo: int, hi: int) -> None:
         center.columns(lo, hi).apply(move, theta[:, lo:hi])
 
-    loss = torch.zeros(theta.shape[0], device=theta.device)
-    for _ in range(opt.K):
-        loss = model.sgd_step(theta, x, y, lr, towards_centre)
-    return loss
+    return model_steps(model, theta, x, y, (opt.K, lr), towards_centre)
 
 
 @dataclass(frozen=True)
