@@ -48,11 +48,12 @@ sFedHP and HierFAVG first; its 3 seeds batched), as many as the 470 s deadline h
 (summary.json ``seconds``), ``final_pct`` the table's final accuracy (the global model's, else
 the personalized one's). A method cut off reports the rounds its runs reached (timings.csv) and
 the round loop they project to.
-``--issue 40c`` (optional, after Call A): ``sweep-graphs``, the λ sweep with
-``engine.cuda_graphs=true`` (every run alone and the stacked rounds with their θ steps replayed
-as CUDA graphs), then ``sweep:<method>``, the same 15-run sweep for every other method whose
-rounds stack as rows (:data:`SWEEP_METHODS`: its grid key and values), as many as the 470 s
-deadline holds.
+``--issue 40c`` (optional, after Call A): ``sweep-lam`` again, then ``sweep-graphs``, the λ
+sweep with ``engine.cuda_graphs=true`` (every run alone and the stacked rounds with their θ
+steps replayed as CUDA graphs; ``vs_plain``: ``sweep-lam``'s sequential batch over this
+lockstep batch, the ≥ 10× row with graphs), then ``sweep:<method>``, the same 15-run sweep
+for every other method whose rounds stack as rows (:data:`SWEEP_METHODS`: its grid key and
+values), as many as the 470 s deadline holds.
 ``--keep DIR`` copies each piece's small result files (tables, summaries, metrics, logs) into
 ``DIR/<piece>`` (the tables of Call B are the results to commit).
 
@@ -132,7 +133,7 @@ SWEEP_METHODS = {
 process) for every other method whose rounds stack as rows over a grid, the grids of
 ``benchmarks/run_rows_ops.py`` (FedAvg's path is FedProx's; HierFAVG's lr grid stacks its seeds
 per lr value)."""
-ISSUE_PIECES["40c"] = ["sweep-graphs", *(f"sweep:{m}" for m in SWEEP_METHODS)]
+ISSUE_PIECES["40c"] = ["sweep-lam", "sweep-graphs", *(f"sweep:{m}" for m in SWEEP_METHODS)]
 ISSUE_DEADLINE = {"40b": 470.0, "40c": 470.0}
 """An issue's default ``--deadline`` (its time boxes add up to more than its call may take)."""
 TABLE1 = ["--dataset", "mnist", "--setting", "1", "--model", "dnn-500-200", "--rounds", "800"]
@@ -219,6 +220,13 @@ MUST_SHOW: list[tuple[str, str, str, float | None, str]] = [
     ("λ sweep: lockstep batch seconds", "sweep-lam", "lockstep_s", None, ""),
     ("λ sweep: round loops, sequential / lockstep", "sweep-lam", "train_speedup", None, ""),
     ("λ sweep, CUDA graphs: sequential / lockstep", "sweep-graphs", "speedup", None, ""),
+    (
+        "λ sweep: sequential without graphs / lockstep with graphs",
+        "sweep-graphs",
+        "vs_plain",
+        10,
+        ">=",
+    ),
     ("λ sweep, CUDA graphs: sequential batch seconds", "sweep-graphs", "sequential_s", None, ""),
     ("λ sweep, CUDA graphs: lockstep batch seconds", "sweep-graphs", "lockstep_s", None, ""),
 ]
@@ -539,6 +547,18 @@ def verdict(value: float | None, target: float | None, op: str) -> str:
     return "yes" if ok else "NO"
 
 
+def derive(pieces: dict[str, Piece]) -> None:
+    """Numbers that take two pieces: the λ sweep's runs one by one as fedhp runs them by default
+    (``sweep-lam``'s sequential batch, no graphs) against its lockstep batch with CUDA graphs
+    (``sweep-graphs``), as ``vs_plain`` of ``sweep-graphs`` (same call, same machine)."""
+    plain, graphs = pieces.get("sweep-lam"), pieces.get("sweep-graphs")
+    if plain is None or graphs is None:
+        return
+    seq, lock = plain.values.get("sequential_s"), graphs.values.get("lockstep_s")
+    if seq is not None and lock:
+        graphs.values["vs_plain"] = seq / lock
+
+
 def table(pieces: dict[str, Piece], issue: str | None = None) -> list[str]:
     """The final table: every piece's status and time, then the must-shows of ``issue``'s
     pieces and of the pieces that ran (None: of the issues whose pieces ran; those of their
@@ -608,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
             pieces[name] = Piece(name, "skipped", 0.0, {}, "deadline reached")
             continue
         pieces[name] = run_piece(name, args.device, args.smoke, budget, args.keep)
+    derive(pieces)
     print(
         f"# gpu_check: device={args.device} smoke={args.smoke} "
         f"total={time.perf_counter() - start:.1f} s",

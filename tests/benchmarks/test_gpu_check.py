@@ -262,7 +262,7 @@ def test_issue_40c_sweeps_of_other_methods_run_at_smoke_sizes(
     assert code == 0, out
     row = next(ln for ln in out.splitlines() if ln.startswith("| hierfavg sweep, 15 runs"))
     assert float(row.split("|")[2]) > 0
-    pieces = ["sweep-graphs", *(f"sweep:{m}" for m in gpu_check.SWEEP_METHODS)]
+    pieces = ["sweep-lam", "sweep-graphs", *(f"sweep:{m}" for m in gpu_check.SWEEP_METHODS)]
     assert gpu_check.ISSUE_PIECES["40c"] == pieces
     assert all(
         gpu_check.BUDGET[p] <= gpu_check.ISSUE_DEADLINE["40c"]
@@ -282,9 +282,11 @@ def test_issue_40c_graphs_sweep_sets_the_option_on_a_gpu_and_fills_its_rows(
     command = gpu_check.piece_command("sweep-graphs", "cuda", False, Path("out"))
     assert command[command.index("--set") + 1] == "engine.cuda_graphs=true"
     assert "--set" not in gpu_check.piece_command("sweep-lam", "cuda", False, Path("out"))
-    argv = ["--device", "cpu", "--smoke", "--only", "sweep-graphs", "--scale", "4"]
+    argv = ["--device", "cpu", "--smoke", "--only", "sweep-lam", "sweep-graphs", "--scale", "4"]
     code = gpu_check.main(argv)
     out = capsys.readouterr().out
     assert code == 0, out
     row = next(ln for ln in out.splitlines() if ln.startswith("| λ sweep, CUDA graphs: seq"))
     assert float(row.split("|")[2]) > 0
+    row = next(ln for ln in out.splitlines() if "sequential without graphs / lockstep" in ln)
+    assert float(row.split("|")[2]) > 0 and "| >= 10 |" in row
