@@ -272,21 +272,26 @@ def test_issue_40c_sweeps_of_other_methods_run_at_smoke_sizes(
     assert command[command.index("--key") + 1] == "algorithm.beta"
 
 
-def test_issue_40c_graphs_sweep_sets_the_option_on_a_gpu_and_fills_its_rows(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_issue_40c_graphs_sweep_sets_the_option_on_a_gpu_and_derives_the_cross_ratio() -> None:
     """``sweep-graphs``: the λ sweep with ``engine.cuda_graphs=true`` for every run on a GPU (on
-    the CPU, which refuses that option, the plain sweep at smoke size fills its rows)."""
+    the CPU, which refuses that option, it is ``sweep-lam``'s command, run above); ``vs_plain``
+    is ``sweep-lam``'s sequential seconds over ``sweep-graphs``' lockstep seconds, in the table."""
     import gpu_check
 
     command = gpu_check.piece_command("sweep-graphs", "cuda", False, Path("out"))
     assert command[command.index("--set") + 1] == "engine.cuda_graphs=true"
     assert "--set" not in gpu_check.piece_command("sweep-lam", "cuda", False, Path("out"))
-    argv = ["--device", "cpu", "--smoke", "--only", "sweep-lam", "sweep-graphs", "--scale", "4"]
-    code = gpu_check.main(argv)
-    out = capsys.readouterr().out
-    assert code == 0, out
-    row = next(ln for ln in out.splitlines() if ln.startswith("| λ sweep, CUDA graphs: seq"))
-    assert float(row.split("|")[2]) > 0
-    row = next(ln for ln in out.splitlines() if "sequential without graphs / lockstep" in ln)
-    assert float(row.split("|")[2]) > 0 and "| >= 10 |" in row
+    assert "--set" not in gpu_check.piece_command("sweep-graphs", "cpu", True, Path("out"))
+    pieces = {
+        "sweep-lam": gpu_check.Piece("sweep-lam", "ok", 1.0, {"sequential_s": 30.0}),
+        "sweep-graphs": gpu_check.Piece("sweep-graphs", "ok", 1.0, {"lockstep_s": 2.5}),
+    }
+    gpu_check.derive(pieces)
+    assert pieces["sweep-graphs"].values["vs_plain"] == 12.0
+    rows = gpu_check.table(pieces, "40c")
+    assert (
+        "| λ sweep: sequential without graphs / lockstep with graphs | 12 | >= 10 | yes |" in rows
+    )
+    alone = {"sweep-graphs": gpu_check.Piece("sweep-graphs", "ok", 1.0, {"lockstep_s": 2.5})}
+    gpu_check.derive(alone)  # (without sweep-lam: nothing to derive)
+    assert "vs_plain" not in alone["sweep-graphs"].values
