@@ -35,7 +35,14 @@ def test_stacked_rounds_launch_fewer_kernels(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize(
     ("method", "steps"),
-    [("sfedhp", "algorithm.R"), ("pfedme", "algorithm.R"), ("fedprox", "algorithm.local_steps")],
+    [
+        ("sfedhp", "algorithm.R"),
+        ("pfedme", "algorithm.R"),
+        ("fedprox", "algorithm.local_steps"),
+        ("hierfavg", "algorithm.kappa2"),  # (alone: 4 reads per run and edge round)
+        ("perfedavg", "algorithm.local_steps"),
+        ("heurfedamp", "algorithm.local_steps"),
+    ],
 )
 def test_a_stacked_round_reads_nothing_back_per_local_step(
     monkeypatch: pytest.MonkeyPatch, method: str, steps: str
@@ -46,7 +53,7 @@ def test_a_stacked_round_reads_nothing_back_per_local_step(
     import run_rows_ops
 
     tiny = ["federation.num_clients=4", "federation.num_edges=2", "algorithm.K=2"]
-    tiny = tiny if method != "fedprox" else tiny[:2]
+    tiny = tiny if method in ("sfedhp", "pfedme") else tiny[:2]
     syncs = []
     for n in (2, 5):
         argv = ["--method", method, "--values", "0.1,0.2", "--seeds", "0,1", *tiny, f"{steps}={n}"]
