@@ -11,7 +11,7 @@ import torch
 
 from fedhp.algorithms import ALGORITHMS, Algorithm, AlgorithmOptions
 from fedhp.comm import CommLedger
-from fedhp.config import RunConfig
+from fedhp.config import RunConfig, cuda_graphs_unread
 from fedhp.data import DATASETS, PARTITIONERS
 from fedhp.data.public import PublicData, carve_public
 from fedhp.data.subsample import subsample
@@ -22,7 +22,7 @@ from fedhp.engine.context import RunContext
 from fedhp.engine.experiment import ENGINE_SEED_OFFSET, Experiment
 from fedhp.engine.faults import FaultModel
 from fedhp.engine.federation import Federation
-from fedhp.engine.graphs import StepGraphs, graphs_unread
+from fedhp.engine.graphs import StepGraphs
 from fedhp.engine.participation import Participation
 from fedhp.engine.sampler import BatchSampler
 from fedhp.engine.uplink import client_level, safeguards
@@ -261,7 +261,8 @@ def build_experiment(cfg: RunConfig) -> Experiment[Algorithm, AlgorithmOptions]:
         clients_per_chunk=cfg.engine.clients_per_chunk,
         memory_fraction=cfg.engine.memory_fraction,
         channels_last=cfg.engine.channels_last,
-        cuda_graphs=graphs_unread(cfg, options) is None and cfg.engine.cuda_graphs,
+        cuda_graphs=cuda_graphs_unread(cfg, options.graph_steps()) is None
+        and cfg.engine.cuda_graphs,
     )
     generator = torch.Generator(device="cpu").manual_seed(cfg.seed + ENGINE_SEED_OFFSET)
     # The global generators too (what dropout draws from; checkpoints save and restore them):

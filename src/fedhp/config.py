@@ -204,6 +204,23 @@ class EngineConfig(pydantic.BaseModel):
     )
 
 
+def cuda_graphs_unread(cfg: RunConfig, graph_steps: bool | None) -> str | None:
+    """Why the run does not read ``engine.cuda_graphs`` (None: it does): not on CUDA, under
+    bf16 (autocast caches its casts across calls, which a capture would freeze), or a method
+    whose steps have no captured form (``graph_steps`` false: its options'
+    ``graph_steps()``; None: not known)."""
+    if not str(cfg.device).startswith("cuda"):
+        return "CUDA graphs need a CUDA device; set device=cuda, or drop it"
+    if cfg.precision == "bf16":
+        return "bf16 steps run without graphs (autocast caches casts); use precision=fp32 or tf32"
+    if graph_steps is False:
+        name = cfg.algorithm.get("name")
+        return (
+            f"{name} with these options has no captured steps (docs/gpu.md, CUDA graphs); drop it"
+        )
+    return None
+
+
 class RunConfig(pydantic.BaseModel):
     """A whole run. Component sections (dataset, partition, model, algorithm) are validated by the
     component registered under their ``name`` (see :func:`fedhp.build.check_components`)."""

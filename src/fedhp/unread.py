@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from fedhp.config import COMPONENT_SECTIONS, RunConfig
-from fedhp.engine.graphs import graphs_unread
+from fedhp.config import COMPONENT_SECTIONS, RunConfig, cuda_graphs_unread
 from fedhp.errors import ConfigError
 
 Unread = dict[str, str]
@@ -108,7 +107,9 @@ def section_unread(cfg: RunConfig, on_flower: bool = False) -> Unread:
         out["state_dir"] = "the state is in memory; set state_storage=disk to use it, or drop it"
     if cfg.public.per_class == 0:
         out["public.source"] = "there is no D_pub (public.per_class=0); set public.per_class"
-    graphs = graphs_unread(cfg, _component(cfg, "algorithm"))
+    method_options = _component(cfg, "algorithm")
+    steps = None if method_options is None else bool(method_options.graph_steps())
+    graphs = cuda_graphs_unread(cfg, steps)
     if graphs is not None:
         out["engine.cuda_graphs"] = graphs
     return out

@@ -16,8 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fedhp.algorithms import ALGORITHMS
 from fedhp.build import build_experiment
-from fedhp.config import resolve_config
-from fedhp.engine.graphs import Rerun, StepGraphs, graphs_unread
+from fedhp.config import cuda_graphs_unread, resolve_config
+from fedhp.engine.graphs import Rerun, StepGraphs
 from fedhp.engine.runner import run_experiment
 from fedhp.errors import ConfigError, FedhpWarning
 
@@ -216,7 +216,7 @@ def test_the_option_is_refused_where_nothing_would_read_it() -> None:
 
     def why(overrides: list[str]) -> str | None:
         cfg = resolve_config(None, ["device=cuda", *overrides], refuse_unread=False)
-        return graphs_unread(cfg, ALGORITHMS.build(cfg.algorithm, "algorithm"))
+        return cuda_graphs_unread(cfg, ALGORITHMS.build(cfg.algorithm, "algorithm").graph_steps())
 
     assert why([]) is None
     assert why(["algorithm.gamma1=0.001", "algorithm.gamma2=0.001"]) is not None

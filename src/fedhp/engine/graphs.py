@@ -30,11 +30,10 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
-from fedhp.config import RunConfig
 from fedhp.errors import FedhpWarning
 
 StepFn = Callable[..., torch.Tensor | None]
@@ -206,22 +205,6 @@ class StepGraphs:
             FedhpWarning,
             stacklevel=4,
         )
-
-
-def graphs_unread(cfg: RunConfig, options: Any) -> str | None:
-    """Why the run does not read ``engine.cuda_graphs`` (None: it does): not on CUDA, under
-    bf16 (autocast caches its casts across calls, which a capture would freeze), or a method
-    whose steps have no captured form here (``options.graph_steps()`` false)."""
-    if not str(cfg.device).startswith("cuda"):
-        return "CUDA graphs need a CUDA device; set device=cuda, or drop it"
-    if cfg.precision == "bf16":
-        return "bf16 steps run without graphs (autocast caches casts); use precision=fp32 or tf32"
-    if options is not None and not options.graph_steps():
-        name = cfg.algorithm.get("name")
-        return (
-            f"{name} with these options has no captured steps (docs/gpu.md, CUDA graphs); drop it"
-        )
-    return None
 
 
 def _first_line(err: BaseException) -> str:
