@@ -48,13 +48,15 @@ def test_compare_three_runs_writes_png_and_table(
     table = (tmp_path / "fig.md").read_text()
     assert table in capsys.readouterr().out
     lines = table.splitlines()
-    assert lines[0].startswith("| run | seeds | final global_acc | best global_acc |")
+    assert lines[0].startswith("| run | seeds | final global_acc (%) | best global_acc (%) |")
     assert len(lines) == 4  # header, rule, two groups
     finals = [read_rows(r / "metrics.csv")[-1]["global_acc"] for r in runs]
-    mean, sd = mean_std([float(finals[0]), float(finals[1])])
+    mean, sd = mean_std([100 * float(finals[0]), 100 * float(finals[1])])
     assert lines[2].startswith("| algorithm=fedavg (2 seeds, mean ± std) | 2 | ")
-    assert f"{mean:.4f} ± {sd:.4f}" in lines[2]
-    assert lines[3].startswith("| algorithm=fedprox | 1 | ") and f"{finals[2]:.4f}" in lines[3]
+    assert f"{mean:.2f} ± {sd:.2f}" in lines[2]
+    assert (
+        lines[3].startswith("| algorithm=fedprox | 1 | ") and f"{100 * finals[2]:.2f}" in lines[3]
+    )
 
 
 def test_groups_and_band(runs: list[Path]) -> None:

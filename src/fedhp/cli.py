@@ -260,7 +260,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"{', '.join('.' + k for k in FIGURE_FORMATS)} (the format it is written in), "
             f"e.g. --out {out.stem or 'fig'}.png"
         )
-    compare([Path(d) for d in args.runs], out, args.metric, args.x, not args.no_band)
+    from fedhp.reporting import parse_formats
+
+    formats = parse_formats(args.format) if args.format is not None else []
+    compare([Path(d) for d in args.runs], out, args.metric, args.x, not args.no_band, formats)
     return 0
 
 
@@ -427,6 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="figure to write: .png, .pdf or .svg, e.g. fig.png"
     )
     cmp.add_argument("--no-band", action="store_true", help="no mean ± std band per seed group")
+    cmp.add_argument(
+        "--format",
+        metavar="FMT[,FMT]",
+        help="also write the figure in these formats beside --out: png, pdf, svg (e.g. pdf,svg)",
+    )
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser(
         "reproduce",

@@ -1,11 +1,14 @@
-"""``fedhp compare RUN_DIR... --out fig.png``: several runs on one plot, and a table.
+r"""``fedhp compare RUN_DIR... --out fig.png``: several runs on one plot, and a table.
 
 Runs whose configurations differ only by ``seed`` (and bookkeeping: ``progress``,
 ``checkpoint_every``, ``tensorboard``) form a group, drawn as one line, the mean over seeds with
-a ± one-standard-deviation band (sample std, n − 1). Each line is labelled by what sets its group
-apart from the others (e.g. ``algorithm=fedavg`` or ``algorithm.lr=0.1``). The Markdown table
-gives each group's final and best value of the metric (mean ± std over seeds); it is printed and
-written beside the PNG (``fig.md``).
+a ± one-standard-deviation band (sample std, n − 1; the legend says so). Each line is labelled by
+what sets its group apart from the others: in the table ``algorithm=fedavg`` or
+``algorithm.lr=0.1``, in the figure by the short names the sweep's figure uses (``fedavg``,
+``$\eta$ = 0.1``). The Markdown table gives each group's final and best value of the metric
+(mean ± std over seeds; accuracies in %, as on the figure's axis); it is printed and written
+beside the figure (``fig.md``). The figure is written in the format ``--out`` names, and in each
+of ``--format``'s (``png,pdf,svg``) beside it.
 
 Configurations are compared in their fully resolved form (:func:`fedhp.config.normalized_config`),
 so a run that left an option at its default and one that gave the default are one group. A run
@@ -20,15 +23,27 @@ import csv
 import json
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from matplotlib.figure import Figure
 
 from fedhp.errors import ConfigError, FedhpError, FedhpWarning
 from fedhp.experiments.common import markdown_table, mean_std
-from fedhp.reporting import Line, column_label, plot_lines, read_rows, write_text_atomic
+from fedhp.reporting import (
+    Line,
+    column_label,
+    draw_lines,
+    paper_style,
+    read_rows,
+    save_figure,
+    short_label,
+    short_names,
+    short_value,
+    write_text_atomic,
+)
 
 NOT_GROUPED = ("seed", "progress", "checkpoint_every", "tensorboard")
 NOT_LABELLED = (*NOT_GROUPED, "plugins")
@@ -56,6 +71,8 @@ class Group:
 
     runs: list[Run]
     label: str = ""
+    values: dict[str, Any] = field(default_factory=dict)
+    """What sets the group apart (dotted key → value; ``default``: left at its default)."""
 
 
 class BrokenRun(ConfigError):
@@ -186,12 +203,15 @@ def label_groups(groups: list[Group]) -> None:
     shown = [k for k in keys if _differs(flat, k)]
     for group, f in zip(groups, flat, strict=True):
         parts = []
+        group.values = {}
         for key in shown:
             section = key.split(".")[0]
             if key in f or section not in SECTIONS:
-                parts.append(f"{key.removesuffix('.name')}={_short(f.get(key))}")
+                parts.append(f"{key.removesuffix('.name')}={short_value(f.get(key))}")
+                group.values[key] = f.get(key)
             elif _differs([g for g in flat if _same(g, f, section)], key):
                 parts.append(f"{key}=default")  # config.yaml lists only the options given
+                group.values[key] = "default"
         if not parts:
             parts = [f"{f.get('algorithm.name')} on {f.get('dataset.name')}"]
         group.label = ", ".join(parts)
@@ -242,17 +262,25 @@ def group_curve(group: Group, metric: str, x: str) -> Line:
     return Line(group.label, xs, ys, std=sds if len(group.runs) > 1 else None)
 
 
-def _stat(values: list[float], digits: int = 4) -> str:
-    """``mean ± std`` (just the value for one run; ``—`` for none)."""
+def _stat(values: list[float], digits: int = 4, scale: float = 1.0) -> str:
+    """``mean ± std`` of ``values`` times ``scale`` (just the value for one run; ``—`` for
+    none)."""
     if not values:
         return "—"
-    mean, sd = mean_std(values)
+    mean, sd = mean_std([v * scale for v in values])
     return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
+def in_percent(metric: str) -> bool:
+    """Whether ``metric`` is an accuracy, shown in % (table and figure alike)."""
+    return metric.endswith("_acc")
+
+
 def table(groups: Sequence[Group], metric: str) -> str:
-    """Markdown: per group, the final and best ``metric`` (lowest for losses), rounds, MB."""
+    """Markdown: per group, the final and best ``metric`` (lowest for losses; accuracies in
+    %), rounds, MB."""
     lower = "loss" in metric
+    digits, scale = (2, 100.0) if in_percent(metric) else (4, 1.0)
     rows = []
     for group in groups:
         finals, bests, rounds, mbs = [], [], [], []
@@ -271,14 +299,64 @@ def table(groups: Sequence[Group], metric: str) -> str:
             [
                 group.label,
                 str(len(seeds_of(group))),
-                _stat(finals),
-                _stat(bests),
+                _stat(finals, digits, scale),
+                _stat(bests, digits, scale),
                 str(max(rounds, default=0)),
                 mb,
             ]
         )
-    header = ["run", "seeds", f"final {metric}", f"best {metric}", "rounds", "MB (all links)"]
+    unit = " (%)" if in_percent(metric) else ""
+    header = [
+        "run",
+        "seeds",
+        f"final {metric}{unit}",
+        f"best {metric}{unit}",
+        "rounds",
+        "MB (all links)",
+    ]
     return markdown_table(header, rows)
+
+
+def figure_lines(groups: Sequence[Group], metric: str, x: str, band: bool = True) -> list[Line]:
+    """The figure's lines: each group's :func:`group_curve` labelled by its short names
+    (``$\\lambda$ = 15 (2 seeds)``), in % for an accuracy; no band unless ``band``."""
+    names = short_names(list(dict.fromkeys(k for g in groups for k in g.values)))
+    scale = 100.0 if in_percent(metric) else 1.0
+    lines = []
+    for group in groups:
+        line = group_curve(group, metric, x)
+        label = short_label(group.values, names) if group.values else group.label
+        seeds = len(seeds_of(group))
+        line.label = label + (f" ({seeds} seeds)" if seeds > 1 and group.values else "")
+        line.y = [y * scale for y in line.y]
+        line.std = [sd * scale for sd in line.std] if band and line.std is not None else None
+        lines.append(line)
+    marker = "." if max((len(line.x) for line in lines), default=0) < 30 else ""
+    for line in lines:
+        line.marker = marker
+    return lines
+
+
+def plot_compare(
+    lines: Sequence[Line], out: Path, metric: str, x: str, formats: Sequence[str]
+) -> list[Path]:
+    """One panel of ``lines`` for a page (fonts and size of the sweep's figure), the legend
+    titled with the band's spread; written as ``out`` in each of ``formats``."""
+    ylabel = column_label(metric) + (" (%)" if in_percent(metric) else "")
+    banded = any(line.std is not None and any(sd > 0 for sd in line.std) for line in lines)
+    with paper_style():
+        fig = Figure(figsize=(3.8, 2.9))
+        ax = fig.subplots()
+        draw_lines(ax, lines, X_AXES[x][1], ylabel, no_data=None, integer_x=x == "round")
+        ax.legend(
+            title="mean ± std over seeds" if banded else None,
+            fontsize="x-small" if len(lines) > 6 else "small",
+            title_fontsize="x-small",
+            ncol=2 if len(lines) > 6 else 1,
+            framealpha=0.8,
+        )
+        fig.tight_layout()
+        return save_figure(fig, out, formats)
 
 
 def compare(
@@ -287,9 +365,11 @@ def compare(
     metric: str = "global_acc",
     x: str = "round",
     band: bool = True,
+    formats: Sequence[str] = (),
 ) -> str:
-    """Plot ``metric`` over ``x`` for the runs in ``folders`` to ``out_png``; write and return the
-    Markdown table (``out_png`` with suffix ``.md``)."""
+    """Plot ``metric`` over ``x`` for the runs in ``folders`` to ``out_png`` (in the format its
+    suffix names, and in each of ``formats`` beside it); write and return the Markdown table
+    (``out_png`` with suffix ``.md``)."""
     if x not in X_AXES:
         raise ConfigError(f"--x {x}: choose one of {', '.join(X_AXES)}")
     runs = read_runs(folders, metric)
@@ -310,22 +390,13 @@ def compare(
             )
         raise ConfigError(f"--x {x}: none of these runs has a {column} column in metrics.csv")
     groups = make_groups(runs)
-    lines = [group_curve(g, metric, x) for g in groups]
-    if not band:
-        for line in lines:
-            line.std = None
-    marker = "." if max((len(line.x) for line in lines), default=0) < 30 else ""
-    for line in lines:
-        line.marker = marker
-    title = f"{column_label(metric)}: {len(runs)} runs" + (
-        f" in {len(groups)} group{'s' if len(groups) > 1 else ''}"
-        if len(groups) < len(runs)
-        else ""
-    )
-    plot_lines(lines, out_png, X_AXES[x][1], column_label(metric), title, integer_x=x == "round")
+    lines = figure_lines(groups, metric, x, band)
+    out = Path(out_png)
+    kinds = [out.suffix.lower().lstrip("."), *(k for k in formats if f".{k}" != out.suffix)]
+    written = plot_compare(lines, out, metric, x, list(dict.fromkeys(kinds)))
     text = table(groups, metric)
-    md = Path(out_png).with_suffix(".md")
+    md = out.with_suffix(".md")
     write_text_atomic(md, text)
     print(text, end="")
-    print(f"figure: {out_png}; table: {md}")
+    print(f"figure: {', '.join(str(p) for p in written)}; table: {md}")
     return text

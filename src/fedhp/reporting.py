@@ -17,7 +17,8 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -264,12 +265,139 @@ FIGURE_FORMATS = ("png", "pdf", "svg")
 """The file name extensions a figure may have (``fedhp compare --out``); anything else is PNG."""
 
 
-def _save(fig: Figure, out_png: Path) -> None:
+FIXED_METADATA: dict[str, dict[str, Any]] = {
+    "png": {"Software": None},
+    "pdf": {"CreationDate": None, "Producer": None, "Creator": None},
+    "svg": {"Date": None, "Creator": None},
+}
+"""No creation date or tool version in a figure file: the same figure, the same bytes."""
+
+
+def _save(fig: Figure, out_png: Path, dpi: int = 110) -> None:
     """Write ``fig`` in the format its extension names (:data:`FIGURE_FORMATS`, else PNG)."""
     FigureCanvasAgg(fig)
     kind = Path(out_png).suffix.lower().lstrip(".")
     kind = kind if kind in FIGURE_FORMATS else "png"
-    _atomic_write(Path(out_png), lambda fh: fig.savefig(fh, format=kind, dpi=110))
+    meta = FIXED_METADATA[kind]
+    _atomic_write(Path(out_png), lambda fh: fig.savefig(fh, format=kind, dpi=dpi, metadata=meta))
+
+
+def parse_formats(text: str | Sequence[str] | None, flag: str = "--format") -> list[str]:
+    """The figure formats of ``png,pdf,svg`` (a comma list, or a list), in that order,
+    duplicates dropped; None: ``["png"]``; else a one-line :class:`ConfigError` naming
+    ``flag``."""
+    from fedhp.errors import ConfigError
+
+    if text is None:
+        return ["png"]
+    items = text.split(",") if isinstance(text, str) else [str(t) for t in text]
+    kinds = [t.strip().lower().lstrip(".") for t in items]
+    if not kinds or any(not k for k in kinds):
+        raise ConfigError(f"{flag} {text!r}: name formats among {','.join(FIGURE_FORMATS)}")
+    bad = [k for k in kinds if k not in FIGURE_FORMATS]
+    if bad:
+        raise ConfigError(
+            f"{flag} {bad[0]}: not a figure format; choose among {','.join(FIGURE_FORMATS)} "
+            "(e.g. --format png,pdf)"
+        )
+    return [k for k in FIGURE_FORMATS if k in kinds]
+
+
+PAPER_STYLE: dict[str, Any] = {
+    "font.size": 9.0,
+    "axes.titlesize": 9.0,
+    "axes.labelsize": 9.0,
+    "legend.fontsize": 8.0,
+    "xtick.labelsize": 8.0,
+    "ytick.labelsize": 8.0,
+    "pdf.fonttype": 42,  # TrueType in PDFs (journals refuse Type 3 fonts)
+    "svg.hashsalt": "fedhp",  # the same SVG ids every time
+}
+"""Figure sizes and fonts for a printed page (the sweep's and ``fedhp compare``'s figures)."""
+PAPER_DPI = 200
+
+
+def save_figure(fig: Figure, out: Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Write ``fig`` as ``out`` with each suffix of ``formats`` (``png``: at
+    :data:`PAPER_DPI`); the files written. Call within :func:`paper_style`."""
+    written = []
+    for kind in formats:
+        same = Path(out).suffix.lower() == f".{kind}"
+        path = Path(out) if same else Path(out).with_suffix(f".{kind}")
+        _save(fig, path, dpi=PAPER_DPI)
+        written.append(path)
+    return written
+
+
+@contextmanager
+def paper_style() -> Iterator[None]:
+    """:data:`PAPER_STYLE` while a figure is made and saved (matplotlib's settings are global:
+    held under the plotting lock, so a run's plot.png drawn in another thread waits)."""
+    import matplotlib
+
+    with _PLOT_LOCK, matplotlib.rc_context(PAPER_STYLE):  # type: ignore[arg-type]
+        yield
+
+
+MATH_NAMES = {
+    "lam": r"\lambda",
+    "mu": r"\mu",
+    "lr": r"\eta",
+    "edge_lr": r"\eta_{\mathrm{edge}}",
+    "personal_lr": r"\eta_{\mathrm{pers}}",
+    "beta": r"\beta",
+    "alpha": r"\alpha",
+    "rho": r"\rho",
+    "tau": r"\tau",
+    "sigma": r"\sigma",
+    "gamma": r"\gamma",
+    "gamma1": r"\gamma_1",
+    "gamma2": r"\gamma_2",
+    "noise_multiplier": r"\sigma",
+    "K": "K",
+    "R": "R",
+}
+"""Options drawn as their symbol in legends (``$\\lambda$ = 15``); others by their name."""
+
+
+def short_value(value: Any) -> str:
+    """A value as a legend or table shows it: ``15`` for 15.0, ``0.01``, ``1e-05``,
+    ``[500,200]``, ``fedavg``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int | str):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def short_names(keys: Sequence[str]) -> dict[str, str]:
+    """Each dotted option key's short name for a legend: its symbol (:data:`MATH_NAMES`, as
+    mathtext), else its last part with spaces; the whole key where two would read the same;
+    ``""`` for a component's ``name`` (the value says it)."""
+    out = {}
+    for key in keys:
+        last = key.split(".")[-1]
+        if last == "name":
+            out[key] = ""
+        elif last in MATH_NAMES:
+            out[key] = f"${MATH_NAMES[last]}$"
+        else:
+            out[key] = last.replace("_", " ")
+    named = [n for n in out.values() if n]
+    return {k: (k if n and named.count(n) > 1 else n) for k, n in out.items()}
+
+
+def short_label(values: Mapping[str, Any], names: Mapping[str, str]) -> str:
+    """``$\\lambda$ = 15, $\\mu$ = 0.01`` for ``values`` (dotted key → value) with
+    ``names`` from :func:`short_names`."""
+    parts = []
+    for key, value in values.items():
+        text = short_value(value).replace("$", r"\$")
+        name = names.get(key, key)
+        parts.append(f"{name} = {text}" if name else text)
+    return ", ".join(parts)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fedhp.errors import ConfigError
-from fedhp.sweep.report import _curve, _Run, load_table, table_rows, write_report
+from fedhp.sweep.report import load_table, table_rows, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BASE = ["rounds=10", "eval_every=5"]
@@ -251,18 +251,6 @@ def test_nothing_finished_yet(tmp_path: Path) -> None:
     assert row["n"] == 0 and row["runs"] == 1 and row["mb_total"] is None
     assert "| 15 | 0/1 |" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "curves.png").read_bytes()[:8] == PNG_MAGIC
-
-
-def test_curve_averages_the_common_rounds(tmp_path: Path) -> None:
-    def run(rows: list[dict[str, Any]]) -> _Run:
-        return _Run({"out_dir": "x"}, tmp_path, {}, rows)
-
-    a = run([{"round": 5, "global_acc": 0.5}, {"round": 10, "global_acc": 0.7}])
-    b = run([{"round": 5, "global_acc": 0.7}])  # diverged after round 5
-    c = run([{"round": 5, "personal_acc": 0.9}])  # has no global_acc: not counted
-    xs, ys, ses = _curve([a, b, c], "global_acc")
-    assert xs == [5.0] and ys == pytest.approx([0.6]) and ses == pytest.approx([0.1])
-    assert _curve([c], "global_acc") == ([], [], [])
 
 
 def test_load_table_without_a_report(tmp_path: Path) -> None:

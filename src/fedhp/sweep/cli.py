@@ -60,6 +60,12 @@ def add_parser(sub: Any) -> None:
         "one after another in this process; auto (default): lockstep on a GPU, sequential on "
         "the CPU (docs/sweep.md says why)",
     )
+    sw.add_argument(
+        "--format",
+        metavar="FMT[,FMT]",
+        help="the figures' formats among png, pdf, svg (e.g. pdf,svg: curves.pdf and "
+        "curves.svg too; curves.png is always written)",
+    )
     add_plugin_option(sw)
     sw.set_defaults(func=cmd_sweep)
 
@@ -86,6 +92,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     }
     options = {k: v for k, v in section.items() if k not in ("grid", "plugins")}
     options.update({k: v for k, v in flags.items() if v is not None})
+    if args.format is not None:  # the figures' formats (curves.png always)
+        from fedhp.reporting import parse_formats
+
+        options["formats"] = ["png", *parse_formats(args.format)]
     plugins = [*section.get("plugins", []), *args.plugin]
     base = [*base, *overrides]
     if options.get("out") in (None, ""):

@@ -5,8 +5,9 @@ For the test-split runs: ``table.md`` and ``table.csv`` (one row per grid point,
 manifest's order: the point's values, the seeds finished, mean ± standard error over seeds of
 each accuracy in ``summary.json``, the mean best round, the accumulated bytes of all links in MB,
 the training seconds, the runs that diverged) and ``curves.png`` (per point the mean accuracy
-over seeds per round with a ± one standard error band). With ``select: val`` the same for the
-validation-split runs: ``val_table.md``, ``val_table.csv`` and ``val_curves.png``.
+over seeds per round with a ± one standard error band, :mod:`fedhp.sweep.figures`; ``.pdf`` /
+``.svg`` too as ``--format`` asks). With ``select: val`` the same for the validation-split
+runs: ``val_table.md``, ``val_table.csv`` and ``val_curves.png``.
 
 The standard error is the sample standard deviation over seeds / √n (0 for one seed). A run
 without ``summary.json`` is unfinished and left out; a diverged run (``stopped`` in its summary)
@@ -24,19 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from matplotlib.figure import Figure
-
 from fedhp.errors import ConfigError
 from fedhp.reporting import (
-    Line,
     _format_cell,
     _parse_cell,
-    _save,
-    column_label,
-    draw_lines,
     read_rows,
     write_text_atomic,
 )
+from fedhp.sweep.figures import caption, plot_sweep
 from fedhp.sweep.plan import MANIFEST
 from fedhp.tables import markdown_table, mean_std
 
@@ -44,8 +40,6 @@ __all__ = ["ACC_KEYS", "load_table", "table_rows", "write_report"]
 
 ACC_KEYS = ("final_global_acc", "best_global_acc", "final_personal_acc", "best_personal_acc")
 """The summary.json accuracies a table reports (those present in some run)."""
-CURVE_COLUMNS = ("global_acc", "personal_acc")
-"""The metrics.csv columns ``curves.png`` draws, one panel each (those present)."""
 SPLIT_WORDS = {"test": "test", "val": "validation"}
 
 
@@ -325,6 +319,7 @@ def _markdown(
     )
     if any(row["n"] == 1 for row in rows):
         lines.append("- n = 1: ± 0.00 is no spread estimate (the standard error needs 2 seeds)")
+    lines.append(caption(split, "val_curves" if split == "val" else "curves"))
     if unfinished:
         lines.append(f"- unfinished: {unfinished} run(s) without summary.json, not counted in n")
     if not rows:
@@ -356,61 +351,9 @@ def _markdown(
     return "\n".join(lines) + "\n" + markdown_table(header, cells)
 
 
-def _curve(runs: Sequence[_Run], column: str) -> tuple[list[float], list[float], list[float]]:
-    """(rounds, mean, standard error) of ``column`` over the runs that have it, on the rounds
-    every one of them has."""
-    series = []
-    for run in runs:
-        by_round = {}
-        for row in run.rows:
-            x, y = _number(row.get("round")), _number(row.get(column))
-            if x is not None and y is not None:
-                by_round[x] = y
-        if by_round:
-            series.append(by_round)
-    if not series:
-        return [], [], []
-    common = sorted(set.intersection(*(set(s) for s in series)))
-    means, ses = [], []
-    for x in common:
-        mean, se = _mean_se([s[x] for s in series])
-        means.append(mean if mean is not None else math.nan)
-        ses.append(se if se is not None else 0.0)
-    return common, means, ses
-
-
-def _plot(points: Sequence[_Point], split: str, selected: str | None, out_png: Path) -> None:
-    """One panel per accuracy column some run has: per point, the mean over its finished seeds
-    with a ± one standard error band."""
-    panels = []
-    for column in CURVE_COLUMNS:
-        lines = []
-        for point in points:
-            xs, ys, ses = _curve(point.finished, column)
-            if xs:
-                marker = "." if len(xs) < 30 else ""
-                width = 2.6 if point.id == selected else None
-                label = f"{point.id} (selected)" if point.id == selected else point.id
-                lines.append(Line(label, xs, ys, std=ses, width=width, marker=marker))
-        if lines:
-            panels.append((column, lines))
-    words = SPLIT_WORDS.get(split, split)
-    fig = Figure(figsize=(6.4 * max(len(panels), 1), 4.4))
-    axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
-    if not panels:
-        draw_lines(axes[0], [], "round", f"{words} accuracy", title="no finished runs")
-    for i, (ax, (column, lines)) in enumerate(zip(axes, panels, strict=False)):
-        if i > 0:  # one legend, on the first panel
-            for line in lines:
-                line.label = None
-        title = column_label(column).replace("test accuracy", f"{words} accuracy")
-        draw_lines(ax, lines, "round", f"{words} accuracy", title=title, integer_x=True)
-    fig.suptitle(f"sweep, {words} split: mean over seeds ± standard error")
-    fig.tight_layout()
-    _save(fig, out_png)
-
-
-def _write_split(folder: Path, manifest: Mapping[str, Any], split: str, prefix: str) -> list[Path]:
+def _write_split(
+    folder: Path, manifest: Mapping[str, Any], split: str, prefix: str, formats: Sequence[str]
+) -> list[Path]:
     table = _table(folder, manifest, split)
     selected = (manifest.get("selected") or {}).get("point")
     md, csv_path, png = (
@@ -418,18 +361,21 @@ def _write_split(folder: Path, manifest: Mapping[str, Any], split: str, prefix: 
     )
     write_text_atomic(md, _markdown(manifest, split, table))
     write_text_atomic(csv_path, _csv_text(table))
-    _plot(table.points, split, selected, png)
-    return [md, csv_path, png]
+    figures = plot_sweep(table.points, split, selected, png, formats)
+    return [md, csv_path, *figures]
 
 
-def write_report(folder: Path, manifest: Mapping[str, Any]) -> list[Path]:
+def write_report(
+    folder: Path, manifest: Mapping[str, Any], formats: Sequence[str] = ("png",)
+) -> list[Path]:
     """Write the sweep's tables and figures into ``folder`` (see the module's docstring);
-    returns the files written: table.md, table.csv, curves.png, then val_table.md,
-    val_table.csv, val_curves.png where the manifest has validation-split runs."""
+    returns the files written: table.md, table.csv, curves.png (and curves.pdf / curves.svg
+    as ``formats`` names them), then the same with ``val_`` where the manifest has
+    validation-split runs."""
     folder = Path(folder)
-    written = _write_split(folder, manifest, "test", "")
+    written = _write_split(folder, manifest, "test", "", formats)
     if any(r.get("split") == "val" for r in manifest.get("runs") or []):
-        written += _write_split(folder, manifest, "val", "val_")
+        written += _write_split(folder, manifest, "val", "val_", formats)
     return written
 
 

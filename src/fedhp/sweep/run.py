@@ -49,6 +49,7 @@ class SweepSpec:
     batching: str = "auto"
     progress: bool = True
     quiet: bool = False
+    formats: list[str] = field(default_factory=lambda: ["png"])  # the figures' (--format)
 
     def check(self) -> None:
         """One-line errors for options out of range."""
@@ -263,6 +264,6 @@ def run_sweep(spec: SweepSpec) -> dict[str, Any]:
         bar.close()
     from fedhp.sweep.report import write_report
 
-    written = write_report(spec.out, manifest)
+    written = write_report(spec.out, manifest, list(dict.fromkeys(spec.formats)))
     log(f"wrote {', '.join(p.name for p in written)}")
     return manifest
