@@ -14,7 +14,8 @@ TLS is always on and SuperNode authentication is always on. The pieces, each usa
   register`` use;
 - ``LoopbackFederation`` (here): all of it on 127.0.0.1 as a context manager that kills every
   process it started on exit (used by ``fedhp flower deploy`` and the end-to-end tests); the
-  processes are supervised by :mod:`fedhp.flower.processes`.
+  processes are supervised by :mod:`fedhp.flower.processes`, and a :class:`Watchdog` ends them
+  (and whatever they started) if the process that owns the federation dies without stopping it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ from fedhp.flower.commands import (
     supernode_command,
 )
 from fedhp.flower.packaging import CONNECTION, ConfigValue, write_connection
-from fedhp.flower.processes import DeployError, Process, descendants, start_process, wait_for
+from fedhp.flower.processes import (
+    DeployError,
+    Process,
+    Watchdog,
+    descendants,
+    start_process,
+    wait_for,
+)
 
 
 @dataclass
@@ -59,7 +67,9 @@ class LoopbackFederation:
     """A SuperLink and ``nodes`` SuperNodes on 127.0.0.1, TLS and node authentication on.
 
     ``with LoopbackFederation(workdir, nodes=4) as fed: fed.run(app_dir)``. ``workdir`` receives
-    ``certs/``, ``keys/``, ``flwr-home/`` and ``logs/``. Every process is killed on exit.
+    ``certs/``, ``keys/``, ``flwr-home/`` and ``logs/``. Every process is killed on exit, the
+    SuperNodes first; if the owning process dies without that (SIGKILL), the federation's
+    :class:`Watchdog` ends every process it started, and those they started.
     """
 
     workdir: Path
@@ -72,6 +82,7 @@ class LoopbackFederation:
     certs: Certificates | None = None
     keys: list[NodeKey] = field(default_factory=list)
     port: int = 0
+    watchdog: Watchdog | None = None
 
     @property
     def address(self) -> str:
@@ -83,7 +94,9 @@ class LoopbackFederation:
 
     @property
     def env(self) -> dict[str, str]:
-        return flower_env(self.flwr_home)
+        """The Flower processes' environment (marked as the watchdog's, once it runs)."""
+        env = flower_env(self.flwr_home)
+        return env if self.watchdog is None else self.watchdog.mark(env)
 
     def __enter__(self) -> LoopbackFederation:
         try:
@@ -106,6 +119,8 @@ class LoopbackFederation:
         if self.nodes < 1:
             raise DeployError(f"deploy: nodes must be >= 1, got {self.nodes}")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.watchdog is None:
+            self.watchdog = Watchdog.start()
         self.certs = write_certificates(self.workdir / "certs")
         self.keys = write_node_keys(self.workdir / "keys", self.nodes)
         for attempt in range(3):  # the free port may be taken before the SuperLink binds it
@@ -251,9 +266,15 @@ class LoopbackFederation:
         return [pid for p in procs for pid in [p.popen.pid, *descendants(p.popen.pid)]]
 
     def stop(self) -> None:
-        """Stop the SuperNodes (all at once), then the SuperLink, each with its helpers."""
-        if self.supernodes:
-            with ThreadPoolExecutor(max_workers=len(self.supernodes)) as pool:
-                list(pool.map(Process.stop, self.supernodes))
-        if self.superlink is not None:
-            self.superlink.stop()
+        """Stop the SuperNodes (all at once), then the SuperLink, each with its helpers; then
+        the watchdog ends anything else the federation started (e.g. a ``flwr`` command)."""
+        try:
+            if self.supernodes:
+                with ThreadPoolExecutor(max_workers=len(self.supernodes)) as pool:
+                    list(pool.map(Process.stop, self.supernodes))
+            if self.superlink is not None:
+                self.superlink.stop()
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.close()
+                self.watchdog = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,16 +122,25 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     require_flower()
     from fedhp.flower.deploy import LoopbackFederation
     from fedhp.flower.packaging import write_app
+    from fedhp.flower.processes import Stopped, stop_on_signals
 
     items = list(args.items)
     if args.nodes is not None:
         items.append(f"flower.nodes={args.nodes}")
     _, run_config, nodes = resolve_run_config(items, args.out, args.plugin)
     workdir = Path(args.workdir) if args.workdir else Path(args.out) / "flower-deploy"
-    with LoopbackFederation(workdir, nodes=nodes) as fed:
-        print(f"SuperLink on {fed.address} (TLS, node authentication), {nodes} SuperNodes")
-        app = write_app(workdir / "app", run_config)
-        result = fed.run(app, timeout=args.timeout)
+    try:
+        with stop_on_signals(), LoopbackFederation(workdir, nodes=nodes) as fed:
+            print(f"SuperLink on {fed.address} (TLS, node authentication), {nodes} SuperNodes")
+            app = write_app(workdir / "app", run_config)
+            result = fed.run(app, timeout=args.timeout)
+    except Stopped as stop:  # (the federation stopped its SuperNodes, then its SuperLink)
+        print(
+            f"fedhp: {stop}; the deployment's processes are stopped (the run's checkpoint, if "
+            f"any, is in {args.out}/)",
+            file=sys.stderr,
+        )
+        return stop.code
     line = f"run {result.run_id}: {result.status} in {result.seconds:.1f}s"
     summary = Path(args.out) / "summary.json"
     if summary.is_file():

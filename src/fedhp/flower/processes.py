@@ -1,16 +1,32 @@
 """Supervision of the Flower processes a deployment starts: each in its own session, logging to a
-file, waited for by a line in its log, and stopped with every process it started."""
+file, waited for by a line in its log, and stopped with every process it started.
+
+Nothing outlives the process that started a deployment (docs/flower.md, "When fedhp stops"):
+
+- every process started through :func:`start_process` with a :class:`Watchdog`'s ``env`` carries
+  the watchdog's token in its environment (``FEDHP_OWNER``), and so do the processes *they*
+  start (Flower's SuperExec and app processes inherit the environment, even though Flower starts
+  them in sessions of their own and they outlive their parent);
+- the :class:`Watchdog` is a small process of its own session that waits for its stdin to close:
+  when the owner ends, however it ends (SIGKILL included: the kernel closes the pipe), it stops
+  every process carrying the token, SIGTERM first, then SIGKILL;
+- on Linux the direct children also get the parent-death signal (``PR_SET_PDEATHSIG``).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import IO
 
 from fedhp.errors import FedhpError
@@ -99,8 +115,33 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` giving the child SIGTERM when this thread ends (Linux
+    ``PR_SET_PDEATHSIG``), or None: elsewhere, and off the main thread, whose end is not the
+    process's (the signal follows the thread that started the child)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # (looked up here: the child only calls it)
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the prctl: go now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return die_with_parent
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def start_process(name: str, cmd: Sequence[str], log: Path, env: Mapping[str, str]) -> Process:
-    """Start ``cmd`` in a new session (so its whole group can be killed), output to ``log``."""
+    """Start ``cmd`` in a new session (so its whole group can be killed), output to ``log``; on
+    Linux it gets SIGTERM when this process ends (see :func:`_death_signal`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     fh: IO[bytes] = log.open("wb")
     try:
@@ -111,10 +152,166 @@ def start_process(name: str, cmd: Sequence[str], log: Path, env: Mapping[str, st
             stdin=subprocess.DEVNULL,
             env=dict(env),
             start_new_session=True,
+            preexec_fn=_death_signal(),  # (takes no lock in the child: prctl only)
         )
     finally:
         fh.close()
     return Process(name=name, popen=popen, log=log)
+
+
+OWNER_ENV = "FEDHP_OWNER"
+"""The environment variable that marks a process (and everything it starts) as a deployment's."""
+
+
+def owned(token: str) -> list[int]:
+    """The live processes whose environment carries ``FEDHP_OWNER=token`` (Linux ``/proc``;
+    processes of other users are not readable and not listed)."""
+    mark = f"{OWNER_ENV}={token}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            entries = environ.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mark in entries:
+            pid = int(environ.parent.name)
+            if pid != os.getpid() and running(pid):
+                found.append(pid)
+    return found
+
+
+def end_owned(token: str, grace: float = 3.0, limit: float = 30.0) -> int:
+    """SIGTERM every process carrying ``token``, SIGKILL what is left after ``grace`` seconds,
+    and go on (a process may start another meanwhile) until a rescan finds none, or ``limit``
+    seconds have passed; the number of processes found."""
+    seen: set[int] = set()
+    start = time.monotonic()
+    pids = owned(token)
+    seen.update(pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    while pids and time.monotonic() - start < grace:
+        time.sleep(0.1)
+        pids = [pid for pid in owned(token) if pid not in seen or running(pid)]
+        seen.update(pids)
+    quiet = 0
+    while quiet < 2 and time.monotonic() - start < limit:  # two empty scans in a row: done
+        pids = owned(token)
+        seen.update(pids)
+        quiet = 0 if pids else quiet + 1
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return len(seen)
+
+
+def _watch() -> None:
+    """The watchdog process: wait for stdin's end (the owner closed it, or ended), then end
+    every process carrying the token ``sys.argv[1]``."""
+    for sig in (signal.SIGINT, signal.SIGHUP):  # (the terminal's signals are the owner's)
+        signal.signal(sig, signal.SIG_IGN)
+    token = sys.argv[1]
+    with contextlib.suppress(OSError):
+        while sys.stdin.buffer.read(4096):
+            pass
+    end_owned(token)
+
+
+@dataclass
+class Watchdog:
+    """A process that ends every process carrying its token once its owner (the process that
+    started it) closes it or ends, however: ``with Watchdog.start() as dog: start_process(...,
+    dog.mark(env))``. It runs in a session of its own (a signal to the owner's process group
+    does not reach it) and ignores SIGINT and SIGHUP."""
+
+    token: str
+    popen: subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls) -> Watchdog:
+        """Start the watchdog process (about 50 ms)."""
+        token = secrets.token_hex(8)
+        env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
+        popen = subprocess.Popen(
+            [sys.executable, "-c", "from fedhp.flower.processes import _watch; _watch()", token],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        return cls(token=token, popen=popen)
+
+    def mark(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with this watchdog's token: a process started with it is the watchdog's."""
+        return {**env, OWNER_ENV: self.token}
+
+    def owned(self) -> list[int]:
+        """The live processes that carry this watchdog's token."""
+        return owned(self.token)
+
+    def close(self, timeout: float = 40.0) -> None:
+        """Let the watchdog end what carries its token, and wait (``timeout`` s at most) until
+        it has."""
+        if self.popen.stdin is not None and not self.popen.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+    def __enter__(self) -> Watchdog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Stopped(BaseException):
+    """SIGTERM, SIGINT or SIGHUP arrived (:func:`stop_on_signals`); ``code`` is the exit status
+    a shell gives a process the signal ended (128 + the signal's number). A BaseException, so
+    no ``except Exception`` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn the first SIGTERM/SIGINT/SIGHUP into :class:`Stopped` raised in the main thread, so
+    that ``with`` blocks inside stop what they started; later ones are ignored while that
+    happens. The previous handlers come back on exit. Off the main thread: does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stopping:
+            return
+        stopping.append(signum)
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def wait_for(proc: Process, text: str, timeout: float) -> None:
