@@ -155,14 +155,17 @@ def test_bad_grids_are_one_line_errors(
     assert not out.exists()  # checked before anything is written
 
 
-def test_another_grid_into_the_same_folder_is_a_one_line_error(
+def test_another_sweep_into_the_same_folder_is_a_one_line_error(
     swept: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Another option outside the grid: one line naming it and both values (growing a sweep,
+    tests/sweep/test_grow.py)."""
     before = metrics(swept)
-    assert sweep(swept, "--grid", "algorithm.lam=15,25", "--seeds", "0,1", *SFEDHP) == 2
+    args = ["--grid", "algorithm.lam=15,25", "--seeds", "0,1", *SFEDHP, "max_loss=500"]
+    assert sweep(swept, *args) == 2
     err = capsys.readouterr().err
     assert err.startswith("fedhp: error: ") and err.count("\n") == 1
-    assert "holds another sweep" in err
+    assert "holds a sweep with max_loss=1000.0; this command gives max_loss=500.0" in err
     assert metrics(swept) == before
 
 

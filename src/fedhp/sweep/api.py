@@ -9,10 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.sweep.grid import parse_seeds
+from fedhp.sweep.grid import check_grid, parse_seeds
 from fedhp.sweep.run import SweepSpec
 
-__all__ = ["SweepResult", "default_sweep_dir", "split_sweep_section", "sweep", "sweep_spec"]
+__all__ = [
+    "SweepResult",
+    "default_sweep_dir",
+    "seeds_of",
+    "split_sweep_section",
+    "sweep",
+    "sweep_spec",
+]
 
 SECTION_KEYS = (
     "grid",
@@ -46,6 +53,45 @@ class SweepResult:
     def run_dirs(self) -> list[Path]:
         """Every run folder (open one with :func:`fedhp.load_run`)."""
         return [self.out_dir / r["out_dir"] for r in self.manifest["runs"]]
+
+
+def _seed_in(overrides: Sequence[str]) -> str | None:
+    """The last ``seed=`` of ``overrides`` (its text), or None."""
+    found = None
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "seed":
+            found = value.strip()
+    return found
+
+
+def seeds_of(
+    file_base: Sequence[str], given_base: Sequence[str], seeds: Any, flag: str = "seeds"
+) -> Any:
+    """The sweep's seeds where its base also names a ``seed``: ``seed=`` given beside the seeds
+    (``given_base``: the command line's, the API's keywords) is a one-line error; a CONFIG
+    file's beside them a warning (each run's seed replaces it); without seeds, the base's seed
+    is the sweep's one seed."""
+    import warnings
+
+    from fedhp.errors import FedhpWarning
+
+    given, in_file = _seed_in(given_base), _seed_in(file_base)
+    if seeds is not None:
+        if given is not None:
+            raise ConfigError(
+                f"seed={given} beside {flag}: each run's seed comes from {flag} and would replace "
+                f"it; drop seed={given}, or give {flag} {given}"
+            )
+        if in_file is not None:
+            warnings.warn(
+                f"the config file's seed: {in_file} is not used: each run's seed comes from {flag}",
+                FedhpWarning,
+                stacklevel=2,
+            )
+        return seeds
+    chosen = given if given is not None else in_file
+    return chosen
 
 
 def default_sweep_dir(base: Sequence[str], plugins: Sequence[str] = ()) -> Path:
@@ -97,9 +143,11 @@ def sweep_spec(
     **options: Any,
 ) -> SweepSpec:
     """A checked :class:`~fedhp.sweep.run.SweepSpec`."""
+    if not isinstance(out, str | Path):
+        raise ConfigError(f"out: expected a folder name (str or Path); got {type(out).__name__}")
     spec = SweepSpec(
         out=Path(out),
-        grid={k: list(v) if not isinstance(v, str) else [v] for k, v in grid.items()},
+        grid=check_grid(grid),
         seeds=parse_seeds(seeds),
         base=list(base),
         plugins=list(plugins),
@@ -134,17 +182,20 @@ def sweep(
     sweep's folder (default ``sweeps/<algorithm>-<dataset>-<time>``); the rest as the command's
     flags (docs/sweep.md)."""
     from fedhp.api import overrides_from_kwargs
+    from fedhp.sweep.folder import run_in_folder
     from fedhp.sweep.report import load_table
-    from fedhp.sweep.run import run_sweep
 
+    _check_types(config, grid, plugins, progress, runs_per_batch)
     section: dict[str, Any] = {}
+    file_base: list[str] = []
     if isinstance(config, Mapping):
-        base = overrides_from_kwargs({k: v for k, v in config.items() if k != "plugins"})
+        file_base = overrides_from_kwargs({k: v for k, v in config.items() if k != "plugins"})
         plugins = [*(config.get("plugins") or []), *plugins]
     else:
-        base, section = split_sweep_section(Path(config) if config is not None else None)
+        file_base, section = split_sweep_section(Path(config) if config is not None else None)
         plugins = [*section.pop("plugins", []), *plugins]
-    base = [*base, *overrides_from_kwargs(overrides)]
+    given_base = overrides_from_kwargs(overrides)
+    base = [*file_base, *given_base]
     given = {
         "out": out,
         "seeds": seeds,
@@ -157,9 +208,30 @@ def sweep(
     }
     options = {k: v for k, v in section.items() if k != "grid"}
     options.update({k: v for k, v in given.items() if v is not None})
+    options["seeds"] = seeds_of(file_base, given_base, options.get("seeds"))
     if options.get("out") is None:
         options["out"] = default_sweep_dir(base, plugins)
-    full_grid = {**(section.get("grid") or {}), **(grid or {})}
+    full_grid = {**check_grid(section.get("grid") or {}), **check_grid(grid or {})}
     spec = sweep_spec(base, full_grid, plugins=plugins, progress=progress, **options)
-    manifest = run_sweep(spec)
+    spec, manifest = run_in_folder(spec)
     return SweepResult(spec.out, manifest, load_table(spec.out))
+
+
+def _check_types(config: Any, grid: Any, plugins: Any, progress: Any, runs_per_batch: Any) -> None:
+    """:func:`sweep`'s arguments of the wrong type: a one-line :class:`ConfigError` naming the
+    argument (not a ``TypeError`` from deep inside)."""
+    if config is not None and not isinstance(config, str | Path | Mapping):
+        raise ConfigError(
+            f"config: expected a YAML file (str or Path), a mapping of options or None; got "
+            f"{type(config).__name__}"
+        )
+    if grid is not None:
+        check_grid(grid)
+    if isinstance(plugins, str) or not all(isinstance(p, str) for p in plugins):
+        raise ConfigError("plugins: expected a list of files or modules, e.g. ['my_plugin.py']")
+    if not isinstance(progress, bool):
+        raise ConfigError(f"progress: expected True or False; got {progress!r}")
+    if runs_per_batch is not None and (
+        isinstance(runs_per_batch, bool) or not isinstance(runs_per_batch, int)
+    ):
+        raise ConfigError(f"runs_per_batch: expected an integer; got {runs_per_batch!r}")

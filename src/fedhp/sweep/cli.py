@@ -33,7 +33,11 @@ def add_parser(sub: Any) -> None:
         metavar="KEY=V1,V2,...",
         help="a grid axis, e.g. algorithm.lam=15,20,25 (repeat for more axes: their product)",
     )
-    sw.add_argument("--seeds", help="seeds, e.g. 0,1,2 or 0-4 (default 0)")
+    sw.add_argument(
+        "--seeds",
+        help="the seeds themselves, e.g. 0,1,2 or 0-4; --seeds 3 is seed 3 alone (default 0, or "
+        "the base's seed=; `fedhp reproduce --seeds N` counts seeds 0..N-1 instead)",
+    )
     sw.add_argument(
         "--out", help="the sweep's folder (default sweeps/<algorithm>-<dataset>-<time>)"
     )
@@ -44,7 +48,10 @@ def add_parser(sub: Any) -> None:
         "over seeds, re-run that point on the test split and report it",
     )
     sw.add_argument(
-        "--metric", help="what --select maximizes (default final_global_acc, else personal)"
+        "--metric",
+        help="with --select val: what it maximizes, one of final_global_acc, best_global_acc, "
+        "final_personal_acc, best_personal_acc, final_global_balanced_acc, "
+        "best_global_balanced_acc (default final_global_acc, else final_personal_acc)",
     )
     sw.add_argument(
         "--runs-per-batch",
@@ -72,9 +79,9 @@ def add_parser(sub: Any) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``fedhp sweep``."""
-    from fedhp.sweep.api import default_sweep_dir, split_sweep_section, sweep_spec
+    from fedhp.sweep.api import default_sweep_dir, seeds_of, split_sweep_section, sweep_spec
+    from fedhp.sweep.folder import run_in_folder
     from fedhp.sweep.grid import parse_grid
-    from fedhp.sweep.run import run_sweep
 
     config_path, overrides = split_positionals(args.items)
     base, section = split_sweep_section(config_path)
@@ -97,6 +104,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         options["formats"] = ["png", *parse_formats(args.format)]
     plugins = [*section.get("plugins", []), *args.plugin]
+    options["seeds"] = seeds_of(base, overrides, options.get("seeds"), "--seeds")
     base = [*base, *overrides]
     if options.get("out") in (None, ""):
         if options.get("out") == "":
@@ -104,7 +112,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         options["out"] = str(default_sweep_dir(base, plugins))
     spec = sweep_spec(base, grid, plugins=plugins, **options)
     try:
-        manifest = run_sweep(spec)
+        spec, manifest = run_in_folder(spec)
     except KeyboardInterrupt:
         import sys
 

@@ -13,7 +13,19 @@ import yaml
 
 from fedhp.errors import ConfigError
 
-__all__ = ["GridPoint", "batch_key", "parse_grid", "parse_seeds", "points_of", "split_values"]
+__all__ = [
+    "GridPoint",
+    "batch_key",
+    "check_grid",
+    "parse_grid",
+    "parse_seeds",
+    "points_of",
+    "same_value",
+    "split_values",
+    "union_grid",
+]
+
+MAX_SEED = 2**31 - 1
 
 
 def split_values(text: str) -> list[str]:
@@ -54,21 +66,68 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
         parsed = [_scalar(v) for v in split_values(values) if v != ""]
         if not parsed:
             raise ConfigError(f"--grid {key}: no values; give at least one (e.g. {key}=1,2)")
+        _refuse_repeats(f"--grid {key}", parsed)
         grid[key] = parsed
     return grid
 
 
-def check_grid(grid: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
-    """A grid given as a mapping (the Python API, the YAML ``sweep:`` section), checked."""
+def same_value(a: Any, b: Any) -> bool:
+    """One grid value written twice: equal, numbers compared as numbers (``15`` and ``15.0``),
+    else of one type (``true`` is not ``1``)."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+    return bool(a == b) and (numbers or type(a) is type(b))
+
+
+def _refuse_repeats(where: str, values: Sequence[Any]) -> None:
+    """A one-line error for a value given twice (two points would be one run)."""
+    for i, value in enumerate(values):
+        for earlier in values[:i]:
+            if same_value(earlier, value):
+                both = (
+                    _text(earlier)
+                    if _text(earlier) == _text(value)
+                    else (f"{_text(earlier)} and {_text(value)}")
+                )
+                raise ConfigError(
+                    f"{where}: {both} given twice (one value, one run); give each value once"
+                )
+
+
+def check_grid(grid: Any) -> dict[str, list[Any]]:
+    """A grid given as a mapping (the Python API, the YAML ``sweep:`` section), checked: each
+    key a list of distinct values."""
+    if not isinstance(grid, Mapping):
+        raise ConfigError(
+            f"grid: expected a mapping of option to values, e.g. {{'algorithm.lam': [15, 20]}}; "
+            f"got {type(grid).__name__}"
+        )
     out: dict[str, list[Any]] = {}
     for key, values in grid.items():
-        if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-            values = [values]
-        if len(values) == 0:
-            raise ConfigError(f"grid {key}: no values; give at least one")
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"grid: the key {key!r} is not an option name such as algorithm.lam")
         if key in ("seed", "seeds"):
             raise ConfigError(f"grid {key}: give seeds with --seeds (sweep.seeds), not in the grid")
-        out[str(key)] = list(values)
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+            raise ConfigError(
+                f"grid {key}: {values!r} is not a list of values; write [{_text(values)}] "
+                f"(e.g. {{{key!r}: [{_text(values)}]}})"
+            )
+        if len(values) == 0:
+            raise ConfigError(f"grid {key}: no values; give at least one")
+        _refuse_repeats(f"grid {key}", list(values))
+        out[key] = list(values)
+    return out
+
+
+def union_grid(
+    old: Mapping[str, Sequence[Any]], new: Mapping[str, Sequence[Any]]
+) -> dict[str, list[Any]]:
+    """The grid of a sweep grown by ``new``: per key, ``old``'s values, then ``new``'s values
+    that are not among them (:func:`same_value`); ``old``'s keys first."""
+    out = {key: list(values) for key, values in old.items()}
+    for key, values in new.items():
+        have = out.setdefault(key, [])
+        have += [v for v in values if not any(same_value(v, h) for h in have)]
     return out
 
 
@@ -77,10 +136,18 @@ def parse_seeds(text: str | Sequence[int] | int | None) -> list[int]:
     each; None → ``[0]``."""
     if text is None:
         return [0]
+    if isinstance(text, bool) or not isinstance(text, int | str | Sequence):
+        raise ConfigError(
+            f"seeds: expected a list of integers such as [0, 1, 2] or a text such as '0-4'; "
+            f"got {type(text).__name__}"
+        )
     if isinstance(text, int):
-        return [text]
-    if not isinstance(text, str):
-        seeds = [int(s) for s in text]
+        seeds = [text]
+    elif not isinstance(text, str):
+        bad = [s for s in text if isinstance(s, bool) or not isinstance(s, int)]
+        if bad:
+            raise ConfigError(f"seeds: {bad[0]!r} is not an integer; give seeds such as [0, 1, 2]")
+        seeds = list(text)
     else:
         seeds = []
         for part in split_values(text):
@@ -95,6 +162,9 @@ def parse_seeds(text: str | Sequence[int] | int | None) -> list[int]:
         raise ConfigError("--seeds: no seeds; give at least one (e.g. --seeds 0,1,2)")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds {text!r}: a seed is repeated; give each seed once")
+    out = [s for s in seeds if not 0 <= s <= MAX_SEED]
+    if out:
+        raise ConfigError(f"--seeds: {out[0]} is out of range; seeds are 0 to {MAX_SEED}")
     return seeds
 
 

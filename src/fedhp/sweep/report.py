@@ -264,8 +264,9 @@ def _markdown(
     manifest: Mapping[str, Any],
     split: str,
     table: _Table,
+    tie: str | None = None,
 ) -> str:
-    """The header lines and the table."""
+    """The header lines (``tie``: the selection's tie line) and the table."""
     rows, acc_keys, unfinished = table.rows, table.acc_keys, table.unfinished
     grid = manifest.get("grid") or {}
     grid_keys = list(grid)
@@ -304,6 +305,8 @@ def _markdown(
                 f"**{point}** (score {score}; val_table.md lists every point). This table "
                 "reports that point's test runs."
             )
+        if tie:
+            lines.append(tie)
     elif manifest.get("select") == "val":
         lines.append(f"- selection on the validation split by `{metric}`: not made yet")
     if on_val_unselected:
@@ -359,10 +362,23 @@ def _write_split(
     md, csv_path, png = (
         folder / f"{prefix}{name}" for name in ("table.md", "table.csv", "curves.png")
     )
-    write_text_atomic(md, _markdown(manifest, split, table))
+    write_text_atomic(md, _markdown(manifest, split, table, _tie(folder, manifest)))
     write_text_atomic(csv_path, _csv_text(table))
     figures = plot_sweep(table.points, split, selected, png, formats)
     return [md, csv_path, *figures]
+
+
+def _tie(folder: Path, manifest: Mapping[str, Any]) -> str | None:
+    """The line stating a tie of the selected point on the validation split (None: none)."""
+    from fedhp.sweep.selection import point_score, tie_line
+
+    selected = (manifest.get("selected") or {}).get("point")
+    if not selected:
+        return None
+    metric = str(manifest.get("metric") or "final_global_acc")
+    points = _points(folder, manifest, "val")
+    scores = {p.id: point_score([r.summary for r in p.runs], metric) for p in points}
+    return tie_line(scores, str(selected), metric)
 
 
 def write_report(
