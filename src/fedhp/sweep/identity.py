@@ -20,10 +20,10 @@ __all__ = [
     "show_value",
 ]
 
-COSMETIC = ("progress", "threads", "checkpoint_every", "tensorboard")
+COSMETIC = ("progress", "threads", "checkpoint_every", "tensorboard", "mlflow")
 """Options that change how a run is shown or kept, not what it computes: the progress bar, the
 torch threads, how often it checkpoints (a resumed run is bit-exact whatever the interval) and
-the TensorBoard scalars it also writes."""
+the TensorBoard scalars and MLflow records it also writes."""
 COMPONENTS = ("dataset", "partition", "model", "algorithm")
 
 
