@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,6 +92,61 @@ def test_api_errors_are_one_line_fedhp_errors(tmp_path: Path) -> None:
         fedhp.load_run(tmp_path)
     with pytest.raises(fedhp.FedhpError, match="unknown algorithm 'nope'"):
         fedhp.run(save=False, algorithm={"name": "nope"})
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda: fedhp.run(42), r"^config: expected a YAML file .*got int 42$"),
+        (lambda: fedhp.resolve([1, 2]), r"^config: expected a YAML file"),
+        (lambda: fedhp.run(save=False, plugins="p.py"), r"^plugins: expected a list"),
+        (lambda: fedhp.run(out=3), r"^out: expected a folder name"),
+        (
+            lambda: fedhp.sweep(grid={"algorithm.lam": 15}),
+            r"^grid algorithm.lam: 15 is not a list of values; write \[15\]",
+        ),
+        (lambda: fedhp.sweep(grid=[("algorithm.lam", [15])]), r"^grid: expected a mapping"),
+        (lambda: fedhp.sweep(seeds=3.5), r"^seeds: expected a list of integers"),
+        (lambda: fedhp.sweep(seeds=[0, "1"]), r"^seeds: '1' is not an integer"),
+        (lambda: fedhp.sweep(out=3), r"^out: expected a folder name"),
+        (lambda: fedhp.sweep(config=42), r"^config: expected a YAML file"),
+        (lambda: fedhp.sweep(progress="no"), r"^progress: expected True or False"),
+        (lambda: fedhp.sweep(seed=3, seeds=[0, 1]), r"^seed=3 beside seeds"),
+        (
+            lambda: fedhp.sweep(grid={"algorithm.lam": [15, 15.0]}),
+            r"^grid algorithm.lam: 15 and 15.0 given twice",
+        ),
+    ],
+    ids=[
+        "run-42",
+        "resolve-list",
+        "plugins-str",
+        "run-out-int",
+        "grid-scalar",
+        "grid-list",
+        "seeds-float",
+        "seeds-str-item",
+        "sweep-out-int",
+        "sweep-config-int",
+        "progress-str",
+        "seed-and-seeds",
+        "grid-repeat",
+    ],
+)
+def test_wrong_argument_types_are_fedhp_errors_naming_the_argument(
+    call: Any, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(fedhp.ConfigError, match=says):
+        call()
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_sweep_file_given_to_run_points_to_sweep(tmp_path: Path) -> None:
+    path = tmp_path / "lam.yaml"
+    path.write_text("rounds: 2\nsweep:\n  grid:\n    algorithm.lam: [15, 20]\n")
+    with pytest.raises(fedhp.ConfigError, match=r"run it with `fedhp sweep .*lam.yaml`"):
+        fedhp.run(path, save=False)
 
 
 def test_registries_are_exported() -> None:

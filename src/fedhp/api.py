@@ -293,6 +293,34 @@ def overrides_from_kwargs(kwargs: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def refuse_sweep_file(path: Path | None) -> None:
+    """A YAML file with a ``sweep:`` section is a sweep: a one-line error pointing to
+    ``fedhp sweep`` (``fedhp run`` and :func:`run` take one run's options)."""
+    from fedhp.config import load_yaml
+
+    if path is not None and path.is_file() and "sweep" in load_yaml(path):
+        raise ConfigError(
+            f"{path}: has a sweep: section (a grid of runs); run it with `fedhp sweep {path}` "
+            "(or fedhp.sweep(...)); fedhp run takes one run's options"
+        )
+
+
+def _check_types(config: Any, plugins: Any, out: Any = None) -> None:
+    """:func:`run` / :func:`resolve` arguments of the wrong type: a one-line
+    :class:`ConfigError` naming the argument (not a ``TypeError`` from deep inside)."""
+    from fedhp.config import RunConfig
+
+    if config is not None and not isinstance(config, RunConfig | str | Path | Mapping):
+        raise ConfigError(
+            f"config: expected a YAML file (str or Path), a mapping of options, a RunConfig or "
+            f"None; got {type(config).__name__} {config!r}"
+        )
+    if isinstance(plugins, str) or not all(isinstance(p, str | Path) for p in plugins):
+        raise ConfigError("plugins: expected a list of files or modules, e.g. ['my_plugin.py']")
+    if out is not None and not isinstance(out, str | Path):
+        raise ConfigError(f"out: expected a folder name (str or Path); got {type(out).__name__}")
+
+
 def resolve(
     config: RunConfig | str | Path | Mapping[str, Any] | None = None,
     plugins: Sequence[str] = (),
@@ -301,6 +329,7 @@ def resolve(
     """The validated configuration :func:`run` would use (nothing is loaded or run)."""
     from fedhp.config import RunConfig, resolve_config
 
+    _check_types(config, plugins)
     items = overrides_from_kwargs(overrides)
     if isinstance(config, RunConfig):
         # The options as given (not config_to_dict's full form): an override such as
@@ -313,6 +342,7 @@ def resolve(
         items = [*overrides_from_kwargs(mapping), *items]
         return resolve_config(None, items, plugins=[*listed, *plugins])
     path = Path(config) if config is not None else None
+    refuse_sweep_file(path)
     return resolve_config(path, items, plugins=plugins)
 
 
@@ -336,6 +366,7 @@ def run(
     ``overwrite``); ``save=False`` keeps nothing on disk (the results are read from a temporary
     folder, then deleted). Errors are :class:`fedhp.errors.FedhpError` with one-line
     messages."""
+    _check_types(config, plugins, out)
     cfg = resolve(config, plugins, **overrides)
     folder = Path(out) if out is not None else default_out_dir(cfg)
     if not save:

@@ -52,6 +52,14 @@ RESULTS = (
     "config.yaml, metrics.csv, per_client.csv, timings.csv, summary.json, plot.png, "
     "checkpoint.pt, checkpoint.prev.pt, checkpoint_time.json, final_state.pt"
 )
+"""The files a run folder may hold, in the order the ``results:`` line names them."""
+
+
+def results_line(out: Path) -> str:
+    """``results: DIR/ (the files of RESULTS it holds; ...)``: only the files written (no
+    checkpoint.prev.pt where one checkpoint was written, none under checkpoint_every=0)."""
+    names = [n for n in RESULTS.split(", ") if (out / n).is_file()]
+    return f"results: {out}/ ({', '.join(names)}; docs/outputs.md explains them)"
 
 
 def _resume_config(folder: Path, overrides: list[str]) -> Any:
@@ -106,6 +114,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         if args.from_previous:
             raise ConfigError("--from-previous: only with --resume DIR")
+        from fedhp.api import refuse_sweep_file
+
+        refuse_sweep_file(config_path)
         cfg = resolve_config(config_path, overrides, plugins=args.plugin)
         out = Path(args.out) if args.out else default_out_dir(cfg)
         check_out_dir(out, args.overwrite, create=False)  # before the data is loaded
@@ -152,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{k}={summary[k]:.4f}" for k in ("final_global_acc", "final_personal_acc") if k in summary
     ]
     print(f"done: {summary['rounds']} rounds in {summary['seconds']:.1f}s; {' '.join(parts)}")
-    print(f"results: {out}/ ({RESULTS}; docs/outputs.md explains them)")
+    print(results_line(out))
     return 0
 
 
@@ -307,6 +318,73 @@ def check_methods(name: str, opts: Any) -> None:
         raise ConfigError(f"--methods: unknown {shown} for {name}; choose from {', '.join(valid)}")
 
 
+FEDHT = ("fedht-sim1", "fedht-sim2", "fedht-mnist", "fedht-libsvm", "fedht-noiseless")
+FLAG_READERS: dict[str, tuple[str, ...]] = {
+    "quick": (
+        "fnrfl-table2",
+        "fedlps-table1",
+        "fedlps-ablation",
+        "robust",
+        "robust-paper",
+        "dp",
+        "leaf-shakespeare",
+    ),
+    "leak": ("fnrfl-table2",),
+    "skews": ("fnrfl-table2",),
+    "gamma": FEDHT,
+    "path": ("fedht-libsvm",),
+    "tuned": ("sfedhp-table1", "sfedhp-lambda", "sfedhp-tune"),
+}
+"""The reproductions that read each of ``fedhp reproduce``'s flags (the others ignore it)."""
+
+
+def check_reproduce_flags(args: argparse.Namespace) -> None:
+    """One-line errors for a flag reproduction ``args.name`` does not read, an ``--out`` or
+    ``--runs`` that is a file, and a ``--tuned`` file holding no choices for the dataset and
+    setting."""
+    from fedhp.errors import ConfigError
+
+    for flag, readers in FLAG_READERS.items():
+        value = getattr(args, flag)
+        if value not in (None, False) and args.name not in readers:
+            raise ConfigError(
+                f"--{flag}: {args.name} does not read it (read by {', '.join(readers)} only); "
+                f"drop --{flag}"
+            )
+    for flag in ("out", "runs"):
+        value = getattr(args, flag)
+        if value is not None and Path(value).exists() and not Path(value).is_dir():
+            raise ConfigError(f"--{flag} {value}: is a file; name a folder")
+    if args.tuned is not None and args.name != "sfedhp-tune":
+        check_tuned(Path(args.tuned), args.dataset, args.setting)
+
+
+def check_tuned(path: Path, dataset: str, setting: int) -> None:
+    """``--tuned FILE`` for sfedhp-table1 / sfedhp-lambda: sfedhp-tune's choices for this
+    dataset and setting, else a one-line error saying how to write them."""
+    from fedhp.errors import ConfigError
+
+    key = f"{dataset}-s{setting}"
+    write = (
+        f"write them with `fedhp reproduce sfedhp-tune --dataset {dataset} --setting {setting} "
+        f"--tuned {path}`"
+    )
+    if not path.is_file():
+        raise ConfigError(f"--tuned {path}: not found; {write}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--tuned {path}: not sfedhp-tune's JSON ({err}); {write}") from None
+    entry = data.get(key) if isinstance(data, dict) else None
+    choices = entry.get("choices") if isinstance(entry, dict) else None
+    if not isinstance(choices, dict) or not choices:
+        held = ", ".join(data) if isinstance(data, dict) and data else "nothing"
+        raise ConfigError(
+            f"--tuned {path}: holds no choices for {dataset} setting {setting} ({key}; it holds "
+            f"{held}); {write}"
+        )
+
+
 def _parameter_counts(options: Any) -> str:
     """A model's parameter (and BatchNorm buffer) counts with its default options on MNIST-
     and CIFAR-shaped inputs with 10 classes (a text model: on Shakespeare's windows)."""
@@ -340,6 +418,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             f"reproduce: unknown {args.name!r}; choose from {', '.join(REPRODUCTIONS)}"
         )
     warn_repeated(args.overrides)
+    check_reproduce_flags(args)
     methods = None
     if args.methods is not None:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -458,7 +537,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="global rounds T (default 800; fedht-*: their own)",
     )
-    rep.add_argument("--seeds", type=_positive_int, default=1, help="seeds 0..N-1 (default 1)")
+    rep.add_argument(
+        "--seeds",
+        type=_positive_int,
+        default=1,
+        help="how many seeds: N runs seeds 0..N-1, so --seeds 3 is seeds 0, 1, 2 (default 1; "
+        "`fedhp sweep --seeds` lists the seeds themselves)",
+    )
     rep.add_argument(
         "--model",
         choices=("dnn", "dnn-500-200", "mlr", "cnn", "cnn2", "vgg", "resnet18", "vgg11", "small"),
