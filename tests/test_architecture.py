@@ -47,8 +47,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
             "fedhp.topology",
             "fedhp.reporting",
             "fedhp.tensorboard",
+            "fedhp.mlflow_tracking",
         ),
-        "registries; robust options; the cloud-edge-client tree; results files, TensorBoard",
+        "registries; robust options; the cloud-edge-client tree; results files, TensorBoard, "
+        "MLflow",
     ),
     (
         "foundation",

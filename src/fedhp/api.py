@@ -112,6 +112,10 @@ def prepare(cfg: RunConfig) -> Experiment:
         from fedhp.tensorboard import require
 
         require()
+    if cfg.mlflow.enabled:
+        from fedhp.mlflow_tracking import require as require_mlflow
+
+        require_mlflow()
     if cfg.backend != "inprocess":
         from fedhp.algorithms import ALGORITHMS
         from fedhp.flower.shards import check_flower_config

@@ -1,6 +1,6 @@
 r"""``fedhp compare RUN_DIR... --out fig.png``: several runs on one plot, and a table.
 
-Runs whose configurations differ only by ``seed`` (and bookkeeping: ``progress``,
+Runs whose configurations differ only by ``seed`` (and bookkeeping: ``progress``, ``mlflow``,
 ``checkpoint_every``, ``tensorboard``) form a group, drawn as one line, the mean over seeds with
 a ± one-standard-deviation band (sample std, n − 1; the legend says so). Each line is labelled by
 what sets its group apart from the others: in the table ``algorithm=fedavg`` or
@@ -45,7 +45,7 @@ from fedhp.reporting import (
     write_text_atomic,
 )
 
-NOT_GROUPED = ("seed", "progress", "checkpoint_every", "tensorboard")
+NOT_GROUPED = ("seed", "progress", "checkpoint_every", "tensorboard", "mlflow")
 NOT_LABELLED = (*NOT_GROUPED, "plugins")
 SECTIONS = ("dataset", "partition", "model", "algorithm")
 X_AXES = {

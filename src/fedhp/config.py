@@ -204,6 +204,32 @@ class EngineConfig(pydantic.BaseModel):
     )
 
 
+class MlflowConfig(pydantic.BaseModel):
+    """``mlflow:``: log the run (params, metrics per round, files) to MLflow
+    (:mod:`fedhp.mlflow_tracking`, docs/outputs.md); needs the ``fedhp[mlflow]`` extra."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    enabled: bool = pydantic.Field(False, description="log this run to MLflow")
+    tracking_uri: str | None = pydantic.Field(
+        None, description="where (null: sqlite:///<the run folder's parent>/mlflow.db)"
+    )
+    experiment: str = pydantic.Field("fedhp", min_length=1, description="the MLflow experiment")
+    artifacts: Literal["results", "all", "none"] = pydantic.Field(
+        "results", description="results: the run's files but its *.pt and state/; all; none"
+    )
+
+    @pydantic.field_validator("tracking_uri")
+    @classmethod
+    def _a_uri(cls, value: str | None) -> str | None:
+        if value is not None and "://" not in value and value != "databricks":
+            raise ValueError(
+                f"{value!r} is not a URI; give e.g. sqlite:///runs/mlflow.db or "
+                "http://localhost:5000 (null: sqlite:///<the run folder's parent>/mlflow.db)"
+            )
+        return value
+
+
 def cuda_graphs_unread(cfg: RunConfig, graph_steps: bool | None) -> str | None:
     """Why the run does not read ``engine.cuda_graphs`` (None: it does): not on CUDA, under
     bf16 (autocast caches its casts across calls, which a capture would freeze), or a method
@@ -262,6 +288,7 @@ class RunConfig(pydantic.BaseModel):
     flower: FlowerConfig = FlowerConfig()
     plugins: list[str] = []
     tensorboard: bool = False
+    mlflow: MlflowConfig = MlflowConfig()
 
     @pydantic.field_validator("plugins")
     @classmethod

@@ -100,6 +100,9 @@ def section_unread(cfg: RunConfig, on_flower: bool = False) -> Unread:
     if not cfg.privacy.enabled:
         why = "privacy is off; set privacy.enabled=true to use it, or drop it"
         out.update(_all_of("privacy", cfg.privacy, why, keep=("enabled",)))
+    if not cfg.mlflow.enabled:
+        why = "MLflow logging is off; set mlflow.enabled=true to use it, or drop it"
+        out.update(_all_of("mlflow", cfg.mlflow, why, keep=("enabled",)))
     if cfg.backend == "inprocess" and not on_flower:
         why = "only the Flower backends read it; set backend=flower-sim to use it, or drop it"
         out.update(_all_of("flower", cfg.flower, why))

@@ -78,8 +78,8 @@ TRAILER_PREFIX = b"fedhp-sha256:"  # the zip comment that ends a checkpoint file
 TRAILER_LEN = len(TRAILER_PREFIX) + 64
 
 Row = dict[str, Any]
-# Config keys a resumed run may change: neither affects the numbers of rounds already run.
-RESUMABLE_KEYS = ("rounds", "progress")
+# Config keys a resumed run may change: none affects the numbers of the rounds already run.
+RESUMABLE_KEYS = ("rounds", "progress", "mlflow")
 
 
 class CheckpointError(FedhpError):

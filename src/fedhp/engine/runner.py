@@ -232,6 +232,10 @@ def run_experiment(
                 run.record(run.result_row(evals, stats, round_comm), clients)
             run.advance(on_round)
             run.checkpoint_if_due()
+    except BaseException as err:  # the MLflow run ended as killed or failed (resume reopens it)
+        if run.tracker is not None:
+            run.tracker.end(killed=isinstance(err, KeyboardInterrupt))
+        raise
     finally:  # every row in the files, also when a round raised
         _flush(run.writers)
     return run.finish()
@@ -259,6 +263,24 @@ def _open_board(cfg: RunConfig, out_dir: Path | None, start_round: int) -> Any:
     from fedhp.tensorboard import TensorBoardWriter
 
     return TensorBoardWriter(out_dir, start_round)
+
+
+def _open_tracker(
+    cfg: RunConfig, out_dir: Path | None, config: dict[str, Any], resume: bool, rows: list[Row]
+) -> Any:
+    """The run's MLflow run (None unless ``mlflow.enabled`` and an out folder, or where MLflow
+    cannot be used: one warning); ``rows``: the rows a resumed run already has."""
+    if out_dir is None or not cfg.mlflow.enabled:
+        return None
+    from fedhp.mlflow_tracking import Tracker
+
+    mlflow = cfg.mlflow
+    settings = {
+        "tracking_uri": mlflow.tracking_uri,
+        "experiment": mlflow.experiment,
+        "artifacts": mlflow.artifacts,
+    }
+    return Tracker.open(settings, out_dir, config, resume, rows)
 
 
 class _Run:
@@ -293,6 +315,7 @@ class _Run:
         self.prior_seconds = restored.seconds if restored is not None else 0.0
         self.writers = _open_writers(out_dir, self.start_round, resume)
         self.board = _open_board(cfg, out_dir, self.start_round)
+        self.tracker = _open_tracker(cfg, out_dir, self.config, resume, self.rows)
         # Samples trained (the model's counter, from the checkpoint's on resume; None: unknown).
         self.samples_known = driver is None and (
             restored is None or restored.trained_samples is not None
@@ -410,7 +433,8 @@ class _Run:
         return row
 
     def record(self, row: Row, clients: list[Row]) -> None:
-        """``row`` and the per-client rows into the results, TensorBoard and the progress bar."""
+        """``row`` and the per-client rows into the results, TensorBoard, MLflow and the
+        progress bar."""
         self.rows.append(row)
         if self.writers:
             self.writers["metrics"].append(row)
@@ -418,6 +442,8 @@ class _Run:
             self.writers["timings"].append({"round": self.rounds_done, "seconds": self.seconds})
         if self.board is not None:
             self.board.append(row)
+        if self.tracker is not None:
+            self.tracker.append(row)
         self.bar.set_postfix(
             {k: f"{row[k]:.4f}" for k in ("global_acc", "personal_acc") if k in row}
         )
@@ -492,6 +518,8 @@ class _Run:
             if self.rows:
                 title = f"{summary['algorithm']} on {summary['dataset']}"
                 plot_run(self.rows, out_dir / "plot.png", title)
+            if self.tracker is not None:  # (after the files it logs)
+                self.tracker.finish(summary)
         if error is not None:
             raise error
         return summary

@@ -234,6 +234,9 @@ def run_sweep(spec: SweepSpec) -> dict[str, Any]:
         )
     spec.out.mkdir(parents=True, exist_ok=True)
     log = _Log(spec.out / "sweep.log", spec.quiet)
+    from fedhp.sweep.tracking import open_sweep_tracking
+
+    tracking = open_sweep_tracking(spec)  # MLflow's parent run (None: mlflow.enabled is not set)
     metric = spec.metric or "final_global_acc"
     _write_manifest(spec, _manifest(spec, runs, metric, None))
     total = sum(r.rounds for r in runs) * (1 + (spec.select == "val") / max(len(points), 1))
@@ -257,6 +260,8 @@ def run_sweep(spec: SweepSpec) -> dict[str, Any]:
         manifest = _manifest(spec, all_runs, metric, selected)
         _write_manifest(spec, manifest)
     except KeyboardInterrupt:
+        if tracking is not None:
+            tracking.end(killed=True)
         # (in the log only: `fedhp sweep` says it on stderr)
         log("interrupted: the same command resumes (finished runs kept, the others go on)", False)
         raise
@@ -266,4 +271,6 @@ def run_sweep(spec: SweepSpec) -> dict[str, Any]:
 
     written = write_report(spec.out, manifest, list(dict.fromkeys(spec.formats)))
     log(f"wrote {', '.join(p.name for p in written)}")
+    if tracking is not None:
+        tracking.finish(manifest, written)
     return manifest
