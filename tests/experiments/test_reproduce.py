@@ -150,7 +150,8 @@ def test_table_mean_std_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     o = opts(tmp_path, seeds=3, methods=["sfedhp"])
     results = common.run_jobs(table1.jobs(o), o, tmp_path / "runs", run=run)
     md = table1.build_table(o, results)["markdown"]
-    assert "| 92.00 ± 2.00 | 93.00 ± 2.00 | 94.00 ± 2.00 | 95.00 ± 2.00 |" in md
+    # (mean ± standard error: 2.00 / √3; the std stays in table.json)
+    assert "| 92.00 ± 1.15 | 93.00 ± 1.15 | 94.00 ± 1.15 | 95.00 ± 1.15 |" in md
     assert sorted(int(dict(x.split("=", 1) for x in c)["seed"]) for c in calls) == [0, 1, 2]
 
 

@@ -3,7 +3,10 @@ seeds, each in its own results folder, with mean ± std of the final- and best-r
 
 A run whose folder already holds a ``summary.json`` written by the same configuration is reused,
 not rerun, so reproductions that share runs (Table I and the λ sweep, say) can share a
-``--runs`` folder, and an interrupted reproduction continues where it stopped.
+``--runs`` folder, and an interrupted reproduction continues where it stopped. "The same"
+ignores the options of :data:`COSMETIC_OPTIONS` (what a run prints and how often it saves, not
+what it computes): a run made by ``fedhp sweep`` or ``fedhp run`` with another
+``checkpoint_every`` or with ``progress`` on is reused as it is.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -241,32 +244,92 @@ def _log(opts: ReproOptions, text: str) -> None:
 
 RunFn = Callable[[Any, Path], dict[str, Any]]
 
+COSMETIC_OPTIONS: tuple[str, ...] = ("progress", "checkpoint_every")
+"""Top-level options that change what a run prints or how often it saves a checkpoint, never
+what it computes: a finished run that differs from the asked-for configuration only in these is
+reused (:func:`same_run`). Checked, not assumed: every Table I method gives byte-identical
+metrics.csv, per_client.csv and final state under ``checkpoint_every`` 0, 1, 3 and ``progress``
+on/off (``tests/experiments/test_table1_paper_model.py``). ``threads`` is not among them: the
+number of intra-op threads may change the order of a float sum, and with it the last bits of a
+result; ``eval_every`` is not either (it decides which rounds the best-round columns see)."""
+
+RESUME_IGNORES: tuple[str, ...] = ("progress",)
+"""What may differ between an interrupted run's checkpoint and its continuation: the engine's
+restore refuses any other difference (:data:`fedhp.engine.checkpoint.RESUMABLE_KEYS` less
+``rounds``, which a reproduction never changes on its runs)."""
+
+
+def without(config: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """``config`` without its top-level ``keys``."""
+    return {k: v for k, v in config.items() if k not in keys}
+
+
+def same_run(
+    saved: Mapping[str, Any], current: Mapping[str, Any], ignore: Sequence[str] = COSMETIC_OPTIONS
+) -> bool:
+    """Whether a configuration written earlier (a config.yaml's contents, put in today's form by
+    :func:`fedhp.config.normalized_config`) computes the same run as ``current`` (a resolved
+    configuration, :func:`fedhp.config.config_to_dict`), the top-level options of ``ignore``
+    (default :data:`COSMETIC_OPTIONS`) aside."""
+    from fedhp.config import normalized_config
+
+    return without(normalized_config(saved), ignore) == without(current, ignore)
+
+
+def saved_config(folder: Path) -> dict[str, Any] | None:
+    """``folder/config.yaml`` as data (None where absent or unreadable)."""
+    path = folder / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def finished_summary(overrides: list[str], folder: Path) -> dict[str, Any] | None:
+    """The ``summary.json`` of a finished run in ``folder`` that computed the configuration of
+    ``overrides`` (:func:`same_run`: cosmetic options aside), marked ``reused``; None where the
+    folder holds no finished run of it."""
+    from fedhp.config import config_to_dict, resolve_config
+
+    summary_path = folder / "summary.json"
+    saved = saved_config(folder)
+    if saved is None or not summary_path.is_file():
+        return None
+    if not same_run(saved, config_to_dict(resolve_config(None, overrides))):
+        return None
+    summary: dict[str, Any] = json.loads(summary_path.read_text())
+    summary["reused"] = True
+    return summary
+
 
 def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
-    """Run one configuration into ``folder`` (reusing a finished run of the same configuration).
+    """Run one configuration into ``folder`` (reusing a finished run of the same configuration,
+    cosmetic options aside: :func:`finished_summary`; resuming an interrupted one from its
+    checkpoint).
 
     Besides the runner's files, writes ``nodes.json``: the accumulated traffic per node of every
     link (:meth:`fedhp.comm.CommLedger.node_totals`)."""
     from fedhp.api import prepare, run_built
     from fedhp.comm import LINKS
-    from fedhp.config import config_to_dict, normalized_config, resolve_config
+    from fedhp.config import config_to_dict, resolve_config
     from fedhp.errors import DivergenceError
     from fedhp.reporting import write_json_atomic
 
+    done = finished_summary(overrides, folder)
+    if done is not None:
+        return done
     cfg = resolve_config(None, overrides)
     config = config_to_dict(cfg)
-    summary_path, config_path = folder / "summary.json", folder / "config.yaml"
-    if summary_path.is_file() and config_path.is_file():
-        old = normalized_config(yaml.safe_load(config_path.read_text()))
-        if old == config:
-            summary: dict[str, Any] = json.loads(summary_path.read_text())
-            summary["reused"] = True
-            return summary
+    summary_path = folder / "summary.json"
     exp = prepare(cfg)
     from fedhp.engine.checkpoint import resumable
 
-    resume = config_path.is_file() and resumable(folder, fall_back=True)
-    if resume and normalized_config(yaml.safe_load(config_path.read_text())) != config:
+    saved = saved_config(folder)
+    resume = saved is not None and resumable(folder, fall_back=True)
+    if resume and saved is not None and not same_run(saved, config, RESUME_IGNORES):
         resume = False
     try:
         summary = run_built(exp, folder, resume=resume, progress=False)
@@ -334,13 +397,22 @@ def _batched_runs(
 ) -> Iterator[tuple[Path, dict[str, Any], float]]:
     """The runs of :func:`map_runs` through ``fedhp sweep``'s batches (:mod:`fedhp.sweep`):
     runs of one structure (seeds, float hyperparameters) share a batch — in lockstep on a GPU,
-    one after another on the CPU —, finished runs are kept and interrupted ones resumed."""
+    one after another on the CPU —, finished runs are kept (cosmetic options aside:
+    :func:`finished_summary`, checked here before the sweep's own, exact check) and interrupted
+    ones resumed."""
     from fedhp.sweep.execute import run_batch
     from fedhp.sweep.plan import make_batches, spec_of
     from fedhp.sweep.plan import run_config as run_config_of
     from fedhp.sweep.run import runs_per_batch_of
 
-    specs = [spec_of(overrides, folder) for overrides, folder in tasks]
+    left = []
+    for overrides, folder in tasks:
+        done = finished_summary(overrides, folder)
+        if done is None:
+            left.append((overrides, folder))
+        else:
+            yield folder, done, 0.0
+    specs = [spec_of(overrides, folder) for overrides, folder in left]
     gpu = bool(specs) and str(run_config_of(specs[0]).device).startswith("cuda")
     per_batch = runs_per_batch_of(specs[0]) if gpu and len(specs) > 1 else None
     for batch in make_batches(specs, per_batch):
@@ -399,13 +471,12 @@ def run_method_seeds(
     return run_keyed(opts, tasks, lambda k: f"{k[0]} seed {k[1]}", accuracy)
 
 
-def run_jobs(
-    jobs: Sequence[Job], opts: ReproOptions, runs_dir: Path, run: Callable[..., Any] = run_config
-) -> dict[str, dict[str, Any]]:
-    """Run every job for seeds 0..opts.seeds-1; job key -> aggregate over seeds.
-
-    Sequential by default; with ``opts.jobs > 1`` that many runs go at once in worker processes
-    (each with ``opts.threads`` torch threads)."""
+def job_tasks(
+    jobs: Sequence[Job], opts: ReproOptions, runs_dir: Path
+) -> list[tuple[str, int, list[str], Path]]:
+    """``(job key, seed, overrides, folder)`` of every run of ``jobs`` (seeds 0..opts.seeds-1):
+    the shared options the job's method reads, its own, the user's it reads, the seed; the
+    folder ``runs_dir/<job key>/seed<seed>``."""
     from fedhp.unread import read_overrides
 
     tasks = []
@@ -417,6 +488,17 @@ def run_jobs(
         for seed in range(opts.seeds):
             overrides = [*shared, *own, f"seed={seed}"]
             tasks.append((job.key, seed, overrides, runs_dir / job.key / f"seed{seed}"))
+    return tasks
+
+
+def run_jobs(
+    jobs: Sequence[Job], opts: ReproOptions, runs_dir: Path, run: Callable[..., Any] = run_config
+) -> dict[str, dict[str, Any]]:
+    """Run every job for seeds 0..opts.seeds-1; job key -> aggregate over seeds.
+
+    Sequential by default; with ``opts.jobs > 1`` that many runs go at once in worker processes
+    (each with ``opts.threads`` torch threads)."""
+    tasks = job_tasks(jobs, opts, runs_dir)
     done: dict[tuple[str, int], dict[str, Any]] = {}
 
     def finish(key: str, seed: int, folder: Path, summary: dict[str, Any], sec: float) -> None:

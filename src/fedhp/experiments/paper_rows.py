@@ -3,7 +3,7 @@ one row's cells, our accuracies next to the paper's numbers, and the page around
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fedhp.experiments.common import ReproOptions, describe, paper_cell, pct, table_result
@@ -29,15 +29,16 @@ def row_cells(
     row: Mapping[str, Any],
     models: Sequence[str],
     paper: Sequence[Any],
+    cell: Callable[[Any], str] = pct,
 ) -> list[str]:
     """The method (`` (diverged)`` where a seed stopped), its hyperparameters, its gradient
-    evaluations, the final and best accuracy of each of ``models`` (``global`` / ``personal``)
-    and the paper's numbers."""
+    evaluations, the final and best accuracy of each of ``models`` (``global`` / ``personal``;
+    written by ``cell``: mean ± std unless given) and the paper's numbers."""
     return [
         label + (" (diverged)" if row.get("stopped") else ""),
         hp,
         str(row["gradient_evaluations_per_round"]),
-        *(pct(row[f"{when}_{model}_acc"]) for model in models for when in ("final", "best")),
+        *(cell(row[f"{when}_{model}_acc"]) for model in models for when in ("final", "best")),
         *(paper_cell(value) for value in paper),
     ]
 
