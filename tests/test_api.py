@@ -32,6 +32,7 @@ FAST_ARGS = [
     "rounds=3",
 ]
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+UNTYPED: Any = fedhp  # (called with arguments of the wrong type on purpose)
 
 
 def test_import_fedhp_is_light() -> None:
@@ -97,23 +98,23 @@ def test_api_errors_are_one_line_fedhp_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("call", "says"),
     [
-        (lambda: fedhp.run(42), r"^config: expected a YAML file .*got int 42$"),
-        (lambda: fedhp.resolve([1, 2]), r"^config: expected a YAML file"),
-        (lambda: fedhp.run(save=False, plugins="p.py"), r"^plugins: expected a list"),
-        (lambda: fedhp.run(out=3), r"^out: expected a folder name"),
+        (lambda: UNTYPED.run(42), r"^config: expected a YAML file .*got int 42$"),
+        (lambda: UNTYPED.resolve([1, 2]), r"^config: expected a YAML file"),
+        (lambda: UNTYPED.run(save=False, plugins="p.py"), r"^plugins: expected a list"),
+        (lambda: UNTYPED.run(out=3), r"^out: expected a folder name"),
         (
-            lambda: fedhp.sweep(grid={"algorithm.lam": 15}),
+            lambda: UNTYPED.sweep(grid={"algorithm.lam": 15}),
             r"^grid algorithm.lam: 15 is not a list of values; write \[15\]",
         ),
-        (lambda: fedhp.sweep(grid=[("algorithm.lam", [15])]), r"^grid: expected a mapping"),
-        (lambda: fedhp.sweep(seeds=3.5), r"^seeds: expected a list of integers"),
-        (lambda: fedhp.sweep(seeds=[0, "1"]), r"^seeds: '1' is not an integer"),
-        (lambda: fedhp.sweep(out=3), r"^out: expected a folder name"),
-        (lambda: fedhp.sweep(config=42), r"^config: expected a YAML file"),
-        (lambda: fedhp.sweep(progress="no"), r"^progress: expected True or False"),
-        (lambda: fedhp.sweep(seed=3, seeds=[0, 1]), r"^seed=3 beside seeds"),
+        (lambda: UNTYPED.sweep(grid=[("algorithm.lam", [15])]), r"^grid: expected a mapping"),
+        (lambda: UNTYPED.sweep(seeds=3.5), r"^seeds: expected a list of integers"),
+        (lambda: UNTYPED.sweep(seeds=[0, "1"]), r"^seeds: '1' is not an integer"),
+        (lambda: UNTYPED.sweep(out=3), r"^out: expected a folder name"),
+        (lambda: UNTYPED.sweep(config=42), r"^config: expected a YAML file"),
+        (lambda: UNTYPED.sweep(progress="no"), r"^progress: expected True or False"),
+        (lambda: UNTYPED.sweep(seed=3, seeds=[0, 1]), r"^seed=3 beside seeds"),
         (
-            lambda: fedhp.sweep(grid={"algorithm.lam": [15, 15.0]}),
+            lambda: UNTYPED.sweep(grid={"algorithm.lam": [15, 15.0]}),
             r"^grid algorithm.lam: 15 and 15.0 given twice",
         ),
     ],

@@ -22,8 +22,9 @@ def add_parser(sub: Any) -> None:
         description="Run every grid point for every seed (runs of one structure share a batch: "
         "same model, shapes and rounds; seeds and float hyperparameters may differ), then write "
         "table.md/table.csv (mean ± standard error over seeds) and curves.png. Started again "
-        "with the same arguments, it resumes. Options may also come from a `sweep:` section of "
-        "CONFIG (the flags win). docs/sweep.md.",
+        "in the same --out, it resumes (options in any order; more seeds or grid values run only "
+        "the new runs). Options may also come from a `sweep:` section of CONFIG (the flags win). "
+        "docs/sweep.md.",
     )
     add_items(sw)
     sw.add_argument(
