@@ -15,18 +15,13 @@ onto the global model. BatchNorm models are not supported.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Hashable, Sequence
-from typing import cast
-
 import pydantic
 import torch
 
-from fedhp.algorithms import fedavg_stacked
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.algorithms.options import ALGORITHMS
-from fedhp.algorithms.task import Task, Trained, Update
+from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, prox_grad
 
@@ -58,56 +53,12 @@ class Ditto(FedAvg):
         opt = self.options
         return opt.personal_lr if opt.personal_lr is not None else opt.lr
 
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: FedAvg's plain round stacked, then the personal models' prox rounds
-        stacked (:func:`fedhp.algorithms.fedavg_stacked.stack_key`; the personal step size must
-        be shared, λ may differ)."""
-        key = fedavg_stacked.stack_key(self, state, task)
-        if key is None or cast(tuple[object, ...], key)[1] != "plain":
-            return None
-        return ("ditto", key, self.personal_lr())
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' global local SGD as one, then their personal local SGD as one (each run's
-        generator draws its global minibatches before its personal ones, as alone)."""
-        updates = fedavg_stacked.stacked_train(items)
-        personal = [(a, s, dataclasses.replace(t, batches=None)) for a, s, t in items]
-        lr = cast(Ditto, items[0][0]).personal_lr()
-        fedavg_stacked.stacked_train(personal, PERSONAL_ROWS, lr)
-        return updates
-
     def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
         """FedAvg's samples twice: the personal update has the same budget."""
         return 2 * super().round_samples(clients)
 
     def personal_models(self, state: State) -> torch.Tensor | None:
         return state["personal"]
-
-
-class _PersonalRows(fedavg_stacked.LocalRows):
-    """Ditto's personal update: each client from its stored v_k, pulled towards w with λ; the
-    trained rows kept as the clients' personal models (no update of their own)."""
-
-    name = "ditto-personal"
-
-    def kind(self, algo: Algorithm, state: State, task: Task) -> str | None:
-        return "prox"
-
-    def term(self, algo: Algorithm, state: State, task: Task) -> fedavg_stacked.Term:
-        term = prox_grad(task.broadcast["global"], cast(Ditto, algo).options.lam)
-        assert isinstance(term, fedavg_stacked.ProxGrad)
-        return term
-
-    def start(self, algo: Algorithm, state: State, task: Task) -> torch.Tensor:
-        return state["personal"][task.clients]
-
-    def finish(self, algo: Algorithm, state: State, task: Task, trained: Trained) -> Update:
-        state["personal"][task.clients] = trained[0]
-        return Update()  # (no update of its own: the global round sent the upload)
-
-
-PERSONAL_ROWS = _PersonalRows()
 
 
 @ALGORITHMS.register("ditto")

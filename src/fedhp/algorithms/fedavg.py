@@ -15,19 +15,15 @@ local epochs (or steps): FedAvg drops its update, FedProx aggregates its partial
 The plumbing below the math (the broadcast, billing, the uploads folded part by part when the
 policy streams a round, BatchNorm statistics, FedLPS's device model as a component) is shared by
 FedAvg's family: FedProx, MOON, FedNova and Ditto subclass :class:`FedAvg`. In a lockstep sweep
-batch the plain rounds of several runs train as one local SGD, each run's clients a block of
-rows (:mod:`fedhp.algorithms.fedavg_stacked`).
+batch the runs' local SGD trains as one, each run's clients a block of rows: the engine's run
+level (:mod:`fedhp.engine.local_rows`), with no code here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import cast
-
 import pydantic
 import torch
 
-from fedhp.algorithms import fedavg_stacked
 from fedhp.algorithms.base import (
     ALGORITHMS,
     PARTIAL_WORK,
@@ -152,19 +148,6 @@ class FedAvg(Algorithm):
         stats = self.local_work_stats(task, fold.update())
         stats.update(self.cost_model.account(state, task.clients, self.round_samples))
         return stats
-
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`fedhp.algorithms.fedavg_stacked.stack_key` for FedAvg and
-        FedProx themselves (a subclass with its own local work — MOON, FedNova — trains alone;
-        Ditto has its own)."""
-        if type(self) not in (FedAvg, FedProx):
-            return None
-        return fedavg_stacked.stack_key(self, state, task)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' local SGD as one (:mod:`fedhp.algorithms.fedavg_stacked`)."""
-        return fedavg_stacked.stacked_train([(cast(FedAvg, a), s, t) for a, s, t in items])
 
 
 class FedProx(FedAvg):

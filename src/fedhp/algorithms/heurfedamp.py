@@ -9,13 +9,9 @@ The cloud keeps every client's last uploaded model ``w_j`` and builds, for each 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import cast
-
 import pydantic
 import torch
 
-from fedhp.algorithms import heurfedamp_stacked
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
@@ -68,15 +64,6 @@ class HeurFedAMP(Algorithm):
             cloud, task.clients, opt.work(), prox_grad(cloud, opt.lam / opt.alpha_k)
         )
         return Update(per_client={"model": params}, losses=loss_sum.unsqueeze(0), steps=steps)
-
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`fedhp.algorithms.heurfedamp_stacked.stack_key`."""
-        return heurfedamp_stacked.stack_key(self, state, task)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' rounds as one (:mod:`fedhp.algorithms.heurfedamp_stacked`)."""
-        return heurfedamp_stacked.stacked_train([(cast(HeurFedAMP, a), s, t) for a, s, t in items])
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx = self.ctx

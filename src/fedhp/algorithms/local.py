@@ -6,12 +6,10 @@ per round (the same budget as the federated methods), no aggregation, no global 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from fedhp.algorithms import fedavg_stacked
 from fedhp.algorithms.base import Algorithm, RowKind, State
 from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
@@ -53,17 +51,6 @@ class LocalOnly(Algorithm):
         self.buffers.keep(state, task.clients, bufs)
         return Update(losses=loss_sum.unsqueeze(0), steps=steps)
 
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows (:mod:`fedhp.algorithms.fedavg_stacked`): plain rounds (local steps of
-        plain SGD, no BatchNorm statistics or clipping) meet the other runs' with the same
-        local work; each client trains from its own model."""
-        return fedavg_stacked.stack_key(self, state, task, LOCAL_ROWS)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' local SGD as one, every client from its own model."""
-        return fedavg_stacked.stacked_train(items, LOCAL_ROWS)
-
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         return self.local_work_stats(task, update)
 
@@ -75,33 +62,6 @@ class LocalOnly(Algorithm):
 
     def personal_buffers(self, state: State) -> torch.Tensor | None:
         return self.buffers.own(state)
-
-
-class _LocalRows(fedavg_stacked.LocalRows):
-    """LocalOnly's plain round in the stacked local SGD: each client from its own model
-    (``theta``), no term, its trained model kept (:meth:`LocalOnly.kept`) — what
-    :meth:`LocalOnly.train` does."""
-
-    name = "local"
-
-    def like(self, algo: Algorithm, state: State, task: Task) -> torch.Tensor:
-        return state["theta"]
-
-    def kind(self, algo: Algorithm, state: State, task: Task) -> str | None:
-        return "plain"
-
-    def term(self, algo: Algorithm, state: State, task: Task) -> fedavg_stacked.Term:
-        return None
-
-    def start(self, algo: Algorithm, state: State, task: Task) -> torch.Tensor:
-        return state["theta"][task.clients]
-
-    def finish(self, algo: Algorithm, state: State, task: Task, trained: Trained) -> Update:
-        assert isinstance(algo, LocalOnly)
-        return algo.kept(state, task, trained, None)
-
-
-LOCAL_ROWS = _LocalRows()
 
 
 @ALGORITHMS.register("local")

@@ -20,16 +20,12 @@ BatchNorm buffers), billed.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-
 import pydantic
 import torch
 from torch import Tensor
 
-from fedhp.algorithms import fedavg_stacked
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.algorithms.fednova import momentum_norm
-from fedhp.algorithms.task import Trained
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ConstantGrad, weighted_mean
 
@@ -74,44 +70,19 @@ class Scaffold(Algorithm):
         return Task(clients, broadcast={**broadcast, "c": received["control"]})
 
     def train(self, state: State, task: Task) -> Update:
-        opt, clients = self.options, task.clients
-        x = task.broadcast["global"]
-        bufs = self.buffers.received(state, task)
-        trained = self.ctx.local_sgd(
-            x.expand(len(clients), -1),
-            clients,
-            opt.work(),
-            self.correction(state, task),
-            buffers=bufs,
-        )
-        return self.controlled_update(state, task, trained, bufs)
-
-    def correction(self, state: State, task: Task) -> ConstantGrad:
-        """The term added to every local step's gradient: g_i(y) - c_i + c."""
-        return ConstantGrad(task.broadcast["c"] - state["c_local"][task.clients])
-
-    def controlled_update(
-        self, state: State, task: Task, trained: Trained, bufs: Tensor | None
-    ) -> Update:
-        """The clients' update from their local SGD's ``trained`` (parameters y, summed losses,
-        steps): their option-II control variates set in ``state``, (y, c_i⁺ - c_i) uploaded."""
+        """Local steps on g_i(y) - c_i + c from x; the option-II control variates set after,
+        (y, c_i⁺ - c_i) uploaded."""
         opt, clients = self.options, task.clients
         x, c, c_local = task.broadcast["global"], task.broadcast["c"], state["c_local"][clients]
+        bufs = self.buffers.received(state, task)
+        correction = ConstantGrad(c - c_local)
+        trained = self.ctx.local_sgd(
+            x.expand(len(clients), -1), clients, opt.work(), correction, buffers=bufs
+        )
         y, loss_sum, steps = trained
         c_new = option_two(c_local, c, x, y, momentum_norm(steps, opt.momentum), opt.lr)
         state["c_local"][clients] = c_new
-        return self.client_update(state, task, (y, loss_sum, steps), bufs, dc=c_new - c_local)
-
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows (:mod:`fedhp.algorithms.fedavg_stacked`): plain rounds (local steps of
-        plain SGD, no BatchNorm statistics, clipping, client momentum or whole-round rule) meet
-        the other runs' with the same local work; each run keeps its own corrections."""
-        return fedavg_stacked.stack_key(self, state, task, SCAFFOLD_ROWS)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' local SGD as one, each client's steps shifted by its own correction."""
-        return fedavg_stacked.stacked_train(items, SCAFFOLD_ROWS)
+        return self.client_update(state, task, trained, bufs, dc=c_new - c_local)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt, x, clients = self.ctx, self.options, state["global"], task.clients
@@ -126,28 +97,6 @@ class Scaffold(Algorithm):
         if bufs is not None:
             state["global_buffers"] = weighted_mean(bufs, weights)
         return self.local_work_stats(task, update)
-
-
-class _ScaffoldRows(fedavg_stacked.LocalRows):
-    """SCAFFOLD's plain round in the stacked local SGD: from the broadcast global model, each
-    client's steps shifted by its correction (:meth:`Scaffold.correction`), its control variate
-    set after (:meth:`Scaffold.controlled_update`) — what :meth:`Scaffold.train` does."""
-
-    name = "scaffold"
-
-    def kind(self, algo: Algorithm, state: State, task: Task) -> str | None:
-        return "shift"
-
-    def term(self, algo: Algorithm, state: State, task: Task) -> fedavg_stacked.Term:
-        assert isinstance(algo, Scaffold)
-        return algo.correction(state, task)
-
-    def finish(self, algo: Algorithm, state: State, task: Task, trained: Trained) -> Update:
-        assert isinstance(algo, Scaffold)
-        return algo.controlled_update(state, task, trained, None)
-
-
-SCAFFOLD_ROWS = _ScaffoldRows()
 
 
 @ALGORITHMS.register("scaffold")

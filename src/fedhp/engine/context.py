@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import torch
 
@@ -15,6 +15,7 @@ from fedhp.engine.attacks import Attack
 from fedhp.engine.faults import RoundFaults, partial_units
 from fedhp.engine.federation import Federation
 from fedhp.engine.graphs import StepGraphs
+from fedhp.engine.local_rows import LocalCall, Trained, local_sgd_key
 from fedhp.engine.ops import (
     ExtraGrad,
     LocalWork,
@@ -35,6 +36,15 @@ Weighting = Literal["uniform", "samples"]
 Sent = TypeVar("Sent", torch.Tensor, Message)
 """What a send carries: rows ``[M, P]`` (one ``[P]`` for a broadcast), or a keyed
 :class:`~fedhp.comm.Message`; the receivers get the same kind back."""
+
+
+class RunBatch(Protocol):
+    """The batch of runs a run trains in (a sweep's lockstep batch, :mod:`fedhp.sweep.lockstep`):
+    the run level of the tree, where the runs' local SGD meets (:mod:`fedhp.engine.local_rows`)."""
+
+    def local_sgd(self, call: LocalCall) -> Trained:
+        """Run ``call`` with the other runs' calls of the same key, as one; this run's result."""
+        ...
 
 
 @dataclass
@@ -67,6 +77,8 @@ class RunContext:
     edge_ids: torch.Tensor | None = None
     # The steps replayed as CUDA graphs (``engine.cuda_graphs``); disabled: every call eager.
     graphs: StepGraphs = field(default_factory=StepGraphs)
+    # The batch of runs this run trains in (None: alone): its local SGD meets the other runs'.
+    batch: RunBatch | None = None
 
     def __post_init__(self) -> None:
         if self.participation is None:
@@ -252,6 +264,29 @@ class RunContext:
         """
         if old_surface or isinstance(work, int):  # steps, batch, lr, ...: the old surface
             raise ConfigError(OLD_LOCAL_SGD)
+        plain = mask is None and buffers is None and loss_grad is None and partial is None
+        if self.batch is not None and plain and not isinstance(drawn, EpochBatches):
+            call = LocalCall(self, params, clients, work, extra_grad, drawn)
+            if local_sgd_key(call) is not None:  # the batch's runs' local SGD as one
+                return self.batch.local_sgd(call)
+        return self.local_sgd_alone(
+            params, clients, work, extra_grad, mask, buffers, loss_grad, drawn, partial
+        )
+
+    def local_sgd_alone(
+        self,
+        params: torch.Tensor,
+        clients: torch.Tensor,
+        work: LocalWork,
+        extra_grad: ExtraGrad | None = None,
+        mask: torch.Tensor | None = None,
+        buffers: torch.Tensor | None = None,
+        loss_grad: LossGrad | None = None,
+        drawn: torch.Tensor | EpochBatches | None = None,
+        partial: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`local_sgd` of this run alone (what a batch falls back to for a call it does
+        not stack)."""
         units = None
         if partial is not None:  # stragglers' partial work: their first units (epochs or steps)
             total = work.epochs if work.epochs is not None else work.steps

@@ -14,12 +14,15 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from fedhp.data.rows import take_rows
-from fedhp.engine.context import RunContext
 from fedhp.engine.sampler import MAX_KEYS
+
+if TYPE_CHECKING:
+    from fedhp.engine.context import RunContext
 
 Draw = Callable[[], tuple[torch.Tensor, torch.Tensor]]
 

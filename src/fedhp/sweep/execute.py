@@ -209,6 +209,7 @@ def _lockstep(
     for slot, i in enumerate(todo):
         step.attach(slot, exps[i].model)
         step.attach_algorithm(slot, exps[i].algorithm)
+        exps[i].ctx.batch = step.seat(slot)  # (its local SGD meets the other runs')
         report.graphs_stacked |= exps[i].ctx.graphs.enabled
         exps[i].ctx.graphs.stacked_only()  # (its model calls meet the other runs')
     errors: dict[int, BaseException] = {}

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from fedhp.engine.local_rows import LocalCall, Trained, local_sgd_key, stacked_local_sgd
 from fedhp.models.base import BatchedModel
 
 __all__ = ["Lockstep"]
@@ -39,9 +40,9 @@ class _Call:
     """One run's pending call: a model kernel, or the algorithm's round below the cloud."""
 
     run: int
-    kind: str  # "sgd_step" | "loss_and_grad" | "train"
+    kind: str  # "sgd_step" | "loss_and_grad" | "train" | "local_sgd"
     model: BatchedModel | None
-    original: Callable[..., Any]
+    original: Callable[..., Any] | None
     flat: torch.Tensor | None = None
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
@@ -52,6 +53,7 @@ class _Call:
     state: Any = None
     task: Any = None
     key: Hashable | None = None
+    local: LocalCall | None = None  # "local_sgd": the run's call of ctx.local_sgd
     result: Any = None
     error: BaseException | None = None
     done: bool = False
@@ -62,6 +64,8 @@ class _Call:
         class with equal stack keys."""
         if self.kind == "train":
             return ("train", type(self.algorithm), self.key)
+        if self.kind == "local_sgd":
+            return ("local_sgd", self.key)
         tensors = [self.flat, self.x, self.y, *self.opts.values()]
         shapes = tuple(
             (tuple(t.shape[1:]), t.dtype, t.device) if isinstance(t, torch.Tensor) else repr(t)
@@ -110,6 +114,11 @@ class Lockstep:
         tensors); the others train as they would alone."""
         original = algorithm.train
         algorithm.train = functools.partial(self._train, run, algorithm, original)
+
+    def seat(self, run: int) -> Seat:
+        """Run ``run``'s place in the batch: set as its ``ctx.batch``, where its local SGD
+        meets the other runs' (:mod:`fedhp.engine.local_rows`)."""
+        return Seat(self, run)
 
     def begin(self) -> None:
         """Give the first turn (call once, after every run's thread has started)."""
@@ -180,6 +189,14 @@ class Lockstep:
         call.key = key
         return self._wait(call)
 
+    def local_sgd(self, run: int, local: LocalCall) -> Trained:
+        """Run ``run``'s local SGD with the other runs' of the same key, as one."""
+        if self._executing is threading.current_thread():
+            return _local_alone(local)
+        call = _Call(run, "local_sgd", None, None, local=local, key=local_sgd_key(local))
+        result: Trained = self._wait(call)
+        return result
+
     def _wait(self, call: _Call) -> Any:
         """Register ``call`` (its thread has the turn); run every pending call if it was the
         last awaited, else hand the turn on and sleep until the call is done and the turn
@@ -217,7 +234,7 @@ class Lockstep:
                         _alone(group[0])
                     else:
                         self.fused_calls += 1
-                        self.stacked_rounds += group[0].kind == "train"
+                        self.stacked_rounds += group[0].kind in ("train", "local_sgd")
                         _fused(group)
                 except BaseException as err:  # each run raises it in its own thread
                     for call in group:
@@ -242,7 +259,32 @@ def _row_alone(call: _Call) -> bool:
     )
 
 
+@dataclass
+class Seat:
+    """A run's place in a :class:`Lockstep` batch (its ``ctx.batch``,
+    :class:`~fedhp.engine.context.RunBatch`)."""
+
+    lockstep: Lockstep
+    run: int
+
+    def local_sgd(self, call: LocalCall) -> Trained:
+        return self.lockstep.local_sgd(self.run, call)
+
+
+def _local_alone(local: LocalCall) -> Trained:
+    """A run's local SGD as it runs outside a batch."""
+    ctx = local.ctx
+    return ctx.local_sgd_alone(
+        local.params, local.clients, local.work, local.extra_grad, drawn=local.drawn
+    )
+
+
 def _alone(call: _Call) -> None:
+    if call.kind == "local_sgd":
+        assert call.local is not None
+        call.result = _local_alone(call.local)
+        return
+    assert call.original is not None
     if call.kind == "train":
         call.result = call.original(call.state, call.task)
     elif call.kind == "sgd_step":
@@ -255,6 +297,12 @@ def _fused(group: list[_Call]) -> None:
     """One kernel call on the rows of every call of ``group``; each gets its rows back (or one
     stacked round of their algorithms)."""
     lead = group[0]
+    if lead.kind == "local_sgd":
+        results = stacked_local_sgd([_local(c) for c in group])
+        for call, trained in zip(group, results, strict=True):
+            call.result = trained
+        return
+    assert lead.original is not None
     if lead.kind == "train":
         items = [(c.algorithm, c.state, c.task) for c in group]
         for call, update in zip(group, type(lead.algorithm).stacked_train(items), strict=True):
@@ -279,6 +327,11 @@ def _fused(group: list[_Call]) -> None:
         if "buffers" in opts:  # (updated in place by the model: back into each run's rows)
             call.opts["buffers"].copy_(opts["buffers"][part])
         call.result = (loss[part], grad[part])
+
+
+def _local(call: _Call) -> LocalCall:
+    assert call.local is not None
+    return call.local
 
 
 def _rows(t: torch.Tensor | None) -> torch.Tensor:
