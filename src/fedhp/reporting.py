@@ -44,6 +44,25 @@ def _create_temp(path: Path) -> tuple[int, Path]:
             continue
 
 
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Delete the temporary files that atomic writes killed midway (SIGKILL, power loss) left
+    in ``folder`` (``.<name>.<8 hex>.tmp``, :func:`_create_temp`'s names); the paths removed.
+    For the process that owns the folder, before it writes there."""
+    removed: list[Path] = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        if _TEMP_NAME.match(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` atomically: ``write`` fills a temporary file (open to read back too) that
     then replaces ``path``."""

@@ -13,7 +13,8 @@
               generator), "torch" (global CPU RNG), "cuda" (when running on CUDA), and
               "algorithm.<attr>" for any torch.Generator an algorithm object holds
     ledger    CommLedger.state_dict()
-    rows      the metrics rows written so far (for summary.json's best/final values)
+    rows      the metrics rows written so far (for summary.json's best/final values, and to
+              rebuild a metrics.csv that lost rows: :func:`check_result_files`)
     trained_samples
               samples of the gradient evaluations so far (``BatchedModel.trained_samples``,
               for summary.json's ``train_flops``; None where not known; absent in checkpoints
@@ -63,7 +64,7 @@ from fedhp.config import with_added_defaults as with_added_defaults  # (re-expor
 from fedhp.engine.disk_state import DiskState
 from fedhp.engine.experiment import EngineExperiment
 from fedhp.errors import FedhpError, FedhpWarning
-from fedhp.reporting import _atomic_write, _fsync_dir, write_json_atomic
+from fedhp.reporting import MetricsWriter, _atomic_write, _fsync_dir, read_rows, write_json_atomic
 
 CHECKPOINT_FILE = "checkpoint.pt"
 PREVIOUS_FILE = "checkpoint.prev.pt"
@@ -568,7 +569,93 @@ def check_resume(folder: Path, checkpoint_every: int, from_previous: bool = Fals
         )
     with warnings.catch_warnings():  # (an old checkpoint's warning comes once, on restore)
         warnings.simplefilter("ignore", FedhpWarning)
-        return int(load_checkpoint(current)["round"])
+        data = load_checkpoint(current)
+    rnd = int(data["round"])
+    check_result_files(folder, list(data["rows"]), rnd)  # (before the data is loaded)
+    return rnd
+
+
+def _rounds_in(path: Path) -> list[int] | None:
+    """The ``round`` of every row of the CSV file ``path`` (None: missing or unreadable)."""
+    try:
+        rows = read_rows(path)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return [int(r["round"]) for r in rows if isinstance(r.get("round"), int | float)]
+
+
+def _spans(rounds: list[int]) -> str:
+    """``5-20, 25`` for the sorted ``rounds``."""
+    parts: list[str] = []
+    start = prev = rounds[0]
+    for r in [*rounds[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)
+
+
+CHECKED_FILES = ("per_client.csv", "timings.csv")
+"""Result files with a row for every evaluated round that the checkpoint cannot rebuild (the
+per-client rows are not in it; timings are wall-clock, never in it)."""
+
+
+def check_result_files(folder: Path, rows: list[Row], rnd: int) -> bool:
+    """Before a run in ``folder`` resumes from its checkpoint (after ``rnd`` rounds, metric rows
+    ``rows``): a one-line :class:`CheckpointError` naming the file and the way out when
+    ``per_client.csv`` or ``timings.csv`` is missing or lacks a round the checkpoint has
+    evaluated; whether ``metrics.csv`` is missing or holds fewer rows up to ``rnd`` than the
+    checkpoint (then :func:`rebuild_metrics` writes it back from them)."""
+    folder = Path(folder)
+    needed = {int(r["round"]) for r in rows if isinstance(r.get("round"), int | float)}
+    for name in CHECKED_FILES if needed else ():
+        have = _rounds_in(folder / name)
+        missing = sorted(needed - set(have or ()))
+        if missing:
+            what = (
+                "is missing"
+                if have is None
+                else f"has no rows for round{'s' if len(missing) > 1 else ''} {_spans(missing)}"
+            )
+            raise CheckpointError(
+                f"{folder / name} {what}, which the checkpoint (round {rnd}) cannot rebuild; "
+                f"put the file back, or restart the run with `{restart_command(folder)}`"
+            )
+    have = _rounds_in(folder / "metrics.csv")
+    return have is None or sum(r <= rnd for r in have) < len(rows)
+
+
+def resumable_files(folder: Path) -> bool:
+    """Whether the result files of ``folder`` are whole enough to resume from its checkpoint
+    (:func:`check_result_files` refuses none; metrics.csv can always be rebuilt)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FedhpWarning)
+            data = read_checkpoint(Path(folder) / CHECKPOINT_FILE)
+        check_result_files(folder, list(data["rows"]), int(data["round"]))
+    except CheckpointError:
+        return False
+    return True
+
+
+def rebuild_metrics(folder: Path, rows: list[Row], rnd: int) -> None:
+    """Write ``folder``'s ``metrics.csv`` from the checkpoint's metric ``rows`` (the same bytes
+    the run wrote: same rows, same column order, same number format), with one warning line."""
+    path = Path(folder) / "metrics.csv"
+    had = _rounds_in(path)
+    held = "was missing" if had is None else f"held {sum(r <= rnd for r in had)} of them"
+    writer = MetricsWriter(path)
+    writer.extend(rows)
+    writer.flush()
+    warnings.warn(
+        f"{path}: its {len(rows)} rows up to round {rnd} rebuilt from {CHECKPOINT_FILE} (the "
+        f"file {held})",
+        FedhpWarning,
+        stacklevel=2,
+    )
 
 
 def config_difference(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
@@ -635,6 +722,9 @@ def restore_checkpoint(
         disk.rebind(state)
     if exp.cfg.privacy.enabled and not isinstance(data.get("privacy"), dict):
         raise CheckpointError(f"{path}: holds no DP accountant state; start the run afresh")
+    rows = list(data["rows"])
+    if check_result_files(out_dir, rows, int(data["round"])):  # (refuses what it cannot rebuild)
+        rebuild_metrics(out_dir, rows, int(data["round"]))
     restore_rng(exp, data["rng"])
     exp.ctx.ledger.load_state_dict(data["ledger"])
     return Snapshot(
@@ -642,7 +732,7 @@ def restore_checkpoint(
         state=copy_state(state, None if disk is None else disk.snapshot),
         rng=data["rng"],
         ledger=data["ledger"],
-        rows=list(data["rows"]),
+        rows=rows,
         seconds=checkpoint_seconds(path, int(data["round"])),
         trained_samples=data.get("trained_samples"),
         privacy=data.get("privacy"),

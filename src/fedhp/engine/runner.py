@@ -42,6 +42,7 @@ from fedhp.errors import DivergenceError
 from fedhp.reporting import (
     MetricsWriter,
     plot_run,
+    remove_stale_temps,
     write_json_atomic,
     write_yaml_atomic,
 )
@@ -341,6 +342,7 @@ class _Run:
         out_dir, restored = self.out_dir, None
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temps(out_dir)  # (what a write killed midway left)
             if resume:
                 restored = restore_checkpoint(self.exp, self.state, out_dir, self.disk)
             else:
@@ -514,10 +516,11 @@ class _Run:
                 _write_checkpoint(exp, out_dir, snap, self.config)
             if error is None:
                 save_final_state(out_dir / FINAL_STATE_FILE, final, self.rounds_done)
-            write_json_atomic(out_dir / "summary.json", summary)
             if self.rows:
                 title = f"{summary['algorithm']} on {summary['dataset']}"
                 plot_run(self.rows, out_dir / "plot.png", title)
+            # Last: a sweep counts a run with every file, summary.json the last, as finished.
+            write_json_atomic(out_dir / "summary.json", summary)
             if self.tracker is not None:  # (after the files it logs)
                 self.tracker.finish(summary)
         if error is not None:

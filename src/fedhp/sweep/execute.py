@@ -23,9 +23,32 @@ Progress = Callable[[int], None]
 BATCHINGS = ("auto", "lockstep", "sequential")
 
 
+RUN_FILES = ("metrics.csv", "per_client.csv", "timings.csv", "summary.json")
+"""Files every finished run holds (and final_state.pt unless it diverged, plot.png once it has
+a metrics row); summary.json is the last one a run writes."""
+
+
+def run_complete(folder: Path) -> bool:
+    """Whether every file of a finished run is in ``folder`` (a run killed while writing them,
+    or one a file was deleted from, is not finished: it resumes from its checkpoint, which
+    rewrites them)."""
+    if not all((folder / name).is_file() for name in RUN_FILES):
+        return False
+    try:
+        stopped = "stopped" in json.loads((folder / "summary.json").read_text())
+        with (folder / "metrics.csv").open(encoding="utf-8") as fh:
+            has_rows = len(fh.readlines()) > 1
+    except (OSError, ValueError):
+        return False
+    if not stopped and not (folder / "final_state.pt").is_file():
+        return False
+    return not has_rows or (folder / "plot.png").is_file()
+
+
 def run_status(spec: RunSpec) -> str:
-    """``finished`` (summary.json of the same config), ``resume`` (a checkpoint of the same
-    config) or ``new``."""
+    """``finished`` (every file of a run of the same config, :func:`run_complete`), ``resume``
+    (a checkpoint of the same config, and the result files it cannot rebuild are whole) or
+    ``new``."""
     from fedhp.config import config_to_dict, normalized_config
 
     folder = spec.folder
@@ -38,11 +61,13 @@ def run_status(spec: RunSpec) -> str:
         return "new"
     if old != config_to_dict(run_config(spec)):
         return "new"
-    if (folder / "summary.json").is_file():
+    if run_complete(folder):
         return "finished"
-    from fedhp.engine.checkpoint import resumable
+    from fedhp.engine.checkpoint import resumable, resumable_files
 
-    return "resume" if resumable(folder, fall_back=True) else "new"
+    if not resumable(folder, fall_back=True):
+        return "new"
+    return "resume" if resumable_files(folder) else "new"
 
 
 def choose_batching(batching: str, device: str) -> str:
