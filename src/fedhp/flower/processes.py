@@ -163,10 +163,11 @@ OWNER_ENV = "FEDHP_OWNER"
 """The environment variable that marks a process (and everything it starts) as a deployment's."""
 
 
-def owned(token: str) -> list[int]:
-    """The live processes whose environment carries ``FEDHP_OWNER=token`` (Linux ``/proc``;
-    processes of other users are not readable and not listed)."""
-    mark = f"{OWNER_ENV}={token}".encode()
+def owned(token: str, variable: str = OWNER_ENV) -> list[int]:
+    """The live processes whose environment carries ``variable=token`` (default
+    ``FEDHP_OWNER``; Linux ``/proc``: processes of other users are not readable, not listed),
+    this one excepted."""
+    mark = f"{variable}={token}".encode()
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         try:
@@ -180,24 +181,26 @@ def owned(token: str) -> list[int]:
     return found
 
 
-def end_owned(token: str, grace: float = 3.0, limit: float = 30.0) -> int:
-    """SIGTERM every process carrying ``token``, SIGKILL what is left after ``grace`` seconds,
-    and go on (a process may start another meanwhile) until a rescan finds none, or ``limit``
-    seconds have passed; the number of processes found."""
+def end_owned(
+    token: str, grace: float = 3.0, limit: float = 30.0, variable: str = OWNER_ENV
+) -> int:
+    """SIGTERM every process carrying ``variable=token`` (:func:`owned`), SIGKILL what is left
+    after ``grace`` seconds, and go on (a process may start another meanwhile) until a rescan
+    finds none, or ``limit`` seconds have passed; the number of processes found."""
     seen: set[int] = set()
     start = time.monotonic()
-    pids = owned(token)
+    pids = owned(token, variable)
     seen.update(pids)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
     while pids and time.monotonic() - start < grace:
         time.sleep(0.1)
-        pids = [pid for pid in owned(token) if pid not in seen or running(pid)]
+        pids = [pid for pid in owned(token, variable) if pid not in seen or running(pid)]
         seen.update(pids)
     quiet = 0
     while quiet < 2 and time.monotonic() - start < limit:  # two empty scans in a row: done
-        pids = owned(token)
+        pids = owned(token, variable)
         seen.update(pids)
         quiet = 0 if pids else quiet + 1
         for pid in pids:
