@@ -188,6 +188,32 @@ def test_a_sweep_is_a_parent_run_with_its_runs_as_children(tmp_path: Path) -> No
         _assert_metrics_equal_csv(client, child.info.run_id, folder)
 
 
+def test_a_finished_sweep_started_again_with_mlflow_logs_its_runs_from_their_files(
+    tmp_path: Path,
+) -> None:
+    """``mlflow`` changes no run: the same sweep started again with ``mlflow.enabled=true``
+    runs nothing again, and its parent run gets the runs finished before as children, logged
+    from their files (metrics equal to metrics.csv)."""
+    out = tmp_path / "sweeps" / "s"
+    argv = ["sweep", *FAST, "rounds=2", "--seeds", "0,1", "--out", str(out)]
+    assert main(argv) == 0
+    before = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/metrics.csv")}
+    assert len(before) == 2 and not (out / "mlflow.json").exists()
+    assert main([*argv, "mlflow.enabled=true"]) == 0
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/seed*/metrics.csv")} == before
+    runs = _runs(_uri(out.parent))
+    client = MlflowClient(_uri(out.parent))
+    (parent,) = [r for r in runs if r.data.tags.get("fedhp.kind") == "sweep"]
+    children = [r for r in runs if r is not parent]
+    assert len(children) == 2
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.info.status == "FINISHED"
+        _assert_metrics_equal_csv(client, child.info.run_id, out / child.info.run_name)
+    assert main([*argv, "mlflow.enabled=true"]) == 0  # again: nothing logged twice
+    assert len(_runs(_uri(out.parent))) == 3
+
+
 def test_unreachable_mlflow_is_one_warning_and_the_run_goes_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -250,7 +250,8 @@ SCENARIOS: dict[str, list[str] | Callable[[Path], list[str]]] = {
     ],
     "privacy": ["algorithm.name=fedavg", "algorithm.local_steps=2", "privacy.enabled=true"],
     "disk state": ["algorithm.name=fedavg", "algorithm.local_steps=2", "state_storage=disk"],
-    **(  # (its options: read by the MLflow logging, fedhp.mlflow_tracking)
+    # (its options: read by the MLflow logging, fedhp.mlflow_tracking)
+    **(
         {"mlflow": ["algorithm.name=fedavg", "algorithm.local_steps=1", "mlflow.enabled=true"]}
         if importlib.util.find_spec("mlflow") is not None
         else {}

@@ -39,6 +39,7 @@ __all__ = [
     "Tracker",
     "default_uri",
     "flat_params",
+    "log_finished_run",
     "open_tracker",
     "require",
 ]
@@ -395,6 +396,57 @@ def _child_name(out_dir: Path, sweep: Mapping[str, Any]) -> str:
         except ValueError:
             pass
     return Path(out_dir).name
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.csv's rows, numbers parsed (an empty cell left out)."""
+    import csv
+
+    rows = []
+    with path.open(newline="", encoding="utf-8") as fh:
+        for record in csv.DictReader(fh):
+            row: dict[str, Any] = {}
+            for key, text in record.items():
+                if key is None or text in (None, ""):
+                    continue
+                try:
+                    row[key] = int(text)
+                except ValueError:
+                    try:
+                        row[key] = float(text)
+                    except ValueError:
+                        row[key] = text
+            rows.append(row)
+    return rows
+
+
+def log_finished_run(folder: Path) -> bool:
+    """A finished run folder of a sweep that has no MLflow run yet (it finished before the sweep
+    logged to MLflow) logged from its files — ``config.yaml``, ``metrics.csv``,
+    ``summary.json`` — as a child of the sweep's run; whether it was logged."""
+    import yaml
+
+    folder = Path(folder)
+    sweep = _sweep_of(folder)
+    known = _read_json(folder / FILE)
+    if sweep is None or sweep.get("disabled") or not (folder / "summary.json").is_file():
+        return False
+    if known is not None and known.get("tracking_uri") == sweep.get("tracking_uri"):
+        return False  # logged already
+    try:
+        config = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+        summary = json.loads((folder / "summary.json").read_text())
+        rows = _read_metrics(folder / "metrics.csv")
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    section = config.get("mlflow")
+    artifacts = section.get("artifacts") if isinstance(section, Mapping) else None
+    settings = {"artifacts": artifacts or "results"}
+    tracker = Tracker.open(settings, folder, config, False, rows)
+    if tracker is None:
+        return False
+    tracker.finish(summary)
+    return tracker.client is not None
 
 
 def open_tracker(

@@ -1,8 +1,10 @@
 """A sweep in MLflow (``mlflow.enabled=true`` in its base configuration): one parent run, opened
 before the sweep's runs start so that each logs as its child (:mod:`fedhp.mlflow_tracking`), and
-given the sweep's tables, figures, manifest and log as artifacts at the end. Its params: the base
-configuration less the seed and the grid's keys (what every run shares); its tags: the grid, the
-seeds, the selection and the selected point (what may change as a sweep grows)."""
+given the sweep's tables, figures, manifest and log as artifacts at the end; the runs that had
+finished before the sweep logged to MLflow are logged then, from their files, as children too.
+Its params: the base configuration less the seed and the grid's keys (what every run shares);
+its tags: the grid, the seeds, the selection and the selected point (what may change as a sweep
+grows)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedhp.mlflow_tracking import SweepTracker
+from fedhp.mlflow_tracking import SweepTracker, log_finished_run
 
 if TYPE_CHECKING:
     from fedhp.sweep.run import SweepSpec
@@ -29,6 +31,8 @@ class SweepRun:
         """The report's files, the manifest and the log as artifacts; the selected point as
         tags; the parent run ended."""
         out = self.spec.out
+        for entry in manifest.get("runs") or []:  # runs finished before MLflow was switched on
+            log_finished_run(out / str(entry.get("out_dir")))
         files = [*written, out / "sweep.json", out / "sweep.log"]
         tags = _tags(self.spec)
         selected = manifest.get("selected")
