@@ -130,11 +130,15 @@ def _kept_by(pid: int, before: set[int]) -> bool:
 
 
 def _end_leftovers(before: set[int], token: str) -> list[str]:
-    """SIGTERM (then SIGKILL) the processes started during the test that still run; their
-    command lines."""
+    """SIGTERM (then SIGKILL) the processes started during the test that still run 2 s later;
+    their command lines."""
     left = [
         pid for pid in owned(token, SESSION_ENV) if pid not in before and not _kept_by(pid, before)
     ]
+    deadline = time.monotonic() + 2.0  # (one ending already, e.g. a Ray actor after shutdown)
+    while any(running(pid) for pid in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in left if running(pid)]
     names = []
     for pid in left:
         with contextlib.suppress(OSError):

@@ -196,7 +196,7 @@ def end_owned(
             os.kill(pid, signal.SIGTERM)
     while pids and time.monotonic() - start < grace:
         time.sleep(0.1)
-        pids = [pid for pid in owned(token, variable) if pid not in seen or running(pid)]
+        pids = owned(token, variable)  # (one started meanwhile is SIGKILLed below)
         seen.update(pids)
     quiet = 0
     while quiet < 2 and time.monotonic() - start < limit:  # two empty scans in a row: done
