@@ -89,22 +89,23 @@ def test_lockstep_writes_what_each_run_writes_alone(method: str, tmp_path: Path)
 def test_a_fused_call_that_mixes_runs_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Plant a crossing: the fused step hands each run the rows of the NEXT run. The equality
-    check above must then fail (the runs' files differ from the runs alone). (FedNova: its
-    rounds fuse kernels only; the stacked rounds of the methods with ``stack_key`` are checked
-    in tests/algorithms/test_*_stacked.py and below.)"""
+    """Plant a crossing: the fused model call hands each run the results of the NEXT run. The
+    equality check above must then fail (the runs' files differ from the runs alone). (Sparse
+    sFedHP: its rounds do not stack, only its model kernels meet; the stacked local SGD is checked in tests/engine/test_local_rows.py, the stacked
+    rounds in tests/algorithms/test_*_stacked.py and below.)"""
     real = lockstep._fused
 
     def crossed(group: list) -> None:
         real(group)
-        if len(group) > 1 and group[0].kind == "sgd_step":
-            rows = [c.flat.clone() for c in group]
-            for call, other in zip(group, rows[1:] + rows[:1], strict=True):
-                call.flat.copy_(other)
+        if len(group) > 1 and group[0].kind in ("sgd_step", "loss_and_grad"):
+            results = [c.result for c in group]
+            for call, other in zip(group, results[1:] + results[:1], strict=True):
+                call.result = other
 
-    alone = run_batch(_runs("fednova", tmp_path / "alone"), "sequential", log=lambda _: None)
+    alone = run_batch(_runs("sfedhp-sparse", tmp_path / "alone"), "sequential", log=lambda _: None)
     monkeypatch.setattr(lockstep, "_fused", crossed)
-    run_batch(_runs("fednova", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    fused = run_batch(_runs("sfedhp-sparse", tmp_path / "fused"), "lockstep", log=lambda _: None)
+    assert fused.fused_calls > 0 and fused.stacked_rounds == 0
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
     assert any(a[name] != b[name] for name in a)
     assert alone.summaries

@@ -258,11 +258,20 @@ class Algorithm(MessageRows, ABC):
         task = self.plan(state, rnd)
         parts = self.round_parts(task)
         if len(parts) == 1:
-            return self.aggregate(state, task, self.train(state, task))
+            return self.aggregate(state, task, self.trained(state, task))
         fold = self.open_fold(state, task)
         for part in parts:
-            self.fold_in(state, fold, part, self.train(state, part))
+            self.fold_in(state, fold, part, self.trained(state, part))
         return self.close_fold(state, task, fold)
+
+    def trained(self, state: State, task: Task) -> Update:
+        """:meth:`train`, alone or, in a batch of runs (``ctx.batch``), through the batch: the
+        run level of the tree (:class:`~fedhp.engine.context.RunBatch`)."""
+        batch = self.ctx.batch
+        if batch is None:
+            return self.train(state, task)
+        update: Update = batch.train(self, state, task)
+        return update
 
     def round_parts(self, task: Task) -> list[Task]:
         """The parts of a flat ``task`` trained one after another: ``task`` itself, or (for a

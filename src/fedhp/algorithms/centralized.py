@@ -95,7 +95,7 @@ class Centralized(Algorithm):
 
     def run_round(self, state: State, rnd: int) -> dict[str, float]:
         """The round: :meth:`train` on the pooled data (no clients, no aggregation)."""
-        update = self.train(state, self.plan(state, rnd))
+        update = self.trained(state, self.plan(state, rnd))
         assert update.losses is not None
         return {"local_loss": float(update.losses) / self.options.local_steps}
 

@@ -55,45 +55,39 @@ class Scaffold(Algorithm):
     options: ScaffoldOptions
 
     def init_state(self, init_params: torch.Tensor) -> State:
-        p = init_params.clone()
+        p, c = init_params.clone(), torch.zeros_like(init_params)
         c_local = torch.zeros(self.ctx.num_clients, p.numel(), device=p.device)
-        c = torch.zeros_like(p)
         return {"global": p, "c": c, "c_local": c_local, **self.buffers.init_state(p.device)}
 
     def plan(self, state: State, rnd: int) -> Task:  # (x, c) down in one message per client
         ctx, clients = self.ctx, self.ctx.participation.sample_clients()
         down = self.downlink(state, len(clients))
-        assert down is not None
+        assert down is not None  # (+ the control variate c)
         down["control"] = state["c"].unsqueeze(0)
-        received = ctx.send("client_cloud", "down", down, clients).first()
-        broadcast = self.received_broadcast(received)
-        return Task(clients, broadcast={**broadcast, "c": received["control"]})
+        got = ctx.send("client_cloud", "down", down, clients).first()
+        return Task(clients, broadcast={**self.received_broadcast(got), "c": got["control"]})
 
     def train(self, state: State, task: Task) -> Update:
-        """Local steps on g_i(y) - c_i + c from x; the option-II control variates set after,
-        (y, c_i⁺ - c_i) uploaded."""
+        """Local steps from x; the option-II c_i⁺ set after, (y, c_i⁺ - c_i) uploaded."""
         opt, clients = self.options, task.clients
         x, c, c_local = task.broadcast["global"], task.broadcast["c"], state["c_local"][clients]
-        bufs = self.buffers.received(state, task)
-        correction = ConstantGrad(c - c_local)
-        trained = self.ctx.local_sgd(
-            x.expand(len(clients), -1), clients, opt.work(), correction, buffers=bufs
-        )
-        y, loss_sum, steps = trained
+        bufs, start = self.buffers.received(state, task), x.expand(len(clients), -1)
+        shift = ConstantGrad(c - c_local)  # the corrected gradient: g_i(y) - c_i + c
+        trained = self.ctx.local_sgd(start, clients, opt.work(), shift, buffers=bufs)
+        y, _, steps = trained
         c_new = option_two(c_local, c, x, y, momentum_norm(steps, opt.momentum), opt.lr)
         state["c_local"][clients] = c_new
         return self.client_update(state, task, trained, bufs, dc=c_new - c_local)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt, x, clients = self.ctx, self.options, state["global"], task.clients
-        up = self.send_up(update, clients, task.broadcast["global"], "dc")
+        up = self.send_up(update, clients, task.broadcast["global"], "dc")  # (y, c_i⁺ - c_i)
         y, bufs, dc = up["model"], up.get("buffers"), up["dc"]
         weights = ctx.client_weights(clients)
         mean = ctx.cloud_uplink.aggregate(y, weights, task.broadcast["global"])  # (dc: own)
         fraction = len(clients) / ctx.num_clients
-        state["global"], state["c"] = server_update(
-            x, state["c"], mean, dc, weights, fraction, opt.server_lr
-        )
+        update_c = (mean, dc, weights, fraction, opt.server_lr)
+        state["global"], state["c"] = server_update(x, state["c"], *update_c)
         if bufs is not None:
             state["global_buffers"] = weighted_mean(bufs, weights)
         return self.local_work_stats(task, update)

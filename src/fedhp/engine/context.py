@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 
@@ -44,6 +44,11 @@ class RunBatch(Protocol):
 
     def local_sgd(self, call: LocalCall) -> Trained:
         """Run ``call`` with the other runs' calls of the same key, as one; this run's result."""
+        ...
+
+    def train(self, algorithm: Any, state: Any, task: Any) -> Any:
+        """Run ``algorithm``'s round below the cloud (``train(state, task)``), as one with the
+        other runs' rounds where the method stacks whole rounds (``stack_key``)."""
         ...
 
 

@@ -233,8 +233,7 @@ def _lockstep(
     step = Lockstep(len(todo))
     for slot, i in enumerate(todo):
         step.attach(slot, exps[i].model)
-        step.attach_algorithm(slot, exps[i].algorithm)
-        exps[i].ctx.batch = step.seat(slot)  # (its local SGD meets the other runs')
+        exps[i].ctx.batch = step.seat(slot)  # (its rounds and local SGD meet the others')
         report.graphs_stacked |= exps[i].ctx.graphs.enabled
         exps[i].ctx.graphs.stacked_only()  # (its model calls meet the other runs')
     errors: dict[int, BaseException] = {}
@@ -245,8 +244,16 @@ def _lockstep(
             with lock:
                 progress(n)
 
+    import torch
+
+    torch_threads = torch.get_num_threads()
+
     def work(slot: int, i: int) -> None:
         spec = runs[i]
+        # A new thread starts with OpenMP's and MKL's default thread count, whatever
+        # torch.get_num_threads() says: set it here, or its kernels may split their sums
+        # otherwise than the run alone (seen: an evaluation's loss in the last bits).
+        torch.set_num_threads(torch_threads)
         step.wait_turn(slot)  # (one run thread at a time: the turn passes at model calls)
         try:
             resume = statuses[i] == "resume"

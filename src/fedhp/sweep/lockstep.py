@@ -107,14 +107,6 @@ class Lockstep:
         model.sgd_step = functools.partial(self._sgd_step, run, model, step)  # type: ignore[method-assign]
         model.loss_and_grad = functools.partial(self._loss_and_grad, run, model, grad)  # type: ignore[method-assign]
 
-    def attach_algorithm(self, run: int, algorithm: Any) -> None:
-        """Route run ``run``'s ``algorithm.train`` through the rendezvous: rounds whose
-        :meth:`~fedhp.algorithms.base.Algorithm.stack_key` is not None meet, and those with
-        equal keys train as ONE round (``stacked_train``: every run's clients rows of the same
-        tensors); the others train as they would alone."""
-        original = algorithm.train
-        algorithm.train = functools.partial(self._train, run, algorithm, original)
-
     def seat(self, run: int) -> Seat:
         """Run ``run``'s place in the batch: set as its ``ctx.batch``, where its local SGD
         meets the other runs' (:mod:`fedhp.engine.local_rows`)."""
@@ -179,13 +171,16 @@ class Lockstep:
         result: tuple[torch.Tensor, torch.Tensor] = self._wait(call)
         return result
 
-    def _train(
-        self, run: int, algorithm: Any, original: Callable[..., Any], state: Any, task: Any
-    ) -> Any:
+    def train(self, run: int, algorithm: Any, state: Any, task: Any) -> Any:
+        """Run ``run``'s round below the cloud: with the other runs' of the same
+        :meth:`~fedhp.algorithms.base.Algorithm.stack_key` as ONE round (``stacked_train``),
+        or as it trains alone (its local SGD may still meet: :meth:`local_sgd`)."""
         key = algorithm.stack_key(state, task)
         if key is None or self._executing is threading.current_thread():
-            return original(state, task)
-        call = _Call(run, "train", None, original, algorithm=algorithm, state=state, task=task)
+            return algorithm.train(state, task)
+        call = _Call(
+            run, "train", None, algorithm.train, algorithm=algorithm, state=state, task=task
+        )
         call.key = key
         return self._wait(call)
 
@@ -269,6 +264,9 @@ class Seat:
 
     def local_sgd(self, call: LocalCall) -> Trained:
         return self.lockstep.local_sgd(self.run, call)
+
+    def train(self, algorithm: Any, state: Any, task: Any) -> Any:
+        return self.lockstep.train(self.run, algorithm, state, task)
 
 
 def _local_alone(local: LocalCall) -> Trained:
