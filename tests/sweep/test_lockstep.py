@@ -91,8 +91,9 @@ def test_a_fused_call_that_mixes_runs_is_caught(
 ) -> None:
     """Plant a crossing: the fused model call hands each run the results of the NEXT run. The
     equality check above must then fail (the runs' files differ from the runs alone). (Sparse
-    sFedHP: its rounds do not stack, only its model kernels meet; the stacked local SGD is checked in tests/engine/test_local_rows.py, the stacked
-    rounds in tests/algorithms/test_*_stacked.py and below.)"""
+    sFedHP: its rounds do not stack, only its model kernels meet. The stacked local SGD is
+    checked in tests/engine/test_local_rows.py, the stacked rounds in
+    tests/algorithms/test_*_stacked.py and below.)"""
     real = lockstep._fused
 
     def crossed(group: list) -> None:
