@@ -61,7 +61,7 @@ def minibatches(exp: Any, clients: int, steps: int, batch: int, sets: int) -> li
 def theta_steps(model: Any, lr: float, lam: float) -> Callable[..., None]:
     """``K`` proximal gradient steps of ``theta [C, P]`` towards ``w [C, P]`` in place, as
     sFedHP's fused round takes them without a sparsity penalty
-    (:func:`fedhp.algorithms.sfedhp_fused._prox_steps`): the model's ``sgd_step`` with the pull
+    (:func:`fedhp.algorithms.sfedhp._prox_steps`): the model's ``sgd_step`` with the pull
     ``theta <- lerp(theta, w, lr lam)`` applied to each layer's columns inside the step."""
 
     def run(theta: torch.Tensor, w: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> None:

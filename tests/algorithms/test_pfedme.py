@@ -11,17 +11,18 @@ from fedhp.algorithms.pfedme import PFedMe, PFedMeOptions
 from fedhp.engine.ops import mean_group_loss, weighted_mean
 from fedhp.models.base import BatchedModel
 from fedhp.models.zoo import BatchedMLP
+from tests.algorithms.pfedme_reference import reference_train
 from tests.algorithms.tiny import init_params, tiny_context
 from tests.policies import use_policy
 
 
 def unfused_round(algo: PFedMe, state: dict[str, torch.Tensor], task: Task) -> dict[str, float]:
     """``PFedMe.train`` then ``aggregate`` before issue 15 (fedhp 38d7633): the readable train
-    (``PFedMe.reference_train``, once written here), and the upload sent with
+    (``tests/algorithms/pfedme_reference.py``), and the upload sent with
     ``RunContext.send``."""
     ctx, opt = algo.ctx, algo.options
     clients = task.clients
-    update = algo.reference_train(state, task)
+    update = reference_train(algo, state, task)
     sent = ctx.send("client_cloud", "up", update.per_client["local"], clients)
     mean = weighted_mean(sent, ctx.client_weights(clients))
     state["global"] = (1 - opt.beta) * state["global"] + opt.beta * mean

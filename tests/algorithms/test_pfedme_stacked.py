@@ -188,13 +188,6 @@ def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:
     assert exp.algorithm.stack_key(state, task) is None
 
 
-def test_the_reference_round_trains_alone() -> None:
-    exp, state, task = _start([])
-    assert exp.algorithm.stack_key(state, task) is not None
-    exp.algorithm.fused = False
-    assert exp.algorithm.stack_key(state, task) is None
-
-
 def test_a_lockstep_batch_stacks_its_rounds_and_writes_what_each_run_writes(
     tmp_path: Path,
 ) -> None:

@@ -19,6 +19,7 @@ from fedhp.engine.runner import run_experiment
 from fedhp.models.base import BatchedModel
 from fedhp.models.zoo import BatchedMLP
 from fedhp.topology import Topology
+from tests.algorithms.sfedhp_reference import reference_train
 from tests.algorithms.tiny import client_data, init_params, mlr_grad, tiny_context
 from tests.policies import use_policy
 
@@ -339,9 +340,9 @@ def test_fused_round_is_the_unfused_formula_bit_for_bit(
     case: str, cache: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two rounds of the fused ``train`` against the readable Algorithm 1, the straightforward
-    formula (``SFedHP.reference_train``, once this test's ``unfused_train``), on identical
+    formula (``tests/algorithms/sfedhp_reference.py``'s ``reference_train``), on identical
     contexts: the same state, uploads, losses and ledger, exactly (no tolerance; ``torch.equal``,
-    for which -0.0 == 0.0: see ``sfedhp_fused.solve_theta`` on ``lr * lam1 = 1``),
+    for which -0.0 == 0.0: see ``sfedhp.solve_theta`` on ``lr * lam1 = 1``),
     whether the clients fit one cache-sized part or are trained in parts of two (the MLR's 15
     parameters against a cache of ``cache`` floats; an edge's clients then span parts)."""
     # The reference step (gradient, then the pull, then the step) for the MLR: the MLPs' own
@@ -365,9 +366,7 @@ def test_fused_round_is_the_unfused_formula_bit_for_bit(
         runs.append((ctx, algo, state))
     for rnd in range(2):
         results = []
-        for (ctx, algo, state), train in zip(
-            runs, (SFedHP.train, SFedHP.reference_train), strict=True
-        ):
+        for (ctx, algo, state), train in zip(runs, (SFedHP.train, reference_train), strict=True):
             if layout == "faults":
                 ctx.participation.round_faults = RoundFaults(
                     dropped=torch.tensor([False, False, False, False, True, False]),

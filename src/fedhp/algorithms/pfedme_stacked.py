@@ -4,7 +4,7 @@ S runs of one sweep batch (same model, R, K, minibatch size, θ step size; their
 local-model step) train their R local rounds as ONE round: run s's clients are a block of rows
 of one ``theta [ΣC, P]`` and one ``w_loc [ΣC, P]``, and each local round's work is one pass over
 all of them, written as the fused round writes it for one run
-(:mod:`fedhp.algorithms.pfedme_fused`)::
+(:mod:`fedhp.algorithms.pfedme`)::
 
     w_loc = theta = cat(w_s for each run s)      # each run's received global model, its rows
     for r in range(R):
@@ -15,7 +15,7 @@ all of them, written as the fused round writes it for one run
 Nothing crosses a run's block: every operation is per row, each run's λ (and local-model step
 ``lr``) enters as its rows' value, and each run draws its minibatches from its own generator,
 counts its own trained samples and gets its own :class:`~fedhp.algorithms.task.Update` — what
-:func:`~fedhp.algorithms.pfedme_fused.fused_train` gives it alone, bit for bit on the CPU
+:func:`~fedhp.algorithms.pfedme.fused_train` gives it alone, bit for bit on the CPU
 (``tests/algorithms/test_pfedme_stacked.py``; ``tests/sweep/test_lockstep.py`` on whole runs).
 What one run does alone S times (launches, Python work per local round) is done once.
 
@@ -51,7 +51,7 @@ def stack_key(algo: PFedMe, state: State, task: Task) -> Hashable | None:
     uplink = ctx.cloud_uplink
     plain = opt.l2 == 0 and not task.per_client and task.batches is None and task.edges is None
     honest = ctx.attack is None and uplink.attack is None
-    if not (algo.fused and plain and honest and uplink.folds and not uplink.momentum):
+    if not (plain and honest and uplink.folds and not uplink.momentum):
         return None
     steps = (opt.R, opt.K, opt.batch_size, opt.personal_lr, opt.theta_init)
     return stacked.theta_stack_key("pfedme", algo, task, steps)
@@ -75,7 +75,7 @@ class _Run(stacked.StackedRun["PFedMe"]):
 def stacked_train(items: Sequence[tuple[PFedMe, State, Task]]) -> list[Update]:
     """The R local rounds (K θ steps, then the ``w_loc`` step) of every run of ``items`` (each
     ``(algorithm, state, task)``, all with the same :func:`stack_key`) as one round; each run's
-    update, as :func:`~fedhp.algorithms.pfedme_fused.fused_train` gives it alone."""
+    update, as :func:`~fedhp.algorithms.pfedme.fused_train` gives it alone."""
     lead = items[0][0]
     opt = lead.options
     runs, received = stacked.flat_runs(items, opt.batch_size, _Run)
@@ -100,7 +100,7 @@ def stacked_train(items: Sequence[tuple[PFedMe, State, Task]]) -> list[Update]:
 
 def _finish(run: _Run, theta: torch.Tensor, local: torch.Tensor, losses: torch.Tensor) -> Update:
     """Run ``run``'s share of the stacked round: its state written, its update (as
-    :func:`~fedhp.algorithms.pfedme_fused.fused_train` returns it)."""
+    :func:`~fedhp.algorithms.pfedme.fused_train` returns it)."""
     run.state["theta"][run.task.clients] = theta[run.rows]
     return Update(per_client={"local": local[run.rows].clone()}, losses=losses[:, run.rows].clone())
 

@@ -11,20 +11,24 @@ averages the ``w_i`` of ``S`` sampled edges: ``w <- (1 - beta) w + beta mean_i w
 Everything sent over a link is truncated at the run's zero threshold first (``|x| <= eps`` is sent
 as 0) and the receiver uses the truncated values.
 
-:meth:`SFedHP.reference_train` is this round below the cloud written out formula by formula; the
-runs take the fused round of :mod:`fedhp.algorithms.sfedhp_fused` (the same values, bit for bit,
-in a fraction of the time and memory; :attr:`SFedHP.fused` picks).
+The round below the cloud that runs is :func:`fused_train`, below the algorithm: the same values
+as these formulas, bit for bit, in a fraction of the time and memory; ``tests/algorithms/
+sfedhp_reference.py`` writes them out one tensor per formula, and ``tests/algorithms/
+test_sfedhp.py`` compares the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
 import pydantic
 import torch
 
 from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.edge_rounds import level_aggregate
+from fedhp.algorithms.fused import EdgeRows, Received, count_sent, truncate_
 from fedhp.algorithms.options import (
     ALGORITHMS,
     AlgorithmOptions,
@@ -33,14 +37,14 @@ from fedhp.algorithms.options import (
     theta_init_field,
 )
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
-from fedhp.algorithms.sfedhp_fused import fused_train
 from fedhp.algorithms.sfedhp_stacked import stack_key, stacked_train
+from fedhp.algorithms.stacked_theta import model_steps
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss, segment_mean
-from fedhp.engine.uplink import CENTRE_KEYS
-from fedhp.errors import ConfigError
+from fedhp.engine.federation import slice_rows
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss
+from fedhp.engine.uplink import CENTRE_KEYS, Uplink
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig
@@ -50,7 +54,6 @@ class SFedHP(Algorithm):
     """sFedHP; the global model is ``w``, the personalized models are the clients' ``theta``."""
 
     options: SFedHPOptions
-    fused = True  # train: the fused round (edge rules and attacks too); False: reference_train
 
     def init_state(self, init_params: torch.Tensor) -> State:
         opt = self.options
@@ -93,13 +96,9 @@ class SFedHP(Algorithm):
         return Task(clients, edges, agg, {"global": w}, scalars=scalars, stragglers=late)
 
     def train(self, state: State, task: Task) -> Update:
-        """The R local rounds of every training edge and its clients (below the cloud)."""
-        if self.fused:
-            return fused_train(self, state, task)
-        ctx = self.ctx
-        if ctx.attack is not None or not ctx.edge_uplink.folds:
-            raise ConfigError("sfedhp: the reference round has no attacks or robust edge rules")
-        return self.reference_train(state, task)
+        """The R local rounds of every training edge and its clients (below the cloud):
+        :func:`fused_train`."""
+        return fused_train(self, state, task)
 
     def stack_key(self, state: State, task: Task) -> Hashable | None:
         """Runs as rows: :func:`fedhp.algorithms.sfedhp_stacked.stack_key`."""
@@ -109,62 +108,6 @@ class SFedHP(Algorithm):
     def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
         """S runs' rounds as one (:mod:`fedhp.algorithms.sfedhp_stacked`)."""
         return stacked_train([(cast(SFedHP, a), s, t) for a, s, t in items])
-
-    def reference_train(self, state: State, task: Task) -> Update:
-        """Algorithm 1 below the cloud, as the module docstring writes it: one tensor per formula,
-        each edge's rows gathered per client, every message batch billed as it is sent."""
-        ctx, opt = self.ctx, self.options
-        eps, lam1, lam2, lr = ctx.zero_threshold, opt.lam1_value, opt.lam2_value, opt.lr
-        gamma1, gamma2 = task.scalars["gamma1"], task.scalars["gamma2"]
-        clients, edges, agg = task.clients, task.edges, task.up_edges
-        assert edges is not None and agg is not None
-        seg = ctx.edge_positions(clients, edges)  # each client's edge (position in edges)
-        ids = ctx.global_clients(clients)
-        stragglers = task.stragglers if task.stragglers is not None else clients[:0]
-        recv_seg = torch.cat((seg, ctx.edge_positions(stragglers, edges)))  # who receives
-        recv_ids = torch.cat((ids, ctx.global_clients(stragglers)))
-        weights = ctx.client_weights(clients)
-        w_edge = task.broadcast["global"].expand(len(edges), -1).clone()  # w_i = w
-        phi_edge = w_edge.clone()  # phi_i = w
-        theta = state["theta"][clients]
-        draw = ctx.batches(clients, opt.batch_size)
-        losses = []
-        for r in range(opt.R):
-            # edges -> clients: phi_i and w_i, truncated
-            phi_sent = ctx.multicast("client_edge", "down", phi_edge, recv_seg, recv_ids)
-            w_sent = ctx.multicast("client_edge", "down", w_edge, recv_seg, recv_ids)
-            phi_recv, w_recv = phi_sent[seg], w_sent[seg]
-            if opt.theta_init == "reset" or (opt.theta_init == "round" and r == 0):
-                theta = phi_recv.clone()
-            # K steps on l(theta; D) + gamma1 phi_rho(theta) + lam1/2 ||theta - phi_i||^2
-            x, y = draw()
-            theta = theta.clone()
-            velocity = torch.zeros_like(theta) if opt.inner == "nesterov" else None
-            for _ in range(opt.K):
-                loss, grad = batched_loss_grad(ctx.model, theta, x, y)
-                if gamma1 > 0:
-                    grad.add_(smooth_l1_grad(theta, opt.rho), alpha=gamma1)
-                if velocity is None:  # theta - lr (grad + lam1 (theta - phi_i))
-                    theta.lerp_(phi_recv, lr * lam1).add_(grad, alpha=-lr)
-                else:  # PyTorch's Nesterov SGD, momentum reset every local round
-                    grad.add_(theta - phi_recv, alpha=lam1)
-                    velocity.mul_(opt.momentum).add_(grad)
-                    theta.add_(grad.add(velocity, alpha=opt.momentum), alpha=-lr)
-            losses.append(loss)
-            # clients -> edges: phi_ij = (lam1 theta + lam2 w_i) / (lam1 + lam2), truncated
-            phi_local = truncate(torch.lerp(w_recv, theta, lam1 / (lam1 + lam2)), eps)
-            ctx.ledger.record("client_edge", "up", phi_local, eps, nodes=ids)
-            # the edge: phi_i = the weighted mean of its phi_ij, then
-            # w_i <- w_i - eta1 [lam2 (w_i - phi_i) + gamma2 tanh(w_i / rho)]
-            phi_edge = segment_mean(phi_local, seg, weights, len(edges))
-            step = (w_edge - phi_edge).mul_(lam2)
-            if gamma2 > 0:
-                step.add_(smooth_l1_grad(w_edge, opt.rho), alpha=gamma2)
-            w_edge = w_edge.sub(step, alpha=opt.edge_lr)
-        state["theta"][clients] = theta
-        state["edge"][edges] = w_edge
-        sent_up = truncate(w_edge[torch.searchsorted(edges, agg)], eps)  # edges -> cloud: w_i
-        return Update(per_edge={"w": sent_up}, losses=torch.stack(losses))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
@@ -200,6 +143,366 @@ class SFedHP(Algorithm):
             "gamma1": float(state["gamma1"]),
             "gamma2": float(state["gamma2"]),
         }
+
+
+# ---------------------------------------------------------------- the round below the cloud, fused
+# Algorithm 1's R local rounds below the cloud as the runs take them, computing exactly what the
+# formulas of the module docstring give (tests/algorithms/sfedhp_reference.py writes them out one
+# tensor per formula; tests/algorithms/test_sfedhp.py compares the two bit for bit): buffers
+# allocated once per round, the edges' models read in place by their clients, the clients in
+# cache-sized parts, the uploads mixed, truncated, counted and averaged edge by edge, and the
+# messages counted on the device and billed once at the end, so the loop never waits on the host.
+# It also runs the edges' robust rules (cclip from each edge's kept centre) and the update
+# attacks.
+
+
+def fused_train(algo: SFedHP, state: State, task: Task) -> Update:
+    """The R local rounds of every training edge and its clients, fused: buffers allocated
+    once per round, the edges' models read in place by their clients (not copied into every
+    client row), the uploads mixed, truncated, counted and averaged edge by edge in a
+    cache-sized buffer, and the messages counted on the device and billed once at the end,
+    so the loop never waits on the host. Computes exactly what the per-message formulas in
+    the module docstring give (up to the sign of a zero, see :func:`solve_theta`)."""
+    ctx, opt = algo.ctx, algo.options
+    edges, agg = task.edges, task.up_edges
+    assert edges is not None and agg is not None
+    run = _EdgeRound.start(algo, state, task)
+    draw = ctx.batches(task.clients, opt.batch_size)
+    start_theta = opt.theta_init == "reset"
+    losses = []
+    for r in range(opt.R):
+        phi_sent, w_sent = run.send_down(r)
+        x, y = draw()
+        loss = torch.empty(len(task.clients), device=run.theta.device)
+        run.phi_sum.zero_()
+        for part in run.parts:  # cache-sized runs of clients, each in one pass
+            a, b = part.start, part.stop
+            theta = run.theta[a:b]
+            phi_recv = part.rows.receive(phi_sent, run.center[: b - a])
+            if start_theta or (opt.theta_init == "round" and r == 0):
+                phi_recv.spread(theta)  # the received model: the edge's phi_i (w at r = 0)
+            batch = slice_rows(x, a, b), y[a:b]
+            loss[a:b] = solve_theta(algo, theta, phi_recv, *batch, run.gamma1, run.scratch[: b - a])
+            run.send_up(part, w_sent, r)
+        losses.append(loss)
+        run.end_up()
+        run.edge_step()
+    run.bill()
+    state["theta"][task.clients] = run.theta
+    state["edge"][edges] = run.w_edge
+    sent_up = truncate(run.w_edge[torch.searchsorted(edges, agg)], ctx.zero_threshold)
+    return Update(per_edge={"w": sent_up}, losses=torch.stack(losses))
+
+
+def solve_theta(
+    algo: SFedHP,
+    theta: torch.Tensor,
+    center: Received,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gamma1: float,
+    scratch: torch.Tensor,
+) -> torch.Tensor:
+    """K steps, in place on ``theta [C, P]``, on
+    ``l(theta; x, y) + gamma1 phi_rho(theta) + lam1/2 ||theta - center||^2`` where ``center``
+    is each client's received ``phi_i`` (read from the edge rows, not copied per client);
+    ``scratch [C, P]`` is overwritten. Returns the data loss at the last step's start point.
+
+    Where ``lr * lam1 == 1`` the step is ``center - lr grad``, one pass: the values of the
+    lerp then the step, bit for bit, but for the sign of a zero (``lerp(theta, c, 1)`` may
+    turn a centre entry of -0.0 into +0.0) and for entries where theta is not finite."""
+    opt = algo.options
+    lam1, lr = opt.lam1_value, opt.lr
+    if opt.inner == "gd" and gamma1 == 0:
+        return _prox_steps(algo, theta, center, x, y)
+    velocity = torch.zeros_like(theta) if opt.inner == "nesterov" else None
+    loss = torch.zeros(theta.shape[0], device=theta.device)
+    for _ in range(opt.K):
+        loss, grad = batched_loss_grad(algo.ctx.model, theta, x, y)
+        if gamma1 > 0:
+            grad.add_(smooth_l1_grad(theta, opt.rho, out=scratch), alpha=gamma1)
+        if velocity is None and lr * lam1 == 1.0:
+            # theta - lr (grad + lam1 (theta - center)) = center - lr grad: the pull lands
+            # on the centre (the paper's lr = 0.05, lam1 = 20), so one pass does the step.
+            step = grad.contiguous()  # (split like theta: a no-op for the zoo's models)
+            center.apply(lambda c, th, g: torch.add(c, g, alpha=-lr, out=th), theta, step)
+        elif velocity is None:
+            # the same, in general: a lerp towards the centre, then the gradient step.
+            center.apply(lambda c, th: th.lerp_(c, lr * lam1), theta)
+            theta.add_(grad, alpha=-lr)
+        else:  # PyTorch's Nesterov SGD form, momentum reset every local round
+            center.apply(lambda c, th, out: torch.sub(th, c, out=out), theta, scratch)
+            grad.add_(scratch, alpha=lam1)
+            velocity.mul_(opt.momentum).add_(grad)
+            theta.add_(grad.add_(velocity, alpha=opt.momentum), alpha=-lr)
+    return loss
+
+
+def _prox_steps(
+    algo: SFedHP, theta: torch.Tensor, center: Received, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """:func:`solve_theta` without a penalty or momentum: :func:`_prox_kernels`, replayed as
+    one CUDA graph per shape where the run asks for graphs (``engine.cuda_graphs``; the graph
+    reads the edge rows, the minibatch and θ, and writes θ and the loss)."""
+    opt, ctx = algo.options, algo.ctx
+    for _ in range(opt.K):
+        ctx.model.count_trained(x)  # (a Python counter: kept outside the graph)
+    rows, gathered = center.rows, center.gathered
+    key = ("sfedhp θ steps", opt.K, opt.lr, opt.lam1_value)
+    layout = (rows.num_edges, rows.runs, rows.width, gathered)
+
+    def steps(
+        theta: torch.Tensor, edge_rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> torch.Tensor:
+        return _prox_kernels(algo, theta, Received(rows, edge_rows, gathered), x, y)
+
+    loss = ctx.graphs.run((*key, layout), steps, (theta, center.edge_rows, x, y), writes=(0,))
+    assert loss is not None
+    return loss
+
+
+def _prox_kernels(
+    algo: SFedHP, theta: torch.Tensor, center: Received, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """K steps ``theta <- lerp(theta, centre, lr lam1) - lr grad``, each the model's
+    :meth:`~fedhp.models.base.BatchedModel.sgd_step` with the pull applied to each layer's
+    columns inside it (one pass; the MLPs update inside their backward pass). Only kernels:
+    no host sync, no Python side effect (what a CUDA graph needs)."""
+    opt, model = algo.options, algo.ctx.model
+    lr, pull = opt.lr, opt.lr * opt.lam1_value
+
+    def pull_towards(c: torch.Tensor, th: torch.Tensor) -> None:
+        th.lerp_(c, pull)
+
+    def land_on(c: torch.Tensor, th: torch.Tensor) -> None:
+        th.copy_(c)  # lerp with weight 1 is the centre itself: one read less
+
+    move = land_on if pull == 1.0 else pull_towards
+
+    def towards_centre(lo: int, hi: int) -> None:
+        center.columns(lo, hi).apply(move, theta[:, lo:hi])
+
+    return model_steps(model, theta, x, y, (opt.K, lr), towards_centre)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Clients ``start .. stop - 1`` of a round (a cache-sized run) and their edge layout."""
+
+    start: int
+    stop: int
+    rows: EdgeRows
+
+
+@dataclass
+class _EdgeRound:
+    """One global round's edge and client state below the cloud, in buffers reused by every
+    local round: the clients' ``theta [C, P]``, the edges' ``phi_i`` and ``w_i`` ``[n, P]``
+    (``w_sent``: ``w_i`` as sent, truncated; ``phi_sum``: the uploads' weighted sums, the next
+    ``phi_i``), the clients in cache-sized ``parts`` (each trained K steps and uploaded in one
+    pass, so a part's rows stay in cache), ``mix`` for the uploads of one edge of a part at a
+    time, part-sized scratch space, and the round's message counts (``down_counts [R, 2, n]``:
+    ``phi_i``, ``w_i`` per edge; ``up_counts [R, C]``)."""
+
+    algo: SFedHP
+    clients: torch.Tensor  # the round's clients (local indices), in row order
+    uplink: Uplink  # the edges' pipeline (forging; robust rule unless it folds)
+    parts: list[_Part]
+    gamma1: float
+    gamma2: float
+    theta: torch.Tensor
+    mix: torch.Tensor
+    scratch: torch.Tensor
+    center: torch.Tensor  # [part, P] where a part's rows must be gathered, else empty
+    phi_edge: torch.Tensor
+    phi_sum: torch.Tensor
+    w_edge: torch.Tensor
+    w_sent: torch.Tensor
+    step: torch.Tensor
+    edge_scratch: torch.Tensor
+    weights: torch.Tensor | None  # [C, 1] upload weights; None: all 1
+    denominator: torch.Tensor  # [n, 1] the edges' total weights (clamped)
+    firsts: torch.Tensor  # zeros: index_add_'s index summing rows into one edge row
+    down_counts: torch.Tensor
+    up_counts: torch.Tensor
+    ids: torch.Tensor
+    recv_seg: torch.Tensor
+    recv_ids: torch.Tensor
+    state: State  # the method's state (the edges' centres of a centred rule, cclip)
+    edge_ids: list[int]  # the training edges (global ids)
+
+    @classmethod
+    def start(cls, algo: SFedHP, state: State, task: Task) -> _EdgeRound:
+        """Buffers and bookkeeping for the round of ``task``: every edge starts from
+        ``phi_i = w_i = w`` as sent, theta from the state where it starts warm."""
+        ctx, opt = algo.ctx, algo.options
+        clients, edges = task.clients, task.edges
+        assert edges is not None
+        seg = ctx.edge_positions(clients, edges)
+        ids = ctx.global_clients(clients)
+        # Who receives the edge's broadcasts: the clients, and the stragglers (they never reply).
+        stragglers = task.stragglers if task.stragglers is not None else clients[:0]
+        n, c = len(edges), len(clients)
+        sent_w = task.broadcast["global"].expand(n, -1)
+        p, dtype = sent_w.shape[1], sent_w.dtype
+        whole = ctx.whole_rounds  # a rule (or ALIE) reads whole edges
+        chunk = c if whole else ctx.policy.chunk(p, c)
+        parts = [
+            _Part(a, min(a + chunk, c), EdgeRows.of(seg[a : a + chunk], n))
+            for a in range(0, c, chunk)
+        ]
+        size = max((part.stop - part.start for part in parts), default=0)
+        runs = [part.rows.runs for part in parts]
+        gathered = any(r is None for r in runs)
+        group = max((b - a for r in runs if r is not None for a, b, _ in r), default=0)
+        weights = ctx.client_weights(clients).to(dtype)
+        totals = torch.zeros(n, dtype=dtype, device=sent_w.device).index_add_(0, seg, weights)
+        uniform = bool((weights == 1).all())  # (segment_mean's product by 1 changes nothing)
+        w_edge = sent_w.clone()
+        warm = opt.theta_init == "warm"  # else theta starts from the first phi_i received
+        return cls(
+            algo=algo,
+            clients=clients,
+            uplink=ctx.edge_uplink,
+            parts=parts,
+            gamma1=task.scalars["gamma1"],
+            gamma2=task.scalars["gamma2"],
+            theta=state["theta"][clients] if warm else sent_w.new_empty(c, p),
+            mix=sent_w.new_empty(size if gathered else group, p),
+            scratch=sent_w.new_empty(size, p),
+            center=sent_w.new_empty(size if gathered else 0, p),
+            phi_edge=sent_w.clone(),
+            phi_sum=torch.empty_like(w_edge),
+            w_edge=w_edge,
+            w_sent=w_edge if ctx.zero_threshold <= 0 else torch.empty_like(w_edge),
+            step=torch.empty_like(w_edge),
+            edge_scratch=torch.empty_like(w_edge),
+            weights=None if uniform else weights.unsqueeze(1),
+            denominator=totals.clamp(min=torch.finfo(dtype).tiny).unsqueeze(1),
+            firsts=torch.zeros(max(group, size), dtype=torch.long, device=sent_w.device),
+            down_counts=sent_w.new_empty(opt.R, 2, n),
+            up_counts=sent_w.new_empty(opt.R, c),
+            ids=ids,
+            recv_seg=torch.cat((seg, ctx.edge_positions(stragglers, edges))),
+            recv_ids=torch.cat((ids, ctx.global_clients(stragglers))),
+            state=state,
+            edge_ids=edges.tolist(),
+        )
+
+    @property
+    def eps(self) -> float:
+        return self.algo.ctx.zero_threshold
+
+    def send_down(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Edges -> clients in local round ``r``: ``phi_i`` (the prox centre) and ``w_i``,
+        truncated (``phi_i`` in place: its untruncated value is not read again) and counted once
+        per edge. Returns both edge rows ``[n, P]`` as sent."""
+        eps = self.eps
+        phi_sent = truncate_(self.phi_edge, eps)
+        w_sent = self.w_sent if eps <= 0 else truncate_(self.w_edge, eps, out=self.w_sent)
+        count_sent(phi_sent, eps, self.edge_scratch, out=self.down_counts[r, 0])
+        count_sent(w_sent, eps, self.edge_scratch, out=self.down_counts[r, 1])
+        return phi_sent, w_sent
+
+    def send_up(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
+        """The uploads of ``part``'s clients in local round ``r``: ``phi_ij = (lam1 theta + lam2
+        w_i) / (lam1 + lam2)`` (one lerp; the malicious clients' forged by the run's attack),
+        truncated and counted, added into their edges' rows of ``phi_sum`` in client order
+        (segment_mean's sums, whatever the parts), or aggregated by the edges' robust rule (one
+        part then: every edge's uploads at once)."""
+        runs = part.rows.runs
+        if runs is None:
+            self._send_up_gathered(part, w_sent, r)
+            return
+        eps, phi, off = self.eps, self.phi_sum, part.start
+        for a, b, e in runs:
+            a, b = a + off, b + off
+            mixed = self.mix[: b - a]
+            torch.lerp(w_sent[e], self.theta[a:b], self.mix_weight, out=mixed)
+            mixed = self.upload(mixed, a, b, w_sent[e])
+            truncate_(mixed, eps)
+            if not self.uplink.folds:
+                count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
+                phi[e] = self.edge_aggregate(mixed, slice(a, b), w_sent[e], e)
+            elif self.weights is None:  # count last, on the values themselves
+                phi[e : e + 1].index_add_(0, self.firsts[: b - a], mixed)
+                count_sent(mixed, eps, mixed, out=self.up_counts[r, a:b])
+            else:
+                count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
+                mixed.mul_(self.weights[a:b])
+                phi[e : e + 1].index_add_(0, self.firsts[: b - a], mixed)
+
+    def upload(self, mixed: torch.Tensor, a: int, b: int, start: torch.Tensor) -> torch.Tensor:
+        """Clients ``a .. b - 1``'s uploads as sent (the run's attack; ``start``: their
+        ``w_i``)."""
+        return self.uplink.forge(mixed, self.ids[a:b], start)
+
+    def edge_aggregate(
+        self, rows: torch.Tensor, clients: slice | torch.Tensor, sent: torch.Tensor, e: int
+    ) -> torch.Tensor:
+        """Edge ``e``'s (position in the round's edges) robust rule over the uploads ``rows`` of
+        its ``clients`` (round rows), which received ``sent`` (its ``w_i``):
+        :func:`~fedhp.algorithms.edge_rounds.level_aggregate` (a centred rule, ``cclip``, from
+        the edge's previous aggregate update ``phi_i - w_i``, kept in the state)."""
+        weights = torch.ones(rows.shape[0], dtype=rows.dtype, device=rows.device)
+        if self.weights is not None:
+            weights = self.weights[clients, 0]
+        return level_aggregate(self.uplink, self.state, rows, weights, sent, edge=self.edge_ids[e])
+
+    def _send_up_gathered(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
+        """:meth:`send_up` for a part whose clients are not grouped by edge: all at once, on
+        their gathered ``w_i`` rows."""
+        a, b, eps = part.start, part.stop, self.eps
+        mixed = self.mix[: b - a]
+        w_recv = part.rows.receive(w_sent, mixed)  # the clients' w_i rows, gathered into mix
+        torch.lerp(w_recv.edge_rows, self.theta[a:b], self.mix_weight, out=mixed)
+        seg = part.rows.seg
+        mixed = self.upload(mixed, a, b, w_sent[seg])
+        truncate_(mixed, eps)
+        count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
+        if not self.uplink.folds:
+            for e in torch.unique(seg).tolist():
+                mine = torch.nonzero(seg == e).flatten()
+                self.phi_sum[e] = self.edge_aggregate(mixed[mine], mine + a, w_sent[e], e)
+            return
+        if self.weights is not None:
+            mixed.mul_(self.weights[a:b])
+        self.phi_sum.index_add_(0, part.rows.seg, mixed)
+
+    def end_up(self) -> None:
+        """The local round's uploads are all in: ``phi_i`` is their weighted mean per edge (or
+        the edges' rule's aggregate, already in place)."""
+        if self.uplink.folds:
+            self.phi_sum.div_(self.denominator)
+        self.phi_edge, self.phi_sum = self.phi_sum, self.phi_edge
+
+    @property
+    def mix_weight(self) -> float:
+        """``lam1 / (lam1 + lam2)``: the upload ``(lam1 theta + lam2 w_i) / (lam1 + lam2)`` as a
+        lerp from ``w_i`` towards ``theta``."""
+        opt = self.algo.options
+        return opt.lam1_value / (opt.lam1_value + opt.lam2_value)
+
+    def edge_step(self) -> None:
+        """``w_i <- w_i - eta1 [lam2 (w_i - phi_i) + gamma2 tanh(w_i / rho)]``, in place."""
+        opt = self.algo.options
+        step = torch.sub(self.w_edge, self.phi_edge, out=self.step).mul_(opt.lam2_value)
+        if self.gamma2 > 0:
+            tanh = smooth_l1_grad(self.w_edge, opt.rho, out=self.edge_scratch)
+            step.add_(tanh, alpha=self.gamma2)
+        self.w_edge.sub_(step, alpha=opt.edge_lr)
+
+    def bill(self) -> None:
+        """Record the round's client-edge messages: each edge's two broadcasts per local round,
+        billed to each receiver (its clients and stragglers), and each client's upload. One
+        ledger call per direction gives the totals of one call per message batch (the ledger
+        sums integers)."""
+        ledger, p = self.algo.ctx.ledger, self.theta.shape[1]
+        down = self.down_counts[:, :, self.recv_seg]  # [R, 2, receivers]
+        nodes = self.recv_ids.expand_as(down)
+        ledger.record_counts("client_edge", "down", down.to(torch.int64), p, nodes=nodes)
+        up, ids = self.up_counts, self.ids.expand_as(self.up_counts)
+        ledger.record_counts("client_edge", "up", up.to(torch.int64), p, nodes=ids)
 
 
 @ALGORITHMS.register("sfedhp")
@@ -277,7 +580,7 @@ class SFedHPOptions(AlgorithmOptions):
 
     def graph_steps(self) -> bool:
         """The θ subproblem's K plain steps (no client sparsity, ``inner: gd``) replay as one
-        CUDA graph (:func:`fedhp.algorithms.sfedhp_fused._prox_steps`)."""
+        CUDA graph (:func:`fedhp.algorithms.sfedhp._prox_steps`)."""
         return self.inner == "gd" and self.gamma1 == 0
 
     # cclip's previous aggregate update: w's at the cloud, each edge's phi_i - w_i at the edges

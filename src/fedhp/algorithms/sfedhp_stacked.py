@@ -4,7 +4,7 @@ S runs of one sweep batch (same model, R, K, minibatch size, step sizes; their o
 train their R local rounds as ONE round: run s's clients are a block of rows of one
 ``theta [ΣC, P]``, its edges a block of one ``[ΣE, P]``, and each local round's work is one
 pass over all of them, written as the fused round writes it for one run
-(:mod:`fedhp.algorithms.sfedhp_fused`)::
+(:mod:`fedhp.algorithms.sfedhp`)::
 
     for r in range(R):
         phi_sent, w_sent = truncate(phi_edge), truncate(w_edge)       # every run's edges
@@ -18,7 +18,7 @@ pass over all of them, written as the fused round writes it for one run
 Nothing crosses a run's block: every operation is per row (or per edge, whose clients are all of
 one run), each run's λ enters as its rows' value, and each run draws its minibatches from its own
 generator, bills its own ledger and gets its own :class:`~fedhp.algorithms.task.Update` — what
-:func:`~fedhp.algorithms.sfedhp_fused.fused_train` gives it alone, bit for bit on the CPU
+:func:`~fedhp.algorithms.sfedhp.fused_train` gives it alone, bit for bit on the CPU
 (``tests/algorithms/test_sfedhp_stacked.py``; ``tests/sweep/test_lockstep.py`` on whole runs).
 What one run does alone S times (launches, Python work per local round) is done once.
 
@@ -58,7 +58,7 @@ def stack_key(algo: SFedHP, state: State, task: Task) -> Hashable | None:
     uplink = ctx.edge_uplink
     forges = uplink.attack is not None and uplink.attack.on_uploads
     plain = opt.inner == "gd" and not task.scalars["gamma1"] and not task.scalars["gamma2"]
-    if not (algo.fused and plain and uplink.folds and not forges and not uplink.momentum):
+    if not (plain and uplink.folds and not forges and not uplink.momentum):
         return None
     steps = (opt.R, opt.K, opt.batch_size, opt.lr, opt.edge_lr, opt.theta_init)
     return stacked.theta_stack_key("sfedhp", algo, task, steps)
@@ -149,7 +149,7 @@ def _finish(
     losses: torch.Tensor,
 ) -> Update:
     """Run ``run``'s share of the stacked round: its messages billed to its ledger, its state
-    written, its update (as :func:`~fedhp.algorithms.sfedhp_fused.fused_train` returns it)."""
+    written, its update (as :func:`~fedhp.algorithms.sfedhp.fused_train` returns it)."""
     ctx, task, p = run.algo.ctx, run.task, theta.shape[1]
     edges, agg = task.edges, task.up_edges
     assert edges is not None and agg is not None
