@@ -255,7 +255,8 @@ def test_only_covered_calls_reach_the_batch() -> None:
     recorder = _Recorder()
     ctx.batch = recorder
     w = task.broadcast["global"].expand(len(task.clients), -1)
-    alone = ctx.local_sgd_alone(w, task.clients, work)
+    alone = ctx.local_sgd(w, task.clients, work, alone=True)
+    assert recorder.calls == []
     mask = torch.ones_like(w)
     ctx.local_sgd(w, task.clients, work, mask=mask)
     assert recorder.calls == []

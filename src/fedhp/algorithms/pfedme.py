@@ -33,10 +33,9 @@ from fedhp.algorithms.options import (
     theta_init_field,
 )
 from fedhp.algorithms.pfedme_stacked import stack_key, stacked_train
-from fedhp.algorithms.stacked_theta import model_steps
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss, model_steps
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig

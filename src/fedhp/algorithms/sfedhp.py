@@ -38,12 +38,11 @@ from fedhp.algorithms.options import (
 )
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.sfedhp_stacked import stack_key, stacked_train
-from fedhp.algorithms.stacked_theta import model_steps
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.federation import slice_rows
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss
+from fedhp.engine.ops import batched_loss_grad, mean_group_loss, model_steps
 from fedhp.engine.uplink import CENTRE_KEYS, Uplink
 
 if TYPE_CHECKING:

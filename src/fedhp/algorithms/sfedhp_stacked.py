@@ -43,6 +43,7 @@ from fedhp.algorithms.penalties import truncate
 from fedhp.algorithms.task import Task, Update
 from fedhp.data.rows import slice_rows
 from fedhp.engine.graphs import StepGraphs
+from fedhp.engine.ops import model_steps
 from fedhp.engine.run_rows import gathers, per_row
 
 if TYPE_CHECKING:
@@ -249,7 +250,7 @@ class _ThetaSteps:
             pull = gathered_pull(
                 t["centres"], t["theta"], t["edge_of"], t.get("pull", fixed), t.get("lands")
             )
-            return stacked.model_steps(model, t["theta"], t["x"], t["y"], k_steps, pull)
+            return model_steps(model, t["theta"], t["x"], t["y"], k_steps, pull)
 
         key = ("sfedhp stacked θ steps", *k_steps, names, fixed)
         loss = graphs.run(key, steps, tuple(args.values()), writes=(0,), stacked=True)

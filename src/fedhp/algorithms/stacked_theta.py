@@ -13,8 +13,10 @@ import torch
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.task import Task
 from fedhp.data.rows import slice_rows
+from fedhp.engine.local_rows import lone_part as lone_part
+from fedhp.engine.local_rows import part_bounds as part_bounds
+from fedhp.engine.ops import model_steps
 from fedhp.engine.run_rows import Draw, one_draw
-from fedhp.models.base import BatchedModel
 
 A = TypeVar("A", bound=Algorithm)
 
@@ -118,28 +120,6 @@ def one_draw_of(runs: Sequence[StackedRun[Any]], batch_size: int) -> Draw:
     return one_draw(contexts, clients, batch_size, [r.draw for r in runs])
 
 
-def part_bounds(chunk: int, rows: int, model: BatchedModel | None = None) -> list[tuple[int, int]]:
-    """The cache-sized parts ``(a, b)`` of ``rows`` rows, ``chunk`` rows each (the last fewer);
-    on a ``model`` whose rows are not independent (``BatchedModel.rows_independent``), a last
-    part of one row joined to the one before: no row alone in a call, as no row of a run alone
-    is (:func:`lone_part`)."""
-    bounds = [(a, min(a + chunk, rows)) for a in range(0, rows, chunk)]
-    apart = model is not None and not model.rows_independent
-    if apart and chunk > 1 and len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
-        bounds[-2:] = [(bounds[-2][0], rows)]
-    return bounds
-
-
-def lone_part(model: BatchedModel, width: int, rows: int) -> bool:
-    """Whether a run of ``rows`` clients trains, alone, a part of ONE row of ``width`` columns
-    where parts may hold several, on a model that computes one row apart from several
-    (``BatchedModel.rows_independent`` false: a vmap'ed convolution); stacked, that row would
-    share a call and come out different in the last bits, so the round trains alone."""
-    if model.rows_independent or model.policy.chunk(width, 2) == 1:
-        return False  # (every part of every run one row, alone and stacked)
-    return rows == 1 or rows % model.policy.chunk(width, rows) == 1
-
-
 def blocks(runs: Sequence[R], a: int, b: int) -> list[tuple[int, int, R]]:
     """Each run's rows among ``a .. b - 1``: ``(first, end, run)``."""
     out = []
@@ -179,20 +159,3 @@ def count_steps(
     for lo, hi, run in blocks(runs, *part):
         for _ in range(k):
             run.algo.ctx.model.count_trained(slice_rows(x, lo, hi))
-
-
-def model_steps(
-    model: BatchedModel,
-    rows: torch.Tensor,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    steps: tuple[int, float],
-    pull: Callable[[int, int], None],
-) -> torch.Tensor:
-    """``steps = (K, lr)``: the model's K ``sgd_step`` calls on ``rows`` with the ``pull`` hook;
-    the data loss at the last step's start point. Kernels only (what a CUDA graph records)."""
-    k, lr = steps
-    loss = torch.zeros(rows.shape[0], device=rows.device)
-    for _ in range(k):
-        loss = model.sgd_step(rows, x, y, lr, pull)
-    return loss

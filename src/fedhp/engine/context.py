@@ -246,6 +246,7 @@ class RunContext:
         loss_grad: LossGrad | None = None,
         drawn: torch.Tensor | EpochBatches | None = None,
         partial: torch.Tensor | None = None,
+        alone: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The local SGD of ``clients`` from ``params`` (their rows), all at once: ``work``'s
         steps or epochs (:class:`~fedhp.engine.ops.LocalWork`), each step's gradient plus
@@ -259,7 +260,10 @@ class RunContext:
         ``epochs`` (or ``steps``), the first ones, and stops (a draw of 1: all of them); the
         minibatches are drawn as for full work, so nobody else's change. Returns the new
         parameters, each client's loss summed over its steps and its step count ``[C']`` (int64).
-        The steps are :func:`~fedhp.engine.ops.weighted_sgd_steps`'.
+        The steps are :func:`~fedhp.engine.ops.weighted_sgd_steps`'. In a batch of runs
+        (:attr:`batch`) a call the batch covers (:func:`~fedhp.engine.local_rows.local_sgd_key`)
+        trains with the other runs' as one, unless ``alone`` (what the batch itself asks for a
+        call that met no other).
 
         Under ``epochs`` client c takes ``ceil(n_c / batch_size)`` steps per epoch on a fresh
         permutation of its data (the last minibatch partial); clients of unequal size step
@@ -270,28 +274,10 @@ class RunContext:
         if old_surface or isinstance(work, int):  # steps, batch, lr, ...: the old surface
             raise ConfigError(OLD_LOCAL_SGD)
         plain = mask is None and buffers is None and loss_grad is None and partial is None
-        if self.batch is not None and plain and not isinstance(drawn, EpochBatches):
+        if self.batch is not None and plain and not alone and not isinstance(drawn, EpochBatches):
             call = LocalCall(self, params, clients, work, extra_grad, drawn)
             if local_sgd_key(call) is not None:  # the batch's runs' local SGD as one
                 return self.batch.local_sgd(call)
-        return self.local_sgd_alone(
-            params, clients, work, extra_grad, mask, buffers, loss_grad, drawn, partial
-        )
-
-    def local_sgd_alone(
-        self,
-        params: torch.Tensor,
-        clients: torch.Tensor,
-        work: LocalWork,
-        extra_grad: ExtraGrad | None = None,
-        mask: torch.Tensor | None = None,
-        buffers: torch.Tensor | None = None,
-        loss_grad: LossGrad | None = None,
-        drawn: torch.Tensor | EpochBatches | None = None,
-        partial: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`local_sgd` of this run alone (what a batch falls back to for a call it does
-        not stack)."""
         units = None
         if partial is not None:  # stragglers' partial work: their first units (epochs or steps)
             total = work.epochs if work.epochs is not None else work.steps

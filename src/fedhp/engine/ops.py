@@ -494,3 +494,20 @@ def segment_mean(
     out = torch.zeros(num_segments, params.shape[1], dtype=params.dtype, device=params.device)
     out.index_add_(0, segment, params * w.unsqueeze(1))
     return out / totals.clamp(min=torch.finfo(params.dtype).tiny).unsqueeze(1)
+
+
+def model_steps(
+    model: BatchedModel,
+    rows: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    steps: tuple[int, float],
+    pull: Callable[[int, int], None],
+) -> torch.Tensor:
+    """``steps = (K, lr)``: the model's K ``sgd_step`` calls on ``rows`` with the ``pull`` hook;
+    the data loss at the last step's start point. Kernels only (what a CUDA graph records)."""
+    k, lr = steps
+    loss = torch.zeros(rows.shape[0], device=rows.device)
+    for _ in range(k):
+        loss = model.sgd_step(rows, x, y, lr, pull)
+    return loss

@@ -272,8 +272,8 @@ class Seat:
 def _local_alone(local: LocalCall) -> Trained:
     """A run's local SGD as it runs outside a batch."""
     ctx = local.ctx
-    return ctx.local_sgd_alone(
-        local.params, local.clients, local.work, local.extra_grad, drawn=local.drawn
+    return ctx.local_sgd(
+        local.params, local.clients, local.work, local.extra_grad, drawn=local.drawn, alone=True
     )
 
 
