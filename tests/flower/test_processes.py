@@ -202,3 +202,19 @@ def test_a_stop_signal_becomes_stopped_with_the_shells_exit_code(sig: signal.Sig
             stopped.append(True)
     assert stopped and caught.value.code == 128 + sig and caught.value.signum == sig
     assert signal.getsignal(sig) == before
+
+
+def test_marking_puts_the_token_in_the_environment_for_the_block_only() -> None:
+    dog = Watchdog.start()
+    try:
+        before = os.environ.get(OWNER_ENV)
+        with dog.marking():
+            assert os.environ[OWNER_ENV] == dog.token
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        assert os.environ.get(OWNER_ENV) == before
+        wait_until(lambda: child.pid in dog.owned(), 10, "the marked child")
+        dog.close()
+        child.wait(timeout=5)
+        assert child.returncode == -signal.SIGTERM
+    finally:
+        dog.close()

@@ -255,6 +255,20 @@ class Watchdog:
         """The live processes that carry this watchdog's token."""
         return owned(self.token)
 
+    @contextlib.contextmanager
+    def marking(self) -> Iterator[None]:
+        """This process's environment carries the token inside the block, so that what a library
+        starts in it (Ray's GCS server and raylet, and what they start) is the watchdog's."""
+        previous = os.environ.get(OWNER_ENV)
+        os.environ[OWNER_ENV] = self.token
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(OWNER_ENV, None)
+            else:
+                os.environ[OWNER_ENV] = previous
+
     def close(self, timeout: float = 40.0) -> None:
         """Let the watchdog end what carries its token, and wait (``timeout`` s at most) until
         it has."""

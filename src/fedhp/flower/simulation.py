@@ -20,6 +20,7 @@ from typing import Any
 from fedhp.engine.experiment import Experiment
 from fedhp.engine.runner import Row
 from fedhp.errors import FedhpError
+from fedhp.flower.processes import Watchdog
 from fedhp.flower.shards import check_flower_config, node_count
 
 RAY_OBJECT_STORE_BYTES = 256 * 2**20
@@ -66,8 +67,9 @@ def run_flower_sim(
     flwr_logger.setLevel(logging.ERROR)  # Flower's INFO/deprecation chatter; errors still show
     # Ray and Flower install SIGINT/SIGTERM handlers in this process; put ours back afterwards.
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    dog = Watchdog.start()  # the local Ray Flower starts ends with this process, however it ends
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), dog.marking():
             warnings.simplefilter("ignore")
             run_simulation(
                 server_app=server,
@@ -83,6 +85,7 @@ def run_flower_sim(
         ) from err
     finally:
         stop.set()  # a ServerApp thread still waiting on a crashed runtime ends
+        dog.close()  # (and what of Ray outlived Flower's shutdown of it: Ray's agents)
         flwr_logger.setLevel(level)
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError, FedhpError, FedhpWarning
+from fedhp.flower.processes import Watchdog
 from fedhp.sweep.execute import BatchReport
 from fedhp.sweep.plan import RunSpec, run_config
 
@@ -144,9 +145,15 @@ def run_batches_ray(
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     started = connected = False
     pending: list[Any] = []
+    dog: Watchdog | None = None
     try:
         if not ray.is_initialized():
-            _connect(ray, address, num_cpus)
+            if address is None:  # a local Ray ends with this process, however it ends
+                dog = Watchdog.start()
+                with dog.marking():
+                    _connect(ray, address, num_cpus)
+            else:
+                _connect(ray, address, num_cpus)
             connected, started = True, address is None
         options = _task_options(ray, demands, local=started)
         say(_cluster_line(ray, address, started, options))
@@ -206,6 +213,8 @@ def run_batches_ray(
                     ray.cancel(ref, force=True)
         if connected and ray.is_initialized():
             ray.shutdown()  # a local Ray ends; a cluster joined stays up (this driver leaves it)
+        if dog is not None:
+            dog.close()  # (and what of the local Ray outlived its shutdown: Ray's agents)
         if main:
             for sig, handler in handlers.items():
                 if handler is not None:
