@@ -230,6 +230,8 @@ def test_sweep_format_pdf_writes_a_vector_figure(
     out = tmp_path / "sweep"
     argv = ["sweep", *FAST, "--grid", "algorithm.lr=0.05,0.1", "--out", str(out)]
     assert main([*argv, "--format", "pdf"]) == 0
+    results = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "curves.png, curves.pdf, sweep.json" in results and "svg" not in results
     assert (out / "curves.pdf").read_bytes().startswith(MAGIC["pdf"])
     assert (out / "curves.png").read_bytes().startswith(MAGIC["png"])
     assert not (out / "curves.svg").exists()
@@ -237,3 +239,23 @@ def test_sweep_format_pdf_writes_a_vector_figure(
     assert main([*argv, "--format", "gif"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--format gif: not a figure format" in err
+
+
+def test_a_yaml_section_and_the_api_take_format_too(tmp_path: Path) -> None:
+    """``format:`` in a YAML file's ``sweep:`` section and ``fedhp.sweep(format=...)`` write the
+    figures ``--format`` writes; a bad one is the same one-line error."""
+    import fedhp
+
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text("sweep:\n  grid: {algorithm.lr: [0.05]}\n  format: svg\n")
+    overrides = [item.split("=", 1) for item in FAST if "=" in item]
+    kwargs: dict[str, Any] = {
+        key.replace(".", "__"): value for key, value in overrides if key != "progress"
+    }
+    kwargs["progress"] = False
+    done = fedhp.sweep(cfg, out=tmp_path / "yaml", **kwargs)
+    assert (done.out_dir / "curves.svg").is_file() and not (done.out_dir / "curves.pdf").exists()
+    done = fedhp.sweep(grid={"algorithm.lr": [0.05]}, out=tmp_path / "api", format="pdf", **kwargs)
+    assert (done.out_dir / "curves.pdf").is_file()
+    with pytest.raises(ConfigError, match="gif"):
+        fedhp.sweep(grid={"algorithm.lr": [0.05]}, out=tmp_path / "bad", format="gif", **kwargs)

@@ -31,6 +31,7 @@ SECTION_KEYS = (
     "backend",
     "address",
     "batching",
+    "format",
 )
 """What a YAML file's ``sweep:`` section may set (the command's flags)."""
 
@@ -169,6 +170,7 @@ def sweep(
     backend: str | None = None,
     address: str | None = None,
     batching: str | None = None,
+    format: str | None = None,
     progress: bool = True,
     plugins: Sequence[str] = (),
     **overrides: Any,
@@ -179,8 +181,9 @@ def sweep(
     mapping (laid over the defaults like a YAML file) or None; ``overrides`` as in
     :func:`fedhp.run` (``rounds=20``, ``algorithm__lr=0.1``); ``grid``:
     ``{"algorithm.lam": [15, 20]}``; ``seeds``: ``[0, 1, 2]`` (default ``[0]``); ``out``: the
-    sweep's folder (default ``sweeps/<algorithm>-<dataset>-<time>``); the rest as the command's
-    flags (docs/sweep.md)."""
+    sweep's folder (default ``sweeps/<algorithm>-<dataset>-<time>``); ``format``: the figures'
+    formats beside PNG (``"pdf,svg"``, as ``--format``); the rest as the command's flags
+    (docs/sweep.md)."""
     from fedhp.api import overrides_from_kwargs
     from fedhp.sweep.folder import run_in_folder
     from fedhp.sweep.report import load_table
@@ -208,6 +211,7 @@ def sweep(
     }
     options = {k: v for k, v in section.items() if k != "grid"}
     options.update({k: v for k, v in given.items() if v is not None})
+    figure_formats(options, format)
     options["seeds"] = seeds_of(file_base, given_base, options.get("seeds"))
     if options.get("out") is None:
         options["out"] = default_sweep_dir(base, plugins)
@@ -215,6 +219,20 @@ def sweep(
     spec = sweep_spec(base, full_grid, plugins=plugins, progress=progress, **options)
     spec, manifest = run_in_folder(spec)
     return SweepResult(spec.out, manifest, load_table(spec.out))
+
+
+def figure_formats(options: dict[str, Any], given: str | None) -> None:
+    """``options["formats"]`` from ``given`` (``--format``, the API's ``format``) or the YAML
+    section's ``format`` (the command's wins): PNG always, the others as named (one-line errors
+    from :func:`fedhp.reporting.parse_formats`)."""
+    from fedhp.reporting import parse_formats
+
+    text = given if given is not None else options.pop("format", None)
+    options.pop("format", None)
+    if text is not None:
+        if not isinstance(text, str):
+            raise ConfigError(f"format: expected a text like 'pdf,svg'; got {text!r}")
+        options["formats"] = ["png", *parse_formats(text)]
 
 
 def _check_types(config: Any, grid: Any, plugins: Any, progress: Any, runs_per_batch: Any) -> None:

@@ -80,7 +80,13 @@ def add_parser(sub: Any) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``fedhp sweep``."""
-    from fedhp.sweep.api import default_sweep_dir, seeds_of, split_sweep_section, sweep_spec
+    from fedhp.sweep.api import (
+        default_sweep_dir,
+        figure_formats,
+        seeds_of,
+        split_sweep_section,
+        sweep_spec,
+    )
     from fedhp.sweep.folder import run_in_folder
     from fedhp.sweep.grid import parse_grid
 
@@ -100,10 +106,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     }
     options = {k: v for k, v in section.items() if k not in ("grid", "plugins")}
     options.update({k: v for k, v in flags.items() if v is not None})
-    if args.format is not None:  # the figures' formats (curves.png always)
-        from fedhp.reporting import parse_formats
-
-        options["formats"] = ["png", *parse_formats(args.format)]
+    figure_formats(options, args.format)  # the figures' formats (curves.png always)
     plugins = [*section.get("plugins", []), *args.plugin]
     options["seeds"] = seeds_of(base, overrides, options.get("seeds"), "--seeds")
     base = [*base, *overrides]
@@ -124,5 +127,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 130
     print((spec.out / "table.md").read_text())
     runs = len(manifest["runs"])
-    print(f"results: {spec.out}/ (table.md, table.csv, curves.png, sweep.json; {runs} run folders)")
+    names = ("table.md", "table.csv", "curves.png", "curves.pdf", "curves.svg", "sweep.json")
+    written = ", ".join(n for n in names if (spec.out / n).is_file())
+    print(f"results: {spec.out}/ ({written}; {runs} run folders)")
     return 0
