@@ -115,6 +115,9 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+PR_SET_PDEATHSIG = 1  # (linux/prctl.h)
+
+
 def _death_signal() -> Callable[[], None] | None:
     """A ``preexec_fn`` giving the child SIGTERM when this thread ends (Linux
     ``PR_SET_PDEATHSIG``), or None: elsewhere, and off the main thread, whose end is not the
@@ -134,9 +137,6 @@ def _death_signal() -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return die_with_parent
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def start_process(name: str, cmd: Sequence[str], log: Path, env: Mapping[str, str]) -> Process:
