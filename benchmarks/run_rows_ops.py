@@ -109,10 +109,10 @@ def in_lockstep(items: list[Any]) -> CountLaunches:
     counts = [CountLaunches() for _ in items]
     errors: list[BaseException] = []
 
-    threads = torch.get_num_threads()
+    torch_threads = torch.get_num_threads()
 
     def work(slot: int, algo: Any, state: Any, task: Any) -> None:
-        torch.set_num_threads(threads)  # (a new thread's OpenMP default otherwise)
+        torch.set_num_threads(torch_threads)  # (a new thread's OpenMP default otherwise)
         step.wait_turn(slot)
         try:
             with counts[slot]:
