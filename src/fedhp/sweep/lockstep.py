@@ -1,8 +1,13 @@
-"""Runs in lockstep: S runs of one batch train in S threads, and their model kernels are fused.
+"""Runs in lockstep: S runs of one batch train in S threads, and their work meets.
 
 Each run keeps everything of its own — its config, data, generators, state, aggregation, ledger,
-checkpoints, divergence guard — exactly as it would alone; only the model's training kernels
-meet. When every live run of the batch has called its model's ``sgd_step`` or ``loss_and_grad``
+checkpoints, divergence guard — exactly as it would alone. Its work meets the other runs' at
+three points, widest first: its local SGD (``ctx.local_sgd``, through its ``ctx.batch``, a
+:class:`Seat`: the engine's run level, :mod:`fedhp.engine.local_rows`, trains the calls of one
+key as one), a whole round of the methods that still stack theirs (``Algorithm.trained`` →
+:meth:`Lockstep.train`, ``stack_key``/``stacked_train``), and otherwise its model's training
+kernels (:meth:`Lockstep.attach`, which still routes the model's two kernel methods here: the
+one run-time replacement left). When every live run of the batch has called its model's ``sgd_step`` or ``loss_and_grad``
 (the calls that hold nearly all of a round's arithmetic), the calls that agree in shape and step
 size become ONE call on the rows of all of them (``[S·C, P]``: run s's clients are a block of
 rows), and each run gets its own rows back. Since the clients of a batched model share no
