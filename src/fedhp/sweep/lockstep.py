@@ -7,10 +7,10 @@ three points, widest first: its local SGD (``ctx.local_sgd``, through its ``ctx.
 key as one), a whole round of the methods that still stack theirs (``Algorithm.trained`` →
 :meth:`Lockstep.train`, ``stack_key``/``stacked_train``), and otherwise its model's training
 kernels (:meth:`Lockstep.attach`, which still routes the model's two kernel methods here: the
-one run-time replacement left). When every live run of the batch has called its model's ``sgd_step`` or ``loss_and_grad``
-(the calls that hold nearly all of a round's arithmetic), the calls that agree in shape and step
-size become ONE call on the rows of all of them (``[S·C, P]``: run s's clients are a block of
-rows), and each run gets its own rows back. Since the clients of a batched model share no
+one run-time replacement left). When every live run of the batch has called its model's
+``sgd_step`` or ``loss_and_grad``, the calls that agree in shape and step size become ONE call
+on the rows of all of them (``[S·C, P]``: run s's clients are a block of rows), and each run
+gets its own rows back. Since the clients of a batched model share no
 parameters, row c of the fused call is row c of the run's own call: no sum, mean or
 normalization crosses a run's rows (``tests/sweep/test_lockstep.py`` checks bit equality).
 
