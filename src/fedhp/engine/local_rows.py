@@ -21,13 +21,13 @@ own rows, so a float that differs between runs (μ, λ) is a per-run value, neve
 Nothing crosses a run's block: every operation is per row, each run draws its minibatches from
 its own generator (gathered from the runs' data stacked once, :mod:`fedhp.engine.run_rows`, where
 the draws allow it) and counts its own trained samples. So every method whose round trains through
-``ctx.local_sgd`` — FedAvg, FedProx, SCAFFOLD, Ditto, Local only, FedPer, FedHT, a user's plugin
-— batches with no code of its own, each run getting the bits it gets alone
+``ctx.local_sgd`` — FedAvg, FedProx, SCAFFOLD, Ditto, Local only, FedPer, FedHT, FedNova, a
+user's plugin — batches with no code of its own, each run getting the bits it gets alone
 (``tests/engine/test_local_rows.py``; ``tests/sweep/test_lockstep.py`` on whole runs).
 
 A call this level does not cover (:func:`local_sgd_key` None) trains alone, as it would outside a
 batch: local epochs, momentum or weight decay, a clipped model, BatchNorm statistics, masks,
-stragglers' partial work, a method's own loss (MOON, FedNova), a gradient term other than the two
+stragglers' partial work, a method's own loss (MOON), a gradient term other than the two
 above, no clients, or a lone row of a model whose rows are not independent.
 """
 
