@@ -110,6 +110,35 @@ def test_watchdog_ends_detached_grandchildren_when_its_owner_is_killed(tmp_path:
             kill_quietly(pid)
 
 
+def test_watchdog_acts_when_its_owner_dies_even_if_the_pipe_leaked(tmp_path: Path) -> None:
+    """A marked child that inherited a copy of the watchdog pipe's write end keeps the pipe open
+    after the owner's SIGKILL; the watchdog sees its owner gone anyway and ends the child."""
+    proc = owner_script(
+        tmp_path,
+        f"""
+        import os, subprocess, sys, time
+        from pathlib import Path
+        from fedhp.flower.processes import Watchdog
+        dog = Watchdog.start()
+        env = dog.mark(dict(os.environ))
+        leak = dog.popen.stdin.fileno()
+        child = subprocess.Popen({SLEEPER}, env=env, pass_fds=(leak,), start_new_session=True)
+        Path(sys.argv[1] + "/pids.txt").write_text(f"{{dog.popen.pid}} {{child.pid}}")
+        time.sleep(120)
+        """,
+    )
+    try:
+        dog, child = read_pids(tmp_path, 2, proc)
+        assert running(dog) and running(child)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert gone_within([dog, child], 15), [pid for pid in (dog, child) if running(pid)]
+    finally:
+        proc.kill()
+        for pid in read_pids_safely(tmp_path):
+            kill_quietly(pid)
+
+
 def test_direct_children_get_the_parent_death_signal(tmp_path: Path) -> None:
     """``start_process`` children end with their owner even without a watchdog (Linux)."""
     if not sys.platform.startswith("linux"):

@@ -210,15 +210,30 @@ def end_owned(
     return len(seen)
 
 
+def _owner_gone(owner: int) -> bool:
+    """Whether the watchdog's owner has ended: it is no longer the watchdog's parent (the
+    watchdog was reparented), or its pid no longer runs."""
+    return os.getppid() != owner or not running(owner)
+
+
 def _watch() -> None:
-    """The watchdog process: wait for stdin's end (the owner closed it, or ended), then end
-    every process carrying the token ``sys.argv[1]``."""
+    """The watchdog process: wait until the owner (``sys.argv[2]``) ends or closes stdin, then
+    end every process carrying the token ``sys.argv[1]``.
+
+    The pipe's end-of-file is the quick signal; the owner's pid is also polled twice a second,
+    so that a copy of the pipe's write end that leaked into another process cannot keep the
+    watchdog waiting."""
+    import select
+
     for sig in (signal.SIGINT, signal.SIGHUP):  # (the terminal's signals are the owner's)
         signal.signal(sig, signal.SIG_IGN)
-    token = sys.argv[1]
+    token, owner = sys.argv[1], int(sys.argv[2])
+    fd = sys.stdin.fileno()
     with contextlib.suppress(OSError):
-        while sys.stdin.buffer.read(4096):
-            pass
+        while not _owner_gone(owner):
+            readable, _, _ = select.select([fd], [], [], 0.5)
+            if readable and not os.read(fd, 4096):
+                break
     end_owned(token)
 
 
@@ -238,7 +253,13 @@ class Watchdog:
         token = secrets.token_hex(8)
         env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
         popen = subprocess.Popen(
-            [sys.executable, "-c", "from fedhp.flower.processes import _watch; _watch()", token],
+            [
+                sys.executable,
+                "-c",
+                "from fedhp.flower.processes import _watch; _watch()",
+                token,
+                str(os.getpid()),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
