@@ -17,7 +17,8 @@ formulas, bit for bit, in place and in cache-sized parts of the clients
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, cast
 
 import pydantic
@@ -32,10 +33,12 @@ from fedhp.algorithms.options import (
     derived_steps,
     theta_init_field,
 )
-from fedhp.algorithms.pfedme_stacked import stack_key, stacked_train
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
+from fedhp.engine.federation import slice_rows
+from fedhp.engine.local_rows import part_bounds
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, model_steps
+from fedhp.engine.run_rows import RunBlocks, gathers, one_draw, rows_key, rows_of
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig
@@ -55,16 +58,16 @@ class PFedMe(Algorithm):
 
     def train(self, state: State, task: Task) -> Update:
         """The R local rounds of the task's clients: :func:`fused_train`."""
-        return fused_train(self, state, task)
+        return fused_train([(self, state, task)])[0]
 
     def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`fedhp.algorithms.pfedme_stacked.stack_key`."""
+        """Runs as rows: :func:`stack_key`."""
         return stack_key(self, state, task)
 
     @staticmethod
     def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' rounds as one (:mod:`fedhp.algorithms.pfedme_stacked`)."""
-        return stacked_train([(cast(PFedMe, a), s, t) for a, s, t in items])
+        """S runs' rounds as one: :func:`fused_train` on their rows."""
+        return fused_train([(cast(PFedMe, a), s, t) for a, s, t in items])
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
@@ -96,90 +99,183 @@ class PFedMe(Algorithm):
 # ---------------------------------------------------------------- the local rounds, fused
 # The R local rounds as the runs take them: the formulas of the module docstring, bit for bit
 # (tests/algorithms/pfedme_reference.py writes them one tensor per formula), in place and in
-# cache-sized parts of the clients.
+# cache-sized parts of the clients. One round for one run and for a batch of runs (``fedhp
+# sweep``'s lockstep, the run level of the tree): run s's clients are a block of rows, its λ and
+# lr its rows' values, and nothing crosses a block (every operation is per row).
+
+Item = tuple["PFedMe", State, Task]
 
 
-def fused_train(algo: PFedMe, state: State, task: Task) -> Update:
-    """The R local rounds in place on two ``[C, P]`` buffers (``theta``, ``w_loc``), in
-    cache-sized parts of the clients: a part runs all its R local rounds before the next
-    starts (its rows stay in cache), on the minibatches the whole round would draw (drawn
-    ahead, so the parts do not change them); per step the prox pull towards ``w_loc`` and
-    the gradient step in one pass, per local round the ``w_loc`` step; no copies and no host
-    syncs inside the loop."""
-    ctx, opt = algo.ctx, algo.options
-    clients = task.clients
-    n = len(clients)
-    received = task.broadcast["global"].expand(n, -1)
-    local = received.clone()
-    # (advanced indexing already copies the state's rows)
-    theta = state["theta"][clients] if opt.theta_init == "warm" else received.clone()
-    chunk = ctx.policy.chunk(2 * local.shape[1], n)
-    if chunk < n and ctx.fed.train.noise_std is not None:
-        chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
-    drawn = ctx.sampler.steps(clients, opt.batch_size, opt.R) if chunk < n else None
-    losses = torch.empty(opt.R, n, device=local.device)
-    for a in range(0, n, chunk):
-        rows = slice(a, min(a + chunk, n))
-        ahead = None if drawn is None else drawn[:, rows]
-        draw = ctx.batches(clients[rows], opt.batch_size, ahead)
-        _local_rounds(algo, theta[rows], local[rows], received[rows], draw, losses[:, rows])
-    state["theta"][clients] = theta
-    return Update(per_client={"local": local}, losses=losses)
-
-
-def _local_rounds(
-    algo: PFedMe,
-    theta: torch.Tensor,
-    local: torch.Tensor,
-    received: torch.Tensor,
-    draw: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-    losses: torch.Tensor,
-) -> None:
-    """The R local rounds of some clients' rows (in place), their losses into ``losses``."""
-    ctx, opt = algo.ctx, algo.options
-    model = ctx.model
-    pull, plr = opt.personal_lr * opt.lam, opt.personal_lr
-    for r in range(opt.R):
-        if opt.theta_init == "reset" and r > 0:  # (round 0 starts from it already)
-            theta.copy_(received)
-        x, y = draw()
-        if opt.l2 == 0:  # the pull inside the model's step: one pass
-            losses[r] = _pulled_steps(algo, theta, local, x, y)
-            local.lerp_(theta, opt.lr * opt.lam)  # local - lr lam (local - theta)
-            continue
-        for _ in range(opt.K):
-            loss, grad = batched_loss_grad(model, theta, x, y)
-            grad.add_(theta, alpha=opt.l2)
-            # theta - plr (grad + lam (theta - local)), fused: no temporaries.
-            theta.lerp_(local, pull).add_(grad, alpha=-plr)
-        losses[r] = loss
-        local.lerp_(theta, opt.lr * opt.lam)  # local - lr lam (local - theta)
-
-
-def _pulled_steps(
-    algo: PFedMe, theta: torch.Tensor, local: torch.Tensor, x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
-    """K steps of θ on ``(x, y)`` in place, each the model's ``sgd_step`` with the pull
-    ``theta <- lerp(theta, local, personal_lr lam)`` applied to each layer's columns inside it;
-    the data loss at the last step's start point. Replayed as one CUDA graph per shape where the
-    run asks for graphs (``engine.cuda_graphs``)."""
+def stack_key(algo: PFedMe, state: State, task: Task) -> Hashable | None:
+    """What runs must share to train their rounds as one (None: this round trains alone): the
+    round's shapes, the θ step size, the model, the device and the zero threshold. The hidden L2
+    on θ, partial work, minibatches drawn ahead, an attack and a robust or momentum uplink train
+    alone."""
     opt, ctx = algo.options, algo.ctx
-    for _ in range(opt.K):
-        ctx.model.count_trained(x)  # (a Python counter: kept outside the graph)
-    pull, steps = opt.personal_lr * opt.lam, (opt.K, opt.personal_lr)
+    uplink = ctx.cloud_uplink
+    plain = opt.l2 == 0 and not task.per_client and task.batches is None and task.edges is None
+    honest = ctx.attack is None and uplink.attack is None
+    if not (plain and honest and uplink.folds and not uplink.momentum):
+        return None
+    steps = (opt.R, opt.K, opt.batch_size, opt.personal_lr, opt.theta_init)
+    return rows_key("pfedme", ctx, task.broadcast["global"], steps)
 
-    def kernels(
-        theta: torch.Tensor, local: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+
+def fused_train(items: Sequence[Item]) -> list[Update]:
+    """The R local rounds of every run of ``items`` (one ``(algorithm, state, task)``, or a
+    batch's with one :func:`stack_key`) in place on two ``[ΣC, P]`` buffers (``theta``,
+    ``w_loc``), in cache-sized parts of the rows: per step the prox pull towards ``w_loc`` and
+    the gradient step in one pass, per local round the ``w_loc`` step; no copies and no host
+    syncs inside the loop. A run alone with several parts runs each part's R local rounds
+    before the next (its rows stay in cache) on the minibatches the whole round would draw
+    (drawn ahead); a batch draws each local round's minibatches of every run at once."""
+    lead, _, _ = items[0]
+    ctx, opt = lead.ctx, lead.options
+    alone = len(items) == 1
+    rounds = _Rounds.start(items)
+    n, p = rounds.local.shape
+    chunk = ctx.policy.chunk(2 * p, n)
+    if alone and chunk < n and ctx.fed.train.noise_std is not None:
+        chunk = n  # per-access noise is drawn while gathering: keep the whole round's order
+    parts = part_bounds(chunk, n)
+    if alone and len(parts) > 1:
+        clients = items[0][2].clients
+        drawn = ctx.sampler.steps(clients, opt.batch_size, opt.R)
+        for a, b in parts:
+            draw = ctx.batches(clients[a:b], opt.batch_size, drawn[:, a:b])
+            for r in range(opt.R):
+                rounds.local_round(r, draw(), a, b)
+    else:
+        contexts = [algo.ctx for algo, _, _ in items]
+        clients_of = [task.clients for _, _, task in items]
+        own = [c.batches(cl, opt.batch_size) for c, cl in zip(contexts, clients_of, strict=True)]
+        draw = one_draw(contexts, clients_of, opt.batch_size, own)
+        for r in range(opt.R):
+            x, y = draw()
+            for a, b in parts:
+                rounds.local_round(r, (slice_rows(x, a, b), y[a:b]), a, b)
+    return [rounds.finish(s) for s in range(len(items))]
+
+
+def _rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The runs' rows, run after run (a run alone: its own tensor)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
+@dataclass
+class _Rounds:
+    """The local rounds' rows: every run's ``theta`` and ``w_loc`` (``local``), the received
+    models, the losses; each run's θ pull ``personal_lr λ`` and ``w_loc`` step ``lr λ`` (a
+    scalar per run block on the CPU; on a GPU a per-row column, one launch per part)."""
+
+    items: Sequence[Item]
+    runs: RunBlocks
+    theta: torch.Tensor
+    local: torch.Tensor
+    received: torch.Tensor
+    losses: torch.Tensor
+    pulls: list[float]
+    mixes: list[float]
+    pull_rows: torch.Tensor | float  # the pulls as a per-row column (one value: a float)
+    mix_rows: torch.Tensor | float
+
+    @classmethod
+    def start(cls, items: Sequence[Item]) -> _Rounds:
+        opt = items[0][0].options
+        received = _rows([t.broadcast["global"].expand(len(t.clients), -1) for _, _, t in items])
+        warm = opt.theta_init == "warm"  # (advanced indexing already copies the state's rows)
+        theta = _rows([s["theta"][t.clients] for _, s, t in items]) if warm else received.clone()
+        runs = RunBlocks.of([len(t.clients) for _, _, t in items])
+        pulls = [a.options.personal_lr * a.options.lam for a, _, _ in items]
+        mixes = [a.options.lr * a.options.lam for a, _, _ in items]
+        return cls(
+            items=items,
+            runs=runs,
+            theta=theta,
+            local=received.clone(),
+            received=received,
+            losses=received.new_empty(opt.R, received.shape[0]),
+            pulls=pulls,
+            mixes=mixes,
+            pull_rows=runs.column(pulls, received),
+            mix_rows=runs.column(mixes, received),
+        )
+
+    def local_round(self, r: int, batch: tuple[torch.Tensor, torch.Tensor], a: int, b: int) -> None:
+        """Local round ``r`` of rows ``a .. b - 1`` on their minibatch ``batch``: K θ steps,
+        then the ``w_loc`` step."""
+        opt = self.items[0][0].options
+        theta, local = self.theta[a:b], self.local[a:b]
+        if opt.theta_init == "reset" and r > 0:  # (round 0 starts from it already)
+            theta.copy_(self.received[a:b])
+        x, y = batch
+        if opt.l2 == 0:  # the pull inside the model's step: one pass
+            self.losses[r, a:b] = self._pulled_steps(theta, local, x, y, a)
+        else:  # (a run alone: the hidden L2 has no stack key)
+            algo = self.items[0][0]
+            for _ in range(opt.K):
+                loss, grad = batched_loss_grad(algo.ctx.model, theta, x, y)
+                grad.add_(theta, alpha=opt.l2)
+                # theta - plr (grad + lam (theta - local)), fused: no temporaries.
+                theta.lerp_(local, self.pulls[0]).add_(grad, alpha=-opt.personal_lr)
+            self.losses[r, a:b] = loss
+        self._lerp(local, theta, (self.mixes, self.mix_rows), a)  # local - lr lam (local - theta)
+
+    def _lerp(
+        self,
+        rows: torch.Tensor,
+        to: torch.Tensor,
+        weights: tuple[list[float], torch.Tensor | float],
+        a: int,
+    ) -> None:
+        """``rows <- lerp(rows, to, weight)`` in place, each row with its run's weight
+        (``weights``: per run, and as a per-row column; ``rows`` and ``to`` start at row ``a``):
+        run block by run block on the CPU, one launch on a GPU."""
+        b = a + rows.shape[0]
+        if gathers(rows.device):
+            rows.lerp_(to, rows_of(weights[1], a, b))
+            return
+        for lo, hi, s in self.runs.within(a, b):
+            rows[lo - a : hi - a].lerp_(to[lo - a : hi - a], weights[0][s])
+
+    def _pulled_steps(
+        self, theta: torch.Tensor, local: torch.Tensor, x: torch.Tensor, y: torch.Tensor, a: int
     ) -> torch.Tensor:
-        def towards_local(lo: int, hi: int) -> None:
-            theta[:, lo:hi].lerp_(local[:, lo:hi], pull)
+        """K steps of θ (rows from ``a``) on ``(x, y)`` in place, each the model's ``sgd_step``
+        with the pull ``theta <- lerp(theta, local, personal_lr lam)`` applied to each layer's
+        columns inside it; the data loss at the last step's start point. A run alone replays
+        them as one CUDA graph per shape where it asks for graphs (``engine.cuda_graphs``)."""
+        lead = self.items[0][0]
+        opt, ctx = lead.options, lead.ctx
+        for lo, hi, s in self.runs.within(a, a + theta.shape[0]):
+            for _ in range(opt.K):  # (a Python counter: kept outside the graph)
+                self.items[s][0].ctx.model.count_trained(slice_rows(x, lo - a, hi - a))
+        steps = (opt.K, opt.personal_lr)
 
-        return model_steps(ctx.model, theta, x, y, steps, towards_local)
+        def kernels(
+            theta: torch.Tensor, local: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+        ) -> torch.Tensor:
+            def towards_local(lo: int, hi: int) -> None:
+                self._lerp(theta[:, lo:hi], local[:, lo:hi], (self.pulls, self.pull_rows), a)
 
-    key = ("pfedme θ steps", *steps, pull)
-    loss = ctx.graphs.run(key, kernels, (theta, local, x, y), writes=(0,))
-    assert loss is not None
-    return loss
+            return model_steps(ctx.model, theta, x, y, steps, towards_local)
+
+        if len(self.items) > 1:
+            return kernels(theta, local, x, y)
+        key = ("pfedme θ steps", *steps, self.pulls[0])
+        loss = ctx.graphs.run(key, kernels, (theta, local, x, y), writes=(0,))
+        assert loss is not None
+        return loss
+
+    def finish(self, s: int) -> Update:
+        """Run ``s``'s share: its clients' θ written into its state, its update."""
+        _, state, task = self.items[s]
+        rows = self.runs.of_run(s)
+        state["theta"][task.clients] = self.theta[rows]
+        if len(self.items) == 1:
+            return Update(per_client={"local": self.local}, losses=self.losses)
+        own = {"local": self.local[rows].clone()}
+        return Update(per_client=own, losses=self.losses[:, rows].clone())
 
 
 @ALGORITHMS.register("pfedme")

@@ -12,7 +12,7 @@ alone.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -127,6 +127,60 @@ def stacked_draw(
         return take_rows(data.x, rows), data.y[rows]
 
     return draw
+
+
+@dataclass(frozen=True)
+class RunBlocks:
+    """The clients of a batch of runs as rows, one block per run (run s's rows follow run
+    s - 1's; a run alone is one block): where a method's round finds each row's run."""
+
+    bounds: tuple[int, ...]  # run s's rows: bounds[s] .. bounds[s + 1] - 1
+
+    @classmethod
+    def of(cls, sizes: Sequence[int]) -> RunBlocks:
+        """The blocks of runs of ``sizes`` rows each."""
+        return cls(tuple(sum(sizes[:i]) for i in range(len(sizes) + 1)))
+
+    @property
+    def runs(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def rows(self) -> int:
+        return self.bounds[-1]
+
+    def of_run(self, s: int) -> slice:
+        """Run ``s``'s rows."""
+        return slice(self.bounds[s], self.bounds[s + 1])
+
+    def within(self, a: int, b: int) -> list[tuple[int, int, int]]:
+        """Each run's rows among ``a .. b - 1``: ``(first, end, run)``."""
+        out = []
+        for s in range(self.runs):
+            lo, hi = max(a, self.bounds[s]), min(b, self.bounds[s + 1])
+            if lo < hi:
+                out.append((lo, hi, s))
+        return out
+
+    def column(self, values: Sequence[float], like: torch.Tensor) -> float | torch.Tensor:
+        """One value per run as a per-row column (:func:`per_row`), or the value itself where
+        every run has the same."""
+        sizes = [b - a for a, b in zip(self.bounds, self.bounds[1:], strict=False)]
+        return per_row(values, sizes, like)
+
+
+def rows_of(values: torch.Tensor | float, a: int, b: int) -> torch.Tensor | float:
+    """Rows ``a .. b - 1`` of a per-row value (a float: the same for every row)."""
+    return values if isinstance(values, float) else values[a:b]
+
+
+def rows_key(name: str, ctx: RunContext, received: torch.Tensor, steps: Hashable) -> Hashable:
+    """The key under which runs' rounds of method ``name`` train as one: the round's ``steps``
+    (counts, step sizes: what a kernel or a branch reads), the model, the received model's size,
+    type and device, and the zero threshold."""
+    model = (type(ctx.model).__qualname__, ctx.model.num_params)
+    w = received
+    return (name, steps, model, w.shape[-1], w.dtype, str(w.device), ctx.zero_threshold)
 
 
 def per_row(

@@ -1,5 +1,5 @@
-"""pFedMe's stacked round (runs as rows): S runs trained as one round give each run, bit for bit,
-what its fused round gives it alone — state, update, ledger, trained samples — and nothing
+"""pFedMe's round on a batch of runs (runs as rows): S runs trained as one round give each run,
+bit for bit, what the round gives it alone — state, update, ledger, trained samples — and nothing
 crosses a run's rows (a planted crossing is caught); whole runs in a lockstep batch write what
 they write one after another."""
 
@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms import pfedme_stacked, stacked_theta
-from fedhp.algorithms.pfedme_stacked import stack_key
+from fedhp.algorithms import pfedme
+from fedhp.algorithms.pfedme import stack_key
+from fedhp.engine.run_rows import RunBlocks
 from fedhp.sweep.execute import run_batch
 from fedhp.sweep.grid import parse_grid, points_of
 from fedhp.sweep.plan import plan_runs
@@ -21,7 +22,6 @@ from tests.algorithms.stacked_runs import (
     Started,
     alone,
     lockstep_writes_the_sequential_files,
-    next_runs_rows,
     run_files,
     same,
     stacked,
@@ -110,14 +110,7 @@ def test_the_gpu_form_computes_the_same_values(
 ) -> None:
     """The GPU's form (one pull per layer and one w_loc step per part, per-row weights) computes
     the same bits as the CPU's run-by-run form."""
-    real = pfedme_stacked._Steps.of
-
-    def per_row(*args: Any) -> pfedme_stacked._Steps:
-        steps = real(*args)
-        steps.gather = True
-        return steps
-
-    monkeypatch.setattr(pfedme_stacked._Steps, "of", per_row)
+    monkeypatch.setattr(pfedme, "gathers", lambda device: True)
     for one, both in zip(_alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True):
         _same(one, both)
 
@@ -125,34 +118,26 @@ def test_the_gpu_form_computes_the_same_values(
 def plant_next_runs_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A planted crossing: each run's rows of a part read as the next run's (its pull, its
     ``w_loc`` step, its counter of trained samples)."""
-    real_blocks = stacked_theta.blocks
+    real_within = RunBlocks.within
 
-    def next_runs_blocks(runs: Any, a: int, b: int) -> list[tuple[int, int, Any]]:
-        runs = list(runs)
-        after = {id(r): runs[(i + 1) % len(runs)] for i, r in enumerate(runs)}
-        return [(lo, hi, after[id(run)]) for lo, hi, run in real_blocks(runs, a, b)]
+    def next_runs(self: RunBlocks, a: int, b: int) -> list[tuple[int, int, int]]:
+        return [(lo, hi, (s + 1) % self.runs) for lo, hi, s in real_within(self, a, b)]
 
-    monkeypatch.setattr(stacked_theta, "blocks", next_runs_blocks)
+    monkeypatch.setattr(RunBlocks, "within", next_runs)
 
 
 def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plant crossings: each run given the next run's λ (in either form), or the next run's rows
-    back. The comparison above must see them."""
+    """Plant crossings: each run given the next run's λ (in the per-row form), its rows read as
+    the next run's (CPU form), or the next run's rows handed back. The comparison above must
+    see them."""
     alone = _alone(RUNS, [])
-    real_rows = pfedme_stacked.per_row
+    real_column = RunBlocks.column
 
-    def next_runs_values(values: list[float], sizes: list[int], like: torch.Tensor) -> Any:
-        return real_rows(values[1:] + values[:1], sizes, like)
+    def next_runs_values(self: RunBlocks, values: list[float], like: torch.Tensor) -> Any:
+        return real_column(self, values[1:] + values[:1], like)
 
-    monkeypatch.setattr(pfedme_stacked, "per_row", next_runs_values)
-    real_of = pfedme_stacked._Steps.of
-
-    def per_row(*args: Any) -> pfedme_stacked._Steps:
-        steps = real_of(*args)
-        steps.gather = True
-        return steps
-
-    monkeypatch.setattr(pfedme_stacked._Steps, "of", per_row)
+    monkeypatch.setattr(RunBlocks, "column", next_runs_values)
+    monkeypatch.setattr(pfedme, "gathers", lambda device: True)
     with pytest.raises(AssertionError):
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)
@@ -163,9 +148,12 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)
     monkeypatch.undo()
-    real_finish = pfedme_stacked._finish
+    real_of_run = RunBlocks.of_run
 
-    monkeypatch.setattr(pfedme_stacked, "_finish", next_runs_rows(real_finish))
+    def next_runs_rows(self: RunBlocks, s: int) -> slice:
+        return real_of_run(self, (s + 1) % self.runs)
+
+    monkeypatch.setattr(RunBlocks, "of_run", next_runs_rows)
     with pytest.raises(AssertionError):
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)
