@@ -6,11 +6,15 @@ with a Hessian-vector product; then ``w <- w - beta g``. The cloud averages the 
 The personalized model of a client is the global model after ONE ``alpha`` step on a minibatch of
 its TRAINING data (drawn from a generator of its own, so evaluation never shifts training's
 random stream); test data are never used for adaptation.
+
+One round for one run and for a batch of runs (``fedhp sweep``'s lockstep): run s's clients are a
+block of rows of one ``[ΣC, P]`` tensor, its α and β its rows' values; nothing crosses a block
+(the model's gradients and Hessian-vector products are per row).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Literal, cast
 
 import pydantic
@@ -20,11 +24,12 @@ import torch.nn.functional as F
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.device_cost import CapabilityMode, DenseDeviceCost, capabilities_field
 from fedhp.algorithms.options import ALGORITHMS, AlgorithmOptions
-from fedhp.algorithms.perfedavg_stacked import stack_key, stacked_train
 from fedhp.algorithms.task import Task, Update
 from fedhp.comm import truncate
+from fedhp.data.rows import slice_rows
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
+from fedhp.engine.run_rows import RunBlocks, one_draw, rows_key
 from fedhp.models.base import BatchedModel
 
 if TYPE_CHECKING:
@@ -70,43 +75,29 @@ class PerFedAvg(DenseDeviceCost):
         per_client = float(opt.gradient_evaluations() * opt.batch_size)
         return torch.full((len(clients),), per_client, dtype=torch.float64)
 
-    def meta_step(
-        self, params: torch.Tensor, draw: Callable[[], tuple[torch.Tensor, torch.Tensor]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One Per-FedAvg step for all rows of ``params``; returns new params and D1 losses."""
-        opt, model = self.options, self.ctx.model
-        x1, y1 = draw()
-        loss, g1 = batched_loss_grad(model, params, x1, y1)
-        x2, y2 = draw()
-        _, g = batched_loss_grad(model, params - opt.alpha * g1, x2, y2)
-        if opt.variant == "hf":
-            x3, y3 = draw()
-            g = g - opt.alpha * batched_hvp(model, params, x3, y3, g)
-        return params - opt.beta * g, loss
-
     def plan(self, state: State, rnd: int) -> Task:
         self.refresh_device_cost(state, rnd)
         return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
-        ctx, opt = self.ctx, self.options
-        clients = task.clients
-        params = task.broadcast["global"].expand(len(clients), -1).clone()
-        draw = ctx.batches(clients, opt.batch_size)
-        losses = []
-        for _ in range(opt.local_steps):
-            params, loss = self.meta_step(params, draw)
-            losses.append(loss)
-        return Update(per_client={"model": params}, losses=torch.stack(losses))
+        """The round's meta-steps: :func:`fused_train`."""
+        return fused_train([(self, state, task)])[0]
 
     def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`fedhp.algorithms.perfedavg_stacked.stack_key`."""
-        return stack_key(self, state, task)
+        """What runs must share to train their rounds as one (None: this round trains alone):
+        the variant, the local steps, the minibatch size, the model and its execution policy,
+        the received model's size, dtype and device, the zero threshold. A round without
+        clients or with minibatches drawn ahead trains alone."""
+        opt, ctx = self.options, self.ctx
+        if len(task.clients) == 0 or task.batches is not None:
+            return None
+        steps = (opt.variant, opt.local_steps, opt.batch_size, ctx.policy)
+        return rows_key("perfedavg", ctx, task.broadcast["global"], steps)
 
     @staticmethod
     def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' rounds as one (:mod:`fedhp.algorithms.perfedavg_stacked`)."""
-        return stacked_train([(cast(PerFedAvg, a), s, t) for a, s, t in items])
+        """S runs' rounds as one: :func:`fused_train` on their rows."""
+        return fused_train([(cast(PerFedAvg, a), s, t) for a, s, t in items])
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, clients, start = self.ctx, task.clients, task.broadcast["global"]
@@ -131,6 +122,48 @@ class PerFedAvg(DenseDeviceCost):
         """Every client adapts the global model as it receives it (truncated at the zero
         threshold; the runner bills that message on the ``client_cloud_eval`` link)."""
         return self.adapt(truncate(state["global"], self.ctx.zero_threshold), self.ctx.all_clients)
+
+
+def fused_train(items: Sequence[tuple[PerFedAvg, State, Task]]) -> list[Update]:
+    """The ``local_steps`` meta-steps of every run of ``items`` (one ``(algorithm, state, task)``,
+    or a batch's with one :meth:`~PerFedAvg.stack_key`) on its clients' rows, each run drawing its
+    own minibatches (as one draw where the runs' draws allow it)."""
+    opt, model = items[0][0].options, items[0][0].ctx.model
+    contexts = [algo.ctx for algo, _, _ in items]
+    clients = [task.clients for _, _, task in items]
+    runs = RunBlocks.of([len(c) for c in clients])
+    params = torch.cat([t.broadcast["global"].expand(len(t.clients), -1) for _, _, t in items])
+    alpha = runs.column([algo.options.alpha for algo, _, _ in items], params)
+    beta = runs.column([algo.options.beta for algo, _, _ in items], params)
+    own = [ctx.batches(c, opt.batch_size) for ctx, c in zip(contexts, clients, strict=True)]
+    draw = one_draw(contexts, clients, opt.batch_size, own)
+
+    def loss_grad(
+        w: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`batched_loss_grad` on every run's rows, each run's samples on its counter."""
+        for lo, hi, s in runs.within(0, runs.rows):
+            contexts[s].model.count_trained(x if runs.runs == 1 else slice_rows(x, lo, hi))
+        return model.loss_and_grad(w.detach(), x, y)
+
+    losses = []
+    for _ in range(opt.local_steps):
+        x1, y1 = draw()
+        loss, g1 = loss_grad(params, x1, y1)
+        x2, y2 = draw()
+        _, g = loss_grad(params - alpha * g1, x2, y2)
+        if opt.variant == "hf":
+            x3, y3 = draw()
+            g = g - alpha * batched_hvp(model, params, x3, y3, g)
+        params = params - beta * g
+        losses.append(loss)
+    each = torch.stack(losses)
+    if runs.runs == 1:
+        return [Update(per_client={"model": params}, losses=each)]
+    blocks = [runs.of_run(s) for s in range(runs.runs)]  # (copied out of the batch's rows)
+    return [
+        Update(per_client={"model": params[b].clone()}, losses=each[:, b].clone()) for b in blocks
+    ]
 
 
 @ALGORITHMS.register("perfedavg")

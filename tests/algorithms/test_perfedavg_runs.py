@@ -1,5 +1,5 @@
-"""Per-FedAvg's stacked round (runs as rows): S runs trained as one round of meta-steps give each
-run, bit for bit, what its ``train`` gives it alone — update, losses, state, ledger, trained
+"""Per-FedAvg's round on a batch of runs (runs as rows): S runs trained as one round of meta-steps
+give each run, bit for bit, what the round gives it alone — update, losses, state, ledger, trained
 samples, the generator's state after its draws — for the first-order and the Hessian-free
 variant, and nothing crosses a run's rows (planted crossings are caught); a lockstep sweep batch
 stacks its rounds and writes what its runs write one after another."""
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms import perfedavg_stacked
 from fedhp.engine import run_rows
+from fedhp.engine.run_rows import RunBlocks
 from fedhp.sweep.execute import run_batch
 from fedhp.sweep.grid import parse_grid, points_of
 from fedhp.sweep.plan import plan_runs
@@ -21,7 +21,6 @@ from tests.algorithms.stacked_runs import (
     TINY,
     alone,
     lockstep_writes_the_sequential_files,
-    next_runs_rows,
     run_files,
     same,
     stacked,
@@ -89,7 +88,8 @@ def test_each_run_of_a_stack_gets_what_it_gets_alone(variant: list[str], extra: 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["fo", "hf"])
 def test_runs_of_one_alpha_and_beta_get_what_they_get_alone(variant: list[str]) -> None:
-    """(The scalar form of :func:`~fedhp.engine.run_rows.per_row`: every run the same α, β.)"""
+    """(The scalar form of :meth:`~fedhp.engine.run_rows.RunBlocks.column`: every run the same
+    α, β.)"""
     _equal(SAME, variant)
 
 
@@ -113,12 +113,12 @@ def test_runs_with_feature_noise_get_what_they_get_alone() -> None:
 
 def _next_runs_values(monkeypatch: pytest.MonkeyPatch) -> None:
     """A planted crossing: each run's rows given the next run's value (α and β)."""
-    real = perfedavg_stacked.per_row
+    real = RunBlocks.column
 
-    def next_runs(values: list[float], sizes: list[int], like: torch.Tensor) -> Any:
-        return real(values[1:] + values[:1], sizes, like)
+    def next_runs(self: RunBlocks, values: list[float], like: torch.Tensor) -> Any:
+        return real(self, values[1:] + values[:1], like)
 
-    monkeypatch.setattr(perfedavg_stacked, "per_row", next_runs)
+    monkeypatch.setattr(RunBlocks, "column", next_runs)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["fo", "hf"])
@@ -135,21 +135,24 @@ def test_a_crossing_of_alpha_or_beta_is_caught(
 
 def test_a_crossing_of_rows_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant a crossing: each run handed the next run's rows back. Caught."""
-    monkeypatch.setattr(perfedavg_stacked, "_finish", next_runs_rows(perfedavg_stacked._finish))
+    real = RunBlocks.of_run
+
+    def next_runs_rows(self: RunBlocks, s: int) -> slice:
+        return real(self, (s + 1) % self.runs)
+
+    monkeypatch.setattr(RunBlocks, "of_run", next_runs_rows)
     _caught(SAME, [])
 
 
 def test_a_crossing_of_the_trained_samples_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant a crossing: each run's trained samples counted on the next run's model. Caught
     (runs of unequal blocks)."""
-    real = perfedavg_stacked.blocks
+    real = RunBlocks.within
 
-    def next_runs_blocks(runs: Any, a: int, b: int) -> list[tuple[int, int, Any]]:
-        runs = list(runs)
-        after = {id(r): runs[(i + 1) % len(runs)] for i, r in enumerate(runs)}
-        return [(lo, hi, after[id(run)]) for lo, hi, run in real(runs, a, b)]
+    def next_runs(self: RunBlocks, a: int, b: int) -> list[tuple[int, int, int]]:
+        return [(lo, hi, (s + 1) % self.runs) for lo, hi, s in real(self, a, b)]
 
-    monkeypatch.setattr(perfedavg_stacked, "blocks", next_runs_blocks)
+    monkeypatch.setattr(RunBlocks, "within", next_runs)
     _caught(RUNS, ["faults.client_dropout=0.3"])
 
 
