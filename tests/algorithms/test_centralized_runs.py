@@ -1,9 +1,9 @@
-"""The centralized reference's stacked round (runs as rows): S runs' models trained as S rows of one
-batched model give each run, bit for bit, what its ``train`` gives it alone — its model, summed
-loss, trained samples, its generator's state after its draws — each with its own step size, and
-nothing crosses a run's row (planted crossings of step sizes, rows or data are caught); a lockstep
-sweep batch of centralized runs stacks its rounds and writes what the runs write one after
-another."""
+"""The centralized reference's round on a batch of runs (runs as rows): S runs' models trained as S
+rows of one batched model give each run, bit for bit, what the round gives it alone — its model,
+summed loss, trained samples, its generator's state after its draws — each with its own step
+size, and nothing crosses a run's row (planted crossings of step sizes, rows or data are caught);
+a lockstep sweep batch of centralized runs stacks its rounds and writes what the runs write one
+after another."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms import centralized_stacked
+from fedhp.algorithms import centralized
 from fedhp.algorithms.task import Task
 from fedhp.build import build_experiment
 from fedhp.config import resolve_config
@@ -80,7 +80,7 @@ EXTRAS = [
 def test_each_run_of_a_stack_gets_what_it_gets_alone(
     runs: list[list[str]], extra: list[str], gather: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(centralized_stacked, "gathers", lambda device: gather)
+    monkeypatch.setattr(centralized, "gathers", lambda device: gather)
     for one, both in zip(_alone(runs, extra), _stacked(runs, extra), strict=True):
         same(one, both)
 
@@ -103,25 +103,25 @@ def _caught(runs: list[list[str]] | None = None) -> None:
 @pytest.mark.parametrize("gather", [False, True])
 def test_a_crossing_of_step_sizes_is_caught(gather: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant a crossing: each run's row stepped with the next run's lr. Caught."""
-    monkeypatch.setattr(centralized_stacked, "gathers", lambda device: gather)
-    real = centralized_stacked._descend
+    monkeypatch.setattr(centralized, "gathers", lambda device: gather)
+    real = centralized._descend
 
     def next_lr(params: torch.Tensor, grad: torch.Tensor, lrs: list[float]) -> None:
         real(params, grad, lrs[1:] + lrs[:1])
 
-    monkeypatch.setattr(centralized_stacked, "_descend", next_lr)
+    monkeypatch.setattr(centralized, "_descend", next_lr)
     _caught()
 
 
 def test_a_crossing_of_rows_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant a crossing: each run handed the next run's row back. Caught."""
-    real = centralized_stacked._descend
+    real = centralized._descend
 
     def rolled(params: torch.Tensor, grad: torch.Tensor, lrs: list[float]) -> None:
         real(params, grad, lrs)
         params.copy_(params.roll(1, 0))
 
-    monkeypatch.setattr(centralized_stacked, "_descend", rolled)
+    monkeypatch.setattr(centralized, "_descend", rolled)
     _caught(SAME_LR)
 
 
@@ -161,7 +161,7 @@ def test_a_lone_row_of_a_vmapped_conv_model_is_apart(extra: list[str]) -> None:
     several; stacked anyway, the runs come out apart.)"""
     started = [_start([*r, *extra]) for r in SAME_LR]
     items = [(exp.algorithm, state, task) for exp, state, task in started]
-    centralized_stacked.stacked_train(items)
+    centralized.fused_train(items)
     alone = _alone(SAME_LR, extra)
     assert any(
         not torch.equal(a["global"], state["global"])
