@@ -117,15 +117,15 @@ def test_a_stacked_round_that_mixes_runs_is_caught(
 ) -> None:
     """Plant a crossing in sFedHP's stacked round (each run handed the next run's λ): the runs'
     files must differ from the runs alone."""
-    from fedhp.algorithms import sfedhp_stacked
+    from fedhp.engine.run_rows import RunBlocks
 
-    real = sfedhp_stacked.per_row
+    real = RunBlocks.column
 
-    def crossed(values: list[float], sizes: list[int], like: torch.Tensor) -> object:
-        return real(values[1:] + values[:1], sizes, like)
+    def crossed(self: RunBlocks, values: list[float], like: torch.Tensor) -> object:
+        return real(self, values[1:] + values[:1], like)
 
     alone = run_batch(_runs("sfedhp", tmp_path / "alone"), "sequential", log=lambda _: None)
-    monkeypatch.setattr(sfedhp_stacked, "per_row", crossed)
+    monkeypatch.setattr(RunBlocks, "column", crossed)
     fused = run_batch(_runs("sfedhp", tmp_path / "fused"), "lockstep", log=lambda _: None)
     assert fused.stacked_rounds > 0
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")

@@ -19,9 +19,9 @@ test_sfedhp.py`` compares the two.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import pydantic
 import torch
@@ -37,12 +37,13 @@ from fedhp.algorithms.options import (
     theta_init_field,
 )
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
-from fedhp.algorithms.sfedhp_stacked import stack_key, stacked_train
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.federation import slice_rows
+from fedhp.engine.graphs import StepGraphs
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss, model_steps
+from fedhp.engine.run_rows import Draw, RunBlocks, gathers, one_draw, rows_key
 from fedhp.engine.uplink import CENTRE_KEYS, Uplink
 
 if TYPE_CHECKING:
@@ -97,16 +98,16 @@ class SFedHP(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         """The R local rounds of every training edge and its clients (below the cloud):
         :func:`fused_train`."""
-        return fused_train(self, state, task)
+        return fused_train([(self, state, task)])[0]
 
     def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`fedhp.algorithms.sfedhp_stacked.stack_key`."""
+        """Runs as rows: :func:`stack_key`."""
         return stack_key(self, state, task)
 
     @staticmethod
     def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' rounds as one (:mod:`fedhp.algorithms.sfedhp_stacked`)."""
-        return stacked_train([(cast(SFedHP, a), s, t) for a, s, t in items])
+        """S runs' rounds as one: :func:`fused_train` on their rows."""
+        return fused_train([(cast(SFedHP, a), s, t) for a, s, t in items])
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
@@ -153,26 +154,47 @@ class SFedHP(Algorithm):
 # messages counted on the device and billed once at the end, so the loop never waits on the host.
 # It also runs the edges' robust rules (cclip from each edge's kept centre) and the update
 # attacks.
+#
+# One round for one run and for a batch of runs (``fedhp sweep``'s lockstep: the run level of
+# the tree): run s's clients are a block of rows of theta, its edges a block of the edge rows,
+# each run's λ its rows' and edges' values (:class:`_PerRun`), and nothing crosses a block
+# (every operation is per row, or per edge, whose clients are all of one run). Each run draws
+# from its own generator, counts its own trained samples and bills its own ledger.
+
+Item = tuple["SFedHP", State, Task]
 
 
-def fused_train(algo: SFedHP, state: State, task: Task) -> Update:
-    """The R local rounds of every training edge and its clients, fused: buffers allocated
-    once per round, the edges' models read in place by their clients (not copied into every
-    client row), the uploads mixed, truncated, counted and averaged edge by edge in a
-    cache-sized buffer, and the messages counted on the device and billed once at the end,
-    so the loop never waits on the host. Computes exactly what the per-message formulas in
+def stack_key(algo: SFedHP, state: State, task: Task) -> Hashable | None:
+    """What runs must share to train their rounds as one (None: this round trains alone): the
+    round's shapes and step sizes, the model, the device and the zero threshold. Sparse
+    penalties, the Nesterov solver, an attack on the uploads, uplink momentum and a robust rule
+    at the edges train alone."""
+    opt, ctx = algo.options, algo.ctx
+    uplink = ctx.edge_uplink
+    plain = opt.inner == "gd" and not task.scalars["gamma1"] and not task.scalars["gamma2"]
+    if not (plain and uplink.folds and not uplink.forges and not uplink.momentum):
+        return None
+    steps = (opt.R, opt.K, opt.batch_size, opt.lr, opt.edge_lr, opt.theta_init)
+    return rows_key("sfedhp", ctx, task.broadcast["global"], steps)
+
+
+def fused_train(items: Sequence[Item]) -> list[Update]:
+    """The R local rounds of every training edge and its clients, fused, for every run of
+    ``items`` (one ``(algorithm, state, task)``, or a batch's with one :func:`stack_key`):
+    buffers allocated once per round, the edges' models read in place by their clients (not
+    copied into every client row), the uploads mixed, truncated, counted and averaged edge by
+    edge in a cache-sized buffer, and the messages counted on the device and billed once at the
+    end, so the loop never waits on the host. Computes exactly what the per-message formulas in
     the module docstring give (up to the sign of a zero, see :func:`solve_theta`)."""
-    ctx, opt = algo.ctx, algo.options
-    edges, agg = task.edges, task.up_edges
-    assert edges is not None and agg is not None
-    run = _EdgeRound.start(algo, state, task)
-    draw = ctx.batches(task.clients, opt.batch_size)
+    opt = items[0][0].options
+    run = _EdgeRound.start(items)
+    draw = run.draw()
     start_theta = opt.theta_init == "reset"
     losses = []
     for r in range(opt.R):
         phi_sent, w_sent = run.send_down(r)
         x, y = draw()
-        loss = torch.empty(len(task.clients), device=run.theta.device)
+        loss = torch.empty(run.theta.shape[0], device=run.theta.device)
         run.phi_sum.zero_()
         for part in run.parts:  # cache-sized runs of clients, each in one pass
             a, b = part.start, part.stop
@@ -181,39 +203,38 @@ def fused_train(algo: SFedHP, state: State, task: Task) -> Update:
             if start_theta or (opt.theta_init == "round" and r == 0):
                 phi_recv.spread(theta)  # the received model: the edge's phi_i (w at r = 0)
             batch = slice_rows(x, a, b), y[a:b]
-            loss[a:b] = solve_theta(algo, theta, phi_recv, *batch, run.gamma1, run.scratch[: b - a])
+            loss[a:b] = solve_theta(run, part, theta, phi_recv, *batch)
             run.send_up(part, w_sent, r)
         losses.append(loss)
         run.end_up()
         run.edge_step()
-    run.bill()
-    state["theta"][task.clients] = run.theta
-    state["edge"][edges] = run.w_edge
-    sent_up = truncate(run.w_edge[torch.searchsorted(edges, agg)], ctx.zero_threshold)
-    return Update(per_edge={"w": sent_up}, losses=torch.stack(losses))
+    rows = torch.stack(losses)
+    return [run.finish(s, rows) for s in range(len(items))]
 
 
 def solve_theta(
-    algo: SFedHP,
+    run: _EdgeRound,
+    part: _Part,
     theta: torch.Tensor,
     center: Received,
     x: torch.Tensor,
     y: torch.Tensor,
-    gamma1: float,
-    scratch: torch.Tensor,
 ) -> torch.Tensor:
-    """K steps, in place on ``theta [C, P]``, on
+    """K steps, in place on ``theta [C, P]`` (the rows of ``part``), on
     ``l(theta; x, y) + gamma1 phi_rho(theta) + lam1/2 ||theta - center||^2`` where ``center``
-    is each client's received ``phi_i`` (read from the edge rows, not copied per client);
-    ``scratch [C, P]`` is overwritten. Returns the data loss at the last step's start point.
+    is each client's received ``phi_i`` (read from the edge rows, not copied per client).
+    Returns the data loss at the last step's start point.
 
     Where ``lr * lam1 == 1`` the step is ``center - lr grad``, one pass: the values of the
     lerp then the step, bit for bit, but for the sign of a zero (``lerp(theta, c, 1)`` may
     turn a centre entry of -0.0 into +0.0) and for entries where theta is not finite."""
+    algo, gamma1 = run.algo, run.gamma1
     opt = algo.options
-    lam1, lr = opt.lam1_value, opt.lr
     if opt.inner == "gd" and gamma1 == 0:
-        return _prox_steps(algo, theta, center, x, y)
+        return _prox_steps(run, part, theta, center, x, y)
+    # (a run alone: sparse penalties and the Nesterov solver have no stack key)
+    lam1, lr = opt.lam1_value, opt.lr
+    scratch = run.scratch[: theta.shape[0]]
     velocity = torch.zeros_like(theta) if opt.inner == "nesterov" else None
     loss = torch.zeros(theta.shape[0], device=theta.device)
     for _ in range(opt.K):
@@ -238,50 +259,100 @@ def solve_theta(
 
 
 def _prox_steps(
-    algo: SFedHP, theta: torch.Tensor, center: Received, x: torch.Tensor, y: torch.Tensor
+    run: _EdgeRound,
+    part: _Part,
+    theta: torch.Tensor,
+    center: Received,
+    x: torch.Tensor,
+    y: torch.Tensor,
 ) -> torch.Tensor:
-    """:func:`solve_theta` without a penalty or momentum: :func:`_prox_kernels`, replayed as
-    one CUDA graph per shape where the run asks for graphs (``engine.cuda_graphs``; the graph
-    reads the edge rows, the minibatch and θ, and writes θ and the loss)."""
-    opt, ctx = algo.options, algo.ctx
-    for _ in range(opt.K):
-        ctx.model.count_trained(x)  # (a Python counter: kept outside the graph)
-    rows, gathered = center.rows, center.gathered
-    key = ("sfedhp θ steps", opt.K, opt.lr, opt.lam1_value)
-    layout = (rows.num_edges, rows.runs, rows.width, gathered)
+    """:func:`solve_theta` without a penalty or momentum: K steps ``theta <- lerp(theta,
+    centre, lr lam1) - lr grad``, each the model's :meth:`~fedhp.models.base.BatchedModel.
+    sgd_step` with the pull applied to each layer's columns inside it (one pass; the MLPs update
+    inside their backward pass). Replayed as one CUDA graph per shape where the run asks for
+    graphs (``engine.cuda_graphs``; the graph reads the edge rows, the minibatch, θ and the
+    rows' pulls, and writes θ and the loss)."""
+    opt, model = run.algo.options, run.algo.ctx.model
+    a, b = part.start, part.stop
+    for lo, hi, s in run.runs.within(a, b):
+        for _ in range(opt.K):  # (a Python counter: kept outside the graph)
+            run.items[s][0].ctx.model.count_trained(slice_rows(x, lo - a, hi - a))
+    rows, gathered, pull = center.rows, center.gathered, run.pull
+    args = [theta, center.edge_rows, x, y]
+    if pull.uniform is None and gathered:  # each row's pull (and where it lands) as tensors
+        args += [t[a:b] for t in (pull.rows, pull.lands) if isinstance(t, torch.Tensor)]
 
     def steps(
-        theta: torch.Tensor, edge_rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+        theta: torch.Tensor, edge_rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *own: Any
     ) -> torch.Tensor:
-        return _prox_kernels(algo, theta, Received(rows, edge_rows, gathered), x, y)
+        received = Received(rows, edge_rows, gathered)
 
-    loss = ctx.graphs.run((*key, layout), steps, (theta, center.edge_rows, x, y), writes=(0,))
+        def towards_centre(lo: int, hi: int) -> None:
+            pull.move(received.columns(lo, hi), theta[:, lo:hi], *own)
+
+        return model_steps(model, theta, x, y, (opt.K, opt.lr), towards_centre)
+
+    values = pull.uniform if pull.uniform is not None or gathered else tuple(pull.of_edge)
+    key = ("sfedhp θ steps", opt.K, opt.lr, values, (rows.num_edges, rows.runs, rows.width))
+    loss = run.graphs.run((*key, gathered), steps, args, writes=(0,), stacked=len(run.items) > 1)
     assert loss is not None
     return loss
 
 
-def _prox_kernels(
-    algo: SFedHP, theta: torch.Tensor, center: Received, x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
-    """K steps ``theta <- lerp(theta, centre, lr lam1) - lr grad``, each the model's
-    :meth:`~fedhp.models.base.BatchedModel.sgd_step` with the pull applied to each layer's
-    columns inside it (one pass; the MLPs update inside their backward pass). Only kernels:
-    no host sync, no Python side effect (what a CUDA graph needs)."""
-    opt, model = algo.options, algo.ctx.model
-    lr, pull = opt.lr, opt.lr * opt.lam1_value
+@dataclass(frozen=True)
+class _PerRun:
+    """A value of each run (from its λ): each edge row's (its run's) and each client row's
+    (``rows``: a ``[C, 1]`` column, or the float where every run has the same); ``uniform``:
+    that one value, or None."""
 
-    def pull_towards(c: torch.Tensor, th: torch.Tensor) -> None:
-        th.lerp_(c, pull)
+    of_edge: list[float]
+    rows: torch.Tensor | float
+    lands: torch.Tensor | None  # [C, 1] bool: the row's value is exactly 1 (None: no such mix)
+    uniform: float | None
 
-    def land_on(c: torch.Tensor, th: torch.Tensor) -> None:
-        th.copy_(c)  # lerp with weight 1 is the centre itself: one read less
+    @classmethod
+    def of(
+        cls,
+        values: list[float],
+        runs: RunBlocks,
+        edges: list[int],
+        like: torch.Tensor,
+        landing: bool = False,
+    ) -> _PerRun:
+        """``values[s]`` for run s, whose edges are ``edges[s]`` many (``landing``: mark the
+        rows whose value is exactly 1)."""
+        of_edge = [v for v, n in zip(values, edges, strict=True) for _ in range(n)]
+        uniform = values[0] if len(set(values)) == 1 else None
+        lands = runs.column([float(v == 1.0) for v in values], like) if landing else None
+        mixed = lands.bool() if isinstance(lands, torch.Tensor) else None
+        return cls(of_edge, runs.column(values, like), mixed, uniform)
 
-    move = land_on if pull == 1.0 else pull_towards
+    def move(self, received: Received, theta: torch.Tensor, *own: torch.Tensor) -> None:
+        """The θ pull ``theta <- lerp(theta, centre, pull)`` of rows ``theta`` towards what they
+        ``received``, in place; a pull of exactly 1 copies the centre (``lerp`` with weight 1
+        is the centre itself: one read less). ``own``: a gathered part's per-row pulls and
+        landings, where the runs' pulls differ."""
+        if self.uniform is not None:
+            received.apply(_pull(self.uniform), theta)
+        elif received.gathered:
+            pull, centre = own[0], received.edge_rows
+            if len(own) == 1:  # (no row lands, or every row)
+                theta.lerp_(centre, pull)
+            else:  # (a lerp with weight 1 may flip the sign of a zero: those rows copy)
+                torch.where(own[1], centre, theta.lerp_(centre, pull), out=theta)
+        else:
+            assert received.rows.runs is not None
+            for (_, _, e), (edge, rows) in zip(
+                received.rows.runs, received.parts(theta), strict=True
+            ):
+                _pull(self.of_edge[e])(edge, rows)
 
-    def towards_centre(lo: int, hi: int) -> None:
-        center.columns(lo, hi).apply(move, theta[:, lo:hi])
 
-    return model_steps(model, theta, x, y, (opt.K, lr), towards_centre)
+def _pull(weight: float) -> Callable[[torch.Tensor, torch.Tensor], object]:
+    """``rows <- lerp(rows, centre, weight)`` in place (a copy at weight 1)."""
+    if weight == 1.0:
+        return lambda centre, rows: rows.copy_(centre)
+    return lambda centre, rows: rows.lerp_(centre, weight)
 
 
 @dataclass(frozen=True)
@@ -295,20 +366,25 @@ class _Part:
 
 @dataclass
 class _EdgeRound:
-    """One global round's edge and client state below the cloud, in buffers reused by every
-    local round: the clients' ``theta [C, P]``, the edges' ``phi_i`` and ``w_i`` ``[n, P]``
-    (``w_sent``: ``w_i`` as sent, truncated; ``phi_sum``: the uploads' weighted sums, the next
-    ``phi_i``), the clients in cache-sized ``parts`` (each trained K steps and uploaded in one
-    pass, so a part's rows stay in cache), ``mix`` for the uploads of one edge of a part at a
-    time, part-sized scratch space, and the round's message counts (``down_counts [R, 2, n]``:
-    ``phi_i``, ``w_i`` per edge; ``up_counts [R, C]``)."""
+    """One global round's edge and client state below the cloud, for every run of ``items``
+    (run s's clients a block of rows, its edges a block of edge rows), in buffers reused by
+    every local round: the clients' ``theta [C, P]``, the edges' ``phi_i`` and ``w_i``
+    ``[n, P]`` (``w_sent``: ``w_i`` as sent, truncated; ``phi_sum``: the uploads' weighted sums,
+    the next ``phi_i``), the clients in cache-sized ``parts`` (each trained K steps and uploaded
+    in one pass, so a part's rows stay in cache), ``mix`` for the uploads of one edge of a part
+    at a time, part-sized scratch space, and the round's message counts (``down_counts [R, 2,
+    n]``: ``phi_i``, ``w_i`` per edge; ``up_counts [R, C]``)."""
 
-    algo: SFedHP
-    clients: torch.Tensor  # the round's clients (local indices), in row order
+    items: Sequence[Item]
+    runs: RunBlocks  # each run's client rows
+    edge_runs: RunBlocks  # each run's edge rows
     uplink: Uplink  # the edges' pipeline (forging; robust rule unless it folds)
     parts: list[_Part]
     gamma1: float
     gamma2: float
+    pull: _PerRun  # lr lam1: how far a θ step moves towards the centre
+    mix_weight: _PerRun  # lam1 / (lam1 + lam2): the upload as a lerp from w_i towards θ
+    lam2: torch.Tensor | float  # each edge row's lam2 ([n, 1], or the float)
     theta: torch.Tensor
     mix: torch.Tensor
     scratch: torch.Tensor
@@ -324,49 +400,75 @@ class _EdgeRound:
     firsts: torch.Tensor  # zeros: index_add_'s index summing rows into one edge row
     down_counts: torch.Tensor
     up_counts: torch.Tensor
-    ids: torch.Tensor
-    recv_seg: torch.Tensor
-    recv_ids: torch.Tensor
-    state: State  # the method's state (the edges' centres of a centred rule, cclip)
-    edge_ids: list[int]  # the training edges (global ids)
+    ids: list[torch.Tensor]  # each run's clients' global ids
+    receivers: list[tuple[torch.Tensor, torch.Tensor]]  # each run's (edge positions, ids)
+    edge_ids: list[int]  # the training edges (global ids; a run alone)
 
     @classmethod
-    def start(cls, algo: SFedHP, state: State, task: Task) -> _EdgeRound:
-        """Buffers and bookkeeping for the round of ``task``: every edge starts from
-        ``phi_i = w_i = w`` as sent, theta from the state where it starts warm."""
+    def start(cls, items: Sequence[Item]) -> _EdgeRound:
+        """Buffers and bookkeeping for the rounds of ``items``: every edge starts from
+        ``phi_i = w_i = w`` as sent (its run's ``w``), theta from the state where it starts
+        warm."""
+        algo = items[0][0]
         ctx, opt = algo.ctx, algo.options
-        clients, edges = task.clients, task.edges
-        assert edges is not None
-        seg = ctx.edge_positions(clients, edges)
-        ids = ctx.global_clients(clients)
-        # Who receives the edge's broadcasts: the clients, and the stragglers (they never reply).
-        stragglers = task.stragglers if task.stragglers is not None else clients[:0]
-        n, c = len(edges), len(clients)
-        sent_w = task.broadcast["global"].expand(n, -1)
-        p, dtype = sent_w.shape[1], sent_w.dtype
-        whole = ctx.whole_rounds  # a rule (or ALIE) reads whole edges
+        segs: list[torch.Tensor] = []
+        ids: list[torch.Tensor] = []
+        receivers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        sent: list[torch.Tensor] = []
+        sizes: list[int] = []
+        for a, _, task in items:
+            edges = task.edges
+            assert edges is not None
+            # Who receives the edge's broadcasts: the clients, and the stragglers (they never
+            # reply); positions among the run's own edges.
+            late = task.stragglers if task.stragglers is not None else task.clients[:0]
+            seg = a.ctx.edge_positions(task.clients, edges)
+            recv = torch.cat((seg, a.ctx.edge_positions(late, edges)))
+            segs.append(seg + sum(sizes) if sizes else seg)
+            ids.append(a.ctx.global_clients(task.clients))
+            receivers.append((recv, torch.cat((ids[-1], a.ctx.global_clients(late)))))
+            sent.append(task.broadcast["global"].expand(len(edges), -1))
+            sizes.append(len(edges))
+        seg, sent_w = _rows(segs), _rows(sent)
+        n, c, (p, dtype) = sent_w.shape[0], seg.shape[0], (sent_w.shape[1], sent_w.dtype)
+        alone = len(items) == 1
+        whole = ctx.whole_rounds  # a rule (or ALIE) reads whole edges (a run alone)
         chunk = c if whole else ctx.policy.chunk(p, c)
+        runs = RunBlocks.of([len(task.clients) for _, _, task in items])
+        lam1 = [a.options.lam1_value for a, _, _ in items]
+        lam2 = [a.options.lam2_value for a, _, _ in items]
+        pull = _PerRun.of([opt.lr * v for v in lam1], runs, sizes, sent_w, landing=True)
+        mix_weight = _PerRun.of(
+            [v / (v + w) for v, w in zip(lam1, lam2, strict=True)], runs, sizes, sent_w
+        )
+        gather = not alone and gathers(sent_w.device)  # a batch on a GPU: one launch per part
         parts = [
-            _Part(a, min(a + chunk, c), EdgeRows.of(seg[a : a + chunk], n))
+            _Part(a, min(a + chunk, c), _layout(seg[a : a + chunk], n, gather, pull, mix_weight))
             for a in range(0, c, chunk)
         ]
         size = max((part.stop - part.start for part in parts), default=0)
-        runs = [part.rows.runs for part in parts]
-        gathered = any(r is None for r in runs)
-        group = max((b - a for r in runs if r is not None for a, b, _ in r), default=0)
-        weights = ctx.client_weights(clients).to(dtype)
+        layouts = [part.rows.runs for part in parts]
+        gathered = any(r is None for r in layouts)
+        group = max((b - a for r in layouts if r is not None for a, b, _ in r), default=0)
+        weights = _rows([a.ctx.client_weights(task.clients) for a, _, task in items]).to(dtype)
         totals = torch.zeros(n, dtype=dtype, device=sent_w.device).index_add_(0, seg, weights)
         uniform = bool((weights == 1).all())  # (segment_mean's product by 1 changes nothing)
-        w_edge = sent_w.clone()
+        w_edge = sent_w.clone() if alone else sent_w  # (a batch's rows: a new tensor already)
         warm = opt.theta_init == "warm"  # else theta starts from the first phi_i received
+        task = items[0][2]
+        theta = _rows([st["theta"][t.clients] for _, st, t in items]) if warm else None
         return cls(
-            algo=algo,
-            clients=clients,
+            items=items,
+            runs=runs,
+            edge_runs=RunBlocks.of(sizes),
             uplink=ctx.edge_uplink,
             parts=parts,
             gamma1=task.scalars["gamma1"],
             gamma2=task.scalars["gamma2"],
-            theta=state["theta"][clients] if warm else sent_w.new_empty(c, p),
+            pull=pull,
+            mix_weight=mix_weight,
+            lam2=RunBlocks.of(sizes).column(lam2, sent_w),
+            theta=sent_w.new_empty(c, p) if theta is None else theta,
             mix=sent_w.new_empty(size if gathered else group, p),
             scratch=sent_w.new_empty(size, p),
             center=sent_w.new_empty(size if gathered else 0, p),
@@ -382,15 +484,34 @@ class _EdgeRound:
             down_counts=sent_w.new_empty(opt.R, 2, n),
             up_counts=sent_w.new_empty(opt.R, c),
             ids=ids,
-            recv_seg=torch.cat((seg, ctx.edge_positions(stragglers, edges))),
-            recv_ids=torch.cat((ids, ctx.global_clients(stragglers))),
-            state=state,
-            edge_ids=edges.tolist(),
+            receivers=receivers,
+            edge_ids=task.edges.tolist() if alone and task.edges is not None else [],
         )
+
+    @property
+    def algo(self) -> SFedHP:
+        return self.items[0][0]
+
+    @property
+    def state(self) -> State:
+        """The method's state (the edges' centres of a centred rule, cclip: a run alone)."""
+        return self.items[0][1]
+
+    @property
+    def graphs(self) -> StepGraphs:
+        return self.algo.ctx.graphs
 
     @property
     def eps(self) -> float:
         return self.algo.ctx.zero_threshold
+
+    def draw(self) -> Draw:
+        """Every run's minibatches of a local round (drawn as one where the runs allow it)."""
+        bs = self.algo.options.batch_size
+        contexts = [a.ctx for a, _, _ in self.items]
+        clients = [task.clients for _, _, task in self.items]
+        own = [ctx.batches(cl, bs) for ctx, cl in zip(contexts, clients, strict=True)]
+        return one_draw(contexts, clients, bs, own)
 
     def send_down(self, r: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Edges -> clients in local round ``r``: ``phi_i`` (the prox centre) and ``w_i``,
@@ -417,7 +538,7 @@ class _EdgeRound:
         for a, b, e in runs:
             a, b = a + off, b + off
             mixed = self.mix[: b - a]
-            torch.lerp(w_sent[e], self.theta[a:b], self.mix_weight, out=mixed)
+            torch.lerp(w_sent[e], self.theta[a:b], self.mix_weight.of_edge[e], out=mixed)
             mixed = self.upload(mixed, a, b, w_sent[e])
             truncate_(mixed, eps)
             if not self.uplink.folds:
@@ -433,8 +554,8 @@ class _EdgeRound:
 
     def upload(self, mixed: torch.Tensor, a: int, b: int, start: torch.Tensor) -> torch.Tensor:
         """Clients ``a .. b - 1``'s uploads as sent (the run's attack; ``start``: their
-        ``w_i``)."""
-        return self.uplink.forge(mixed, self.ids[a:b], start)
+        ``w_i``; a run alone: forging has no stack key)."""
+        return self.uplink.forge(mixed, self.ids[0][a:b], start)
 
     def edge_aggregate(
         self, rows: torch.Tensor, clients: slice | torch.Tensor, sent: torch.Tensor, e: int
@@ -449,14 +570,17 @@ class _EdgeRound:
         return level_aggregate(self.uplink, self.state, rows, weights, sent, edge=self.edge_ids[e])
 
     def _send_up_gathered(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
-        """:meth:`send_up` for a part whose clients are not grouped by edge: all at once, on
-        their gathered ``w_i`` rows."""
+        """:meth:`send_up` for a part whose clients are not grouped by edge (or a batch's part
+        on a GPU): all at once, on their gathered ``w_i`` rows."""
         a, b, eps = part.start, part.stop, self.eps
         mixed = self.mix[: b - a]
         w_recv = part.rows.receive(w_sent, mixed)  # the clients' w_i rows, gathered into mix
-        torch.lerp(w_recv.edge_rows, self.theta[a:b], self.mix_weight, out=mixed)
+        weight = self.mix_weight.rows
+        weight = weight if isinstance(weight, float) else weight[a:b]
+        torch.lerp(w_recv.edge_rows, self.theta[a:b], weight, out=mixed)
         seg = part.rows.seg
-        mixed = self.upload(mixed, a, b, w_sent[seg])
+        if self.uplink.forges:  # (their w_i gathered again: the lerp wrote over them)
+            mixed = self.upload(mixed, a, b, w_sent[seg])
         truncate_(mixed, eps)
         count_sent(mixed, eps, self.scratch[: b - a], out=self.up_counts[r, a:b])
         if not self.uplink.folds:
@@ -475,33 +599,54 @@ class _EdgeRound:
             self.phi_sum.div_(self.denominator)
         self.phi_edge, self.phi_sum = self.phi_sum, self.phi_edge
 
-    @property
-    def mix_weight(self) -> float:
-        """``lam1 / (lam1 + lam2)``: the upload ``(lam1 theta + lam2 w_i) / (lam1 + lam2)`` as a
-        lerp from ``w_i`` towards ``theta``."""
-        opt = self.algo.options
-        return opt.lam1_value / (opt.lam1_value + opt.lam2_value)
-
     def edge_step(self) -> None:
         """``w_i <- w_i - eta1 [lam2 (w_i - phi_i) + gamma2 tanh(w_i / rho)]``, in place."""
         opt = self.algo.options
-        step = torch.sub(self.w_edge, self.phi_edge, out=self.step).mul_(opt.lam2_value)
+        step = torch.sub(self.w_edge, self.phi_edge, out=self.step).mul_(self.lam2)
         if self.gamma2 > 0:
             tanh = smooth_l1_grad(self.w_edge, opt.rho, out=self.edge_scratch)
             step.add_(tanh, alpha=self.gamma2)
         self.w_edge.sub_(step, alpha=opt.edge_lr)
 
-    def bill(self) -> None:
-        """Record the round's client-edge messages: each edge's two broadcasts per local round,
-        billed to each receiver (its clients and stragglers), and each client's upload. One
-        ledger call per direction gives the totals of one call per message batch (the ledger
-        sums integers)."""
-        ledger, p = self.algo.ctx.ledger, self.theta.shape[1]
-        down = self.down_counts[:, :, self.recv_seg]  # [R, 2, receivers]
-        nodes = self.recv_ids.expand_as(down)
-        ledger.record_counts("client_edge", "down", down.to(torch.int64), p, nodes=nodes)
-        up, ids = self.up_counts, self.ids.expand_as(self.up_counts)
-        ledger.record_counts("client_edge", "up", up.to(torch.int64), p, nodes=ids)
+    def finish(self, s: int, losses: torch.Tensor) -> Update:
+        """Run ``s``'s share of the round: its client-edge messages billed (each edge's two
+        broadcasts per local round to each receiver, its clients and stragglers, and each
+        client's upload: one ledger call per direction gives the totals of one call per message
+        batch, the ledger sums integers), its state written, its update."""
+        algo, state, task = self.items[s]
+        ctx, p = algo.ctx, self.theta.shape[1]
+        edges, agg = task.edges, task.up_edges
+        assert edges is not None and agg is not None
+        rows, edge_rows = self.runs.of_run(s), self.edge_runs.of_run(s)
+        recv_seg, recv_ids = self.receivers[s]
+        down = self.down_counts[:, :, edge_rows][:, :, recv_seg]  # [R, 2, receivers]
+        nodes = recv_ids.expand_as(down)
+        ctx.ledger.record_counts("client_edge", "down", down.to(torch.int64), p, nodes=nodes)
+        up = self.up_counts[:, rows]
+        ids = self.ids[s].expand_as(up)
+        ctx.ledger.record_counts("client_edge", "up", up.to(torch.int64), p, nodes=ids)
+        mine = self.w_edge[edge_rows]
+        state["theta"][task.clients] = self.theta[rows]
+        state["edge"][edges] = mine
+        sent_up = truncate(mine[torch.searchsorted(edges, agg)], ctx.zero_threshold)
+        own = losses if len(self.items) == 1 else losses[:, rows].clone()
+        return Update(per_edge={"w": sent_up}, losses=own)
+
+
+def _layout(seg: torch.Tensor, n: int, gather: bool, *values: _PerRun) -> EdgeRows:
+    """A part's edge layout (:class:`~fedhp.algorithms.fused.EdgeRows`): gathered where asked;
+    edge by edge where the runs' ``values`` differ (one broadcast view needs one value)."""
+    if gather:
+        return EdgeRows(seg, n, None, 0)
+    rows = EdgeRows.of(seg, n)
+    if rows.width and any(v.uniform is None for v in values):
+        return EdgeRows(seg, n, rows.runs, 0)
+    return rows
+
+
+def _rows(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The runs' rows, run after run (a run alone: its own tensor)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 @ALGORITHMS.register("sfedhp")

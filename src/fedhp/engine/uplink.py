@@ -196,14 +196,18 @@ class Uplink:
         memory[index] = m.to(memory.device)
         return start + m
 
+    @property
+    def forges(self) -> bool:
+        """Whether the run's attack forges uploads (:meth:`forge` changes rows)."""
+        return self.attack is not None and self.attack.on_uploads
+
     def forge(self, rows: torch.Tensor, senders: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Step 1: the models ``rows [n, P]`` of clients ``senders`` (global ids) as they upload
         them, the malicious ones' forged; ``start`` (``[P]`` or ``[n, P]``): what each started
         from. ``rows`` itself where nothing is forged."""
-        attack = self.attack
-        if attack is None or not attack.on_uploads:
+        if self.attack is None or not self.forges:
             return rows
-        return attack.apply(rows, senders, start)
+        return self.attack.apply(rows, senders, start)
 
     def aggregate(
         self,

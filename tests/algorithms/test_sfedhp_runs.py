@@ -1,5 +1,5 @@
-"""sFedHP's stacked round (runs as rows): S runs trained as one round give each run, bit for bit,
-what its fused round gives it alone — state, update, ledger, trained samples — and nothing
+"""sFedHP's round on a batch of runs (runs as rows): S runs trained as one round give each run,
+bit for bit, what the round gives it alone — state, update, ledger, trained samples — and nothing
 crosses a run's rows (a planted crossing is caught)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms import sfedhp_stacked
-from fedhp.algorithms.sfedhp_stacked import stack_key
+from fedhp.algorithms.sfedhp import stack_key
 from fedhp.engine import run_rows
 from fedhp.engine.graphs import Rerun, StepGraphs
-from tests.algorithms.stacked_runs import TINY, Started, alone, next_runs_rows, same, stacked, start
+from fedhp.engine.run_rows import RunBlocks
+from tests.algorithms.stacked_runs import TINY, Started, alone, same, stacked, start
 
 BASE = [*TINY, "algorithm.name=sfedhp", "algorithm.K=2", "algorithm.R=3"]
 
@@ -71,38 +71,44 @@ def test_each_run_of_a_stack_gets_what_it_gets_alone(extra: list[str]) -> None:
         _same(one, both)
 
 
-def test_the_gpu_form_gathers_the_same_values(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("extra", [[], ["engine.clients_per_chunk=4"]])
+def test_the_gpu_form_gathers_the_same_values(
+    extra: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The GPU's form (each part's centres gathered, one pull per layer with per-row weights)
     computes the same bits as the CPU's edge-by-edge pull."""
-    real = sfedhp_stacked._ThetaSteps.of
-
-    def gathered(*args: Any) -> sfedhp_stacked._ThetaSteps:
-        steps = real(*args)
-        steps.gather = True
-        return steps
-
-    monkeypatch.setattr(sfedhp_stacked._ThetaSteps, "of", gathered)
-    for one, both in zip(_alone(RUNS, []), _stacked(RUNS, []), strict=True):
+    monkeypatch.setattr(run_rows, "GATHER_ON_CPU", True)
+    for one, both in zip(_alone(RUNS + MIXED, extra), _stacked(RUNS + MIXED, extra), strict=True):
         _same(one, both)
 
 
+def plant_next_runs_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted crossing: each run's per-row and per-edge values (λ) are the next run's."""
+    real = RunBlocks.column
+
+    def next_runs_values(self: RunBlocks, values: list[float], like: torch.Tensor) -> Any:
+        return real(self, values[1:] + values[:1], like)
+
+    monkeypatch.setattr(RunBlocks, "column", next_runs_values)
+
+
 def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plant crossings: each run given the next run's λ, or the next run's rows back. The
-    comparison above must see them."""
+    """Plant crossings: each run given the next run's λ (in the CPU's and the GPU's form), or
+    the next run's rows back. The comparison above must see them."""
     alone = _alone(RUNS, [])
-    real_rows = sfedhp_stacked.per_row
+    for gather in (False, True):
+        plant_next_runs_values(monkeypatch)
+        monkeypatch.setattr(run_rows, "GATHER_ON_CPU", gather)
+        with pytest.raises(AssertionError):
+            for a, b in zip(alone, _stacked(RUNS, []), strict=True):
+                _same(a, b)
+        monkeypatch.undo()
+    real_of_run = RunBlocks.of_run
 
-    def next_runs_values(values: list[float], sizes: list[int], like: torch.Tensor) -> Any:
-        return real_rows(values[1:] + values[:1], sizes, like)
+    def next_runs_rows(self: RunBlocks, s: int) -> slice:
+        return real_of_run(self, (s + 1) % self.runs)
 
-    monkeypatch.setattr(sfedhp_stacked, "per_row", next_runs_values)
-    with pytest.raises(AssertionError):
-        for a, b in zip(alone, _stacked(RUNS, []), strict=True):
-            _same(a, b)
-    monkeypatch.undo()
-    real_finish = sfedhp_stacked._finish
-
-    monkeypatch.setattr(sfedhp_stacked, "_finish", next_runs_rows(real_finish))
+    monkeypatch.setattr(RunBlocks, "of_run", next_runs_rows)
     with pytest.raises(AssertionError):
         for a, b in zip(alone, _stacked(RUNS, []), strict=True):
             _same(a, b)
