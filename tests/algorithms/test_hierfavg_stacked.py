@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms import hierfavg_stacked, stacked_theta
+from fedhp.algorithms import hierfavg_stacked
 from fedhp.algorithms.hierfavg_stacked import stack_key
 from tests.algorithms.stacked_runs import (
     TINY,
@@ -94,7 +94,7 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     one = alone(runs, _outcome)
     real_groups, real_edges, real_finish = (
         hierfavg_stacked.lr_groups,
-        stacked_theta.edge_rows_of,
+        hierfavg_stacked.edge_rows_of,
         hierfavg_stacked._finish,
     )
 
@@ -115,7 +115,7 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
 
     for module, name, crossed in [
         (hierfavg_stacked, "lr_groups", next_runs_lr),
-        (stacked_theta, "edge_rows_of", next_runs_edges),
+        (hierfavg_stacked, "edge_rows_of", next_runs_edges),
         (hierfavg_stacked, "_finish", next_runs_model),
     ]:
         monkeypatch.setattr(module, name, crossed)

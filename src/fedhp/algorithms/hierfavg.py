@@ -16,15 +16,16 @@ uplink (a robust rule or DP, where set, in its place), BatchNorm statistics are 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import pydantic
 import torch
 from torch import Tensor
 
+from fedhp.algorithms import hierfavg_stacked
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.algorithms.edge_rounds import EdgeRounds, level_aggregate, plan_edges
-from fedhp.algorithms.hierfavg_stacked import StackedEdgeRounds
 from fedhp.algorithms.options import client_momentum_field, derived_steps
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, segment_mean, weighted_mean
@@ -45,7 +46,7 @@ def cloud_mean(uploads: Tensor, weights: Tensor) -> Tensor:
     return weighted_mean(uploads, weights)
 
 
-class HierFAVG(StackedEdgeRounds, Algorithm):
+class HierFAVG(Algorithm):
     """HierFAVG; the global model is ``global``. One global round = one cloud aggregation."""
 
     options: HierFAVGOptions
@@ -64,6 +65,16 @@ class HierFAVG(StackedEdgeRounds, Algorithm):
         rounds = EdgeRounds(self, state, task, work, combine=edge_mean)
         losses = torch.stack([rounds.step() for _ in range(opt.kappa2)])
         return Update(per_edge=rounds.per_edge(), losses=losses)
+
+    def stack_key(self, state: State, task: Task) -> Hashable | None:
+        """Runs as rows: :func:`fedhp.algorithms.hierfavg_stacked.stack_key`."""
+        return hierfavg_stacked.stack_key(self, state, task)
+
+    @staticmethod
+    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+        """S runs' edge rounds as one (:mod:`fedhp.algorithms.hierfavg_stacked`: kept while the
+        engine's run level has no edge step, see its docstring)."""
+        return hierfavg_stacked.stacked_train([(cast(HierFAVG, a), s, t) for a, s, t in items])
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         """The edges' models up; w by the cloud's uplink (:func:`cloud_mean` without a rule)."""

@@ -26,13 +26,13 @@ and gets its own :class:`~fedhp.algorithms.task.Update` — what :meth:`HierFAVG
 <fedhp.algorithms.hierfavg.HierFAVG.train>` gives it alone, bit for bit on the CPU
 (``tests/algorithms/test_hierfavg_stacked.py``; with a model through the generic autograd
 step, a CNN, too: where alone a part of ONE client would be trained, whose call rounds otherwise
-than among others, the round trains alone, ``stacked_theta.lone_part``). The step
+than among others, the round trains alone, :func:`~fedhp.engine.local_rows.lone_part`). The step
 size enters the model's step as the scalar its kernels take (a per-row column would round the
 step otherwise), so the model is called once per part for each group of consecutive runs sharing
 lr: once for a batch of seeds, once per value of an lr grid (a sweep lists its runs point by
 point).
 
-The runs meet through :class:`~fedhp.sweep.lockstep.Lockstep` (:class:`StackedEdgeRounds`). A
+The runs meet through :class:`~fedhp.sweep.lockstep.Lockstep` (``HierFAVG.stack_key``). A
 round this module does not cover trains alone (:func:`stack_key` returns None): a robust or DP
 rule at the edges, any attack, client momentum, BatchNorm statistics (``buffers``), minibatches
 drawn ahead by the cloud, or a round without clients. Stragglers (they only receive) and failed
@@ -42,32 +42,20 @@ edges or clients stack.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from fedhp.algorithms import stacked_theta as stacked
-from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.base import State
 from fedhp.algorithms.task import Task, Update
 from fedhp.comm.codec import count_nonzero, truncate
 from fedhp.data.rows import slice_rows
+from fedhp.engine.local_rows import lone_part, part_bounds
+from fedhp.engine.run_rows import Draw, one_draw, rows_key
 
 if TYPE_CHECKING:
     from fedhp.algorithms.hierfavg import HierFAVG
-
-
-class StackedEdgeRounds:
-    """The runs-as-rows hooks of :class:`~fedhp.algorithms.hierfavg.HierFAVG` (a mixin before
-    :class:`~fedhp.algorithms.base.Algorithm`)."""
-
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`stack_key`."""
-        return stack_key(cast("HierFAVG", self), state, task)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """Runs as rows: :func:`stacked_train`."""
-        return stacked_train([(cast("HierFAVG", a), s, t) for a, s, t in items])
 
 
 def stack_key(algo: HierFAVG, state: State, task: Task) -> Hashable | None:
@@ -81,13 +69,66 @@ def stack_key(algo: HierFAVG, state: State, task: Task) -> Hashable | None:
     plain = plain and "global_buffers" not in task.broadcast and task.batches is None
     if not (honest and plain and len(task.clients) > 0):
         return None
-    if stacked.lone_part(ctx.model, ctx.model.num_params, len(task.clients)):
+    if lone_part(ctx.model, ctx.model.num_params, len(task.clients)):
         return None
     steps = (opt.kappa1, opt.kappa2, opt.batch_size, ctx.policy)
-    return stacked.theta_stack_key("hierfavg", algo, task, steps)
+    return rows_key("hierfavg", ctx, task.broadcast["global"], steps)
 
 
-def lr_groups(runs: Sequence[stacked.EdgeRun[HierFAVG]]) -> list[tuple[int, int, float]]:
+@dataclass
+class EdgeRun:
+    """One run's share of the stacked round: its clients ``rows`` and sampled edges
+    ``edge_rows`` (slices of the stacked tensors), its own draw, and whom it bills."""
+
+    algo: HierFAVG
+    task: Task
+    rows: slice
+    draw: Draw
+    edge_rows: slice
+    ids: torch.Tensor  # the clients' global ids (ledger)
+    recv_seg: torch.Tensor  # receivers of the edges' models (clients, stragglers): edge pos.
+    recv_ids: torch.Tensor
+
+
+def edge_runs(items: Sequence[tuple[HierFAVG, State, Task]]) -> tuple[list[EdgeRun], int, int]:
+    """Each run's share of the stacked round (:class:`EdgeRun`), and the stacked clients' and
+    edges' counts."""
+    runs, c0, e0 = [], 0, 0
+    for algo, _, task in items:
+        ctx, edges = algo.ctx, task.edges
+        assert edges is not None
+        c, n = len(task.clients), len(edges)
+        late = task.stragglers if task.stragglers is not None else task.clients[:0]
+        ids = ctx.global_clients(task.clients)
+        recv_seg = torch.cat(
+            (ctx.edge_positions(task.clients, edges), ctx.edge_positions(late, edges))
+        )
+        draw = ctx.batches(task.clients, algo.options.batch_size)
+        recv_ids = torch.cat((ids, ctx.global_clients(late)))
+        runs.append(
+            EdgeRun(algo, task, slice(c0, c0 + c), draw, slice(e0, e0 + n), ids, recv_seg, recv_ids)
+        )
+        c0, e0 = c0 + c, e0 + n
+    return runs, c0, e0
+
+
+def edge_rows_of(runs: Sequence[EdgeRun]) -> torch.Tensor:
+    """Each stacked client's edge as a row of the stacked edges ``[ΣC]`` (run s's edges follow
+    run s - 1's)."""
+    return torch.cat([r.recv_seg[: len(r.task.clients)] + r.edge_rows.start for r in runs])
+
+
+def blocks(runs: Sequence[EdgeRun], a: int, b: int) -> list[tuple[int, int, EdgeRun]]:
+    """Each run's rows among ``a .. b - 1``: ``(first, end, run)``."""
+    out = []
+    for run in runs:
+        lo, hi = max(a, run.rows.start), min(b, run.rows.stop)
+        if lo < hi:
+            out.append((lo, hi, run))
+    return out
+
+
+def lr_groups(runs: Sequence[EdgeRun]) -> list[tuple[int, int, float]]:
     """The stacked rows ``(first, end, lr)`` of each group of consecutive runs sharing lr."""
     out: list[tuple[int, int, float]] = []
     for run in runs:
@@ -104,8 +145,8 @@ def stacked_train(items: Sequence[tuple[HierFAVG, State, Task]]) -> list[Update]
     run, all with the same :func:`stack_key`) as one; each run's update, as alone."""
     lead = items[0][0]
     opt, eps = lead.options, lead.ctx.zero_threshold
-    runs, c0, e0 = stacked.edge_runs(items, opt.batch_size, stacked.EdgeRun)
-    edge_of = stacked.edge_rows_of(runs)
+    runs, c0, e0 = edge_runs(items)
+    edge_of = edge_rows_of(runs)
     w_edge = torch.cat([r.task.broadcast["global"].expand(len(r.task.edges), -1) for r in runs])  # type: ignore[arg-type]
     p, dtype = w_edge.shape[1], w_edge.dtype
     weights = torch.cat([r.algo.ctx.client_weights(r.task.clients) for r in runs]).to(dtype)
@@ -113,13 +154,14 @@ def stacked_train(items: Sequence[tuple[HierFAVG, State, Task]]) -> list[Update]
     totals = torch.zeros(e0, dtype=dtype, device=w_edge.device).index_add_(0, edge_of, weights)
     denominator = totals.clamp(min=torch.finfo(dtype).tiny).unsqueeze(1)
     chunk = lead.ctx.policy.chunk(p, c0)
-    bounds = stacked.part_bounds(chunk, c0, lead.ctx.model)
+    bounds = part_bounds(chunk, c0, lead.ctx.model)
     groups = lr_groups(runs)
     buffer = w_edge.new_empty(min(chunk, c0), p)
     down_counts = torch.empty(opt.kappa2, e0, dtype=torch.int64, device=w_edge.device)
     up_counts = torch.empty(opt.kappa2, c0, dtype=torch.int64, device=w_edge.device)
     losses = torch.empty(opt.kappa2, c0, device=w_edge.device)
-    draw = stacked.one_draw_of(runs, opt.batch_size)
+    contexts, clients = [r.algo.ctx for r in runs], [r.task.clients for r in runs]
+    draw = one_draw(contexts, clients, opt.batch_size, [r.draw for r in runs])
     for t in range(opt.kappa2):
         sent = truncate(w_edge, eps)
         down_counts[t] = count_nonzero(sent, eps)
@@ -149,7 +191,7 @@ def _batches(
 
 
 def _local_steps(
-    runs: Sequence[stacked.EdgeRun[HierFAVG]],
+    runs: Sequence[EdgeRun],
     groups: Sequence[tuple[int, int, float]],
     rows: torch.Tensor,
     part: tuple[int, int],
@@ -162,11 +204,11 @@ def _local_steps(
     a, b = part
     model = runs[0].algo.ctx.model
     mine = [(max(lo, a), min(hi, b), lr) for lo, hi, lr in groups if lo < b and hi > a]
-    blocks = stacked.blocks(runs, a, b)
+    mine_runs = blocks(runs, a, b)
     loss_sum = torch.zeros(b - a, device=rows.device)
     for step in range(steps):
         x, y = batch(step)
-        for lo, hi, run in blocks:
+        for lo, hi, run in mine_runs:
             run.algo.ctx.model.count_trained(slice_rows(x, lo, hi))
         for lo, hi, lr in mine:
             own = slice(lo - a, hi - a)
@@ -175,7 +217,7 @@ def _local_steps(
 
 
 def _finish(
-    run: stacked.EdgeRun[HierFAVG],
+    run: EdgeRun,
     w_edge: torch.Tensor,
     down_counts: torch.Tensor,
     up_counts: torch.Tensor,
