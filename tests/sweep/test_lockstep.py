@@ -70,9 +70,13 @@ def test_lockstep_writes_what_each_run_writes_alone(method: str, tmp_path: Path)
     fused = run_batch(_runs(method, tmp_path / "fused"), "lockstep", log=lambda _: None)
     assert alone.batching == "sequential" and fused.batching == "lockstep"
     assert fused.fused_calls > 0  # the kernels did meet
-    # sFedHP's plain rounds meet whole (runs as rows); its sparse ones fuse kernels only
+    # sFedHP's plain rounds meet whole (runs as rows); its sparse ones fuse kernels only, and
+    # the batch's log line says so
     if method.startswith("sfedhp"):
         assert (fused.stacked_rounds > 0) == (method == "sfedhp"), fused.stacked_rounds
+        alone_line = "rounds trained alone: " in fused.lockstep_line()
+        assert alone_line == (method == "sfedhp-sparse"), fused.lockstep_line()
+        assert (fused.alone_rounds == {}) == (method == "sfedhp"), fused.alone_rounds
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
     assert len(a) >= 4 and a.keys() == b.keys()
     for name in a:

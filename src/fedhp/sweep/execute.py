@@ -90,12 +90,20 @@ class BatchReport:
     stacked_rounds: int = 0  # rounds of several runs trained as one (runs as rows)
     statuses: list[str] = field(default_factory=list)  # finished / resume / new, before it ran
     graphs_stacked: bool = False  # engine.cuda_graphs: in lockstep, for stacked rounds only
+    alone_rounds: dict[str, int] = field(default_factory=dict)  # by method: rounds that met none
 
     def lockstep_line(self) -> str:
-        """How a lockstep batch ran, for its log line."""
+        """How a lockstep batch ran, for its log line: also the rounds that trained alone (no
+        stack key, no local SGD met), by method."""
         stacked = f", {self.stacked_rounds} rounds stacked" if self.stacked_rounds else ""
         graphs = "; CUDA graphs in stacked rounds only" if self.graphs_stacked else ""
-        return f"in lockstep ({self.fused_calls} fused model calls{stacked}){graphs}"
+        alone = ", ".join(f"{n} of {name}" for name, n in sorted(self.alone_rounds.items()))
+        if alone:
+            alone = (
+                f"; rounds trained alone: {alone} (their options give the round no stack key "
+                "and its local SGD met no other run's; only their model kernels met)"
+            )
+        return f"in lockstep ({self.fused_calls} fused model calls{stacked}){graphs}{alone}"
 
     def carried(self) -> str:
         """What the batch took over from an earlier, interrupted sweep, for its log line:
@@ -276,6 +284,6 @@ def _lockstep(
     for thread in threads:
         thread.join()
     report.fused_calls, report.single_calls = step.fused_calls, step.single_calls
-    report.stacked_rounds = step.stacked_rounds
+    report.stacked_rounds, report.alone_rounds = step.stacked_rounds, dict(step.alone)
     if errors:
         raise errors[min(errors)]

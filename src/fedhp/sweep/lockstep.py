@@ -104,6 +104,8 @@ class Lockstep:
         self.fused_calls = 0  # fused kernel calls and stacked rounds made (log and tests)
         self.stacked_rounds = 0  # of which rounds of several runs trained as one
         self.single_calls = 0  # calls that ran alone (no partner of the same shape)
+        self.alone: dict[str, int] = {}  # rounds that met no run, by the method's class
+        self._met = [0] * runs  # each run's rounds and local SGD calls trained with others
 
     def attach(self, run: int, model: BatchedModel) -> None:
         """Route ``model``'s ``sgd_step`` and ``loss_and_grad`` (run ``run``'s) through the
@@ -181,8 +183,15 @@ class Lockstep:
         :meth:`~fedhp.algorithms.base.Algorithm.stack_key` as ONE round (``stacked_train``),
         or as it trains alone (its local SGD may still meet: :meth:`local_sgd`)."""
         key = algorithm.stack_key(state, task)
-        if key is None or self._executing is threading.current_thread():
+        if self._executing is threading.current_thread():
             return algorithm.train(state, task)
+        if key is None:  # alone, but for its local SGD, which may still meet the others'
+            met = self._met[run]
+            update = algorithm.train(state, task)
+            if self._met[run] == met:
+                name = type(algorithm).__name__
+                self.alone[name] = self.alone.get(name, 0) + 1
+            return update
         call = _Call(
             run, "train", None, algorithm.train, algorithm=algorithm, state=state, task=task
         )
@@ -234,7 +243,10 @@ class Lockstep:
                         _alone(group[0])
                     else:
                         self.fused_calls += 1
-                        self.stacked_rounds += group[0].kind in ("train", "local_sgd")
+                        if group[0].kind in ("train", "local_sgd"):
+                            self.stacked_rounds += 1
+                            for call in group:
+                                self._met[call.run] += 1
                         _fused(group)
                 except BaseException as err:  # each run raises it in its own thread
                     for call in group:
