@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import pydantic
 import torch
+from torch import Tensor
 
 from fedhp.algorithms.base import Algorithm, RowKind, State
 from fedhp.algorithms.edge_rounds import level_aggregate
@@ -259,13 +260,8 @@ def solve_theta(
 
 
 def _prox_steps(
-    run: _EdgeRound,
-    part: _Part,
-    theta: torch.Tensor,
-    center: Received,
-    x: torch.Tensor,
-    y: torch.Tensor,
-) -> torch.Tensor:
+    run: _EdgeRound, part: _Part, theta: Tensor, center: Received, x: Tensor, y: Tensor
+) -> Tensor:
     """:func:`solve_theta` without a penalty or momentum: K steps ``theta <- lerp(theta,
     centre, lr lam1) - lr grad``, each the model's :meth:`~fedhp.models.base.BatchedModel.
     sgd_step` with the pull applied to each layer's columns inside it (one pass; the MLPs update
