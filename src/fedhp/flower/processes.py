@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import IO
 
 from fedhp.errors import FedhpError
@@ -240,9 +240,9 @@ def _watch() -> None:
 @dataclass
 class Watchdog:
     """A process that ends every process carrying its token once its owner (the process that
-    started it) closes it or ends, however: ``with Watchdog.start() as dog: start_process(...,
-    dog.mark(env))``. It runs in a session of its own (a signal to the owner's process group
-    does not reach it) and ignores SIGINT and SIGHUP."""
+    started it) closes it or ends, however: ``with contextlib.closing(Watchdog.start()) as dog:
+    start_process(..., dog.mark(env))``. It runs in a session of its own (a signal to the
+    owner's process group does not reach it) and ignores SIGINT and SIGHUP."""
 
     token: str
     popen: subprocess.Popen[bytes]
@@ -301,17 +301,6 @@ class Watchdog:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
-
-    def __enter__(self) -> Watchdog:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class Stopped(BaseException):
