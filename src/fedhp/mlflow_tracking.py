@@ -136,6 +136,19 @@ def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def _reopened(
+    client: Any, known: Mapping[str, Any] | None, uri: str, params: Mapping[str, Any]
+) -> Any:
+    """The MLflow run a folder's mlflow.json (``known``) names on ``uri``, set running again with
+    the ``params`` it lacks logged; None where it names none there."""
+    if known is None or known.get("tracking_uri") != uri or not known.get("run_id"):
+        return None
+    run = client.get_run(known["run_id"])
+    client.update_run(run.info.run_id, status="RUNNING")
+    _log_params(client, run.info.run_id, params, run.data.params)
+    return run
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
@@ -260,11 +273,8 @@ class Tracker:
     ) -> Tracker:
         artifacts = str(settings.get("artifacts", "results"))
         params = flat_params(config)
-        known = _read_json(out_dir / FILE) if resume else None
-        if known is not None and known.get("tracking_uri") == uri and known.get("run_id"):
-            run = client.get_run(known["run_id"])
-            client.update_run(run.info.run_id, status="RUNNING")
-            _log_params(client, run.info.run_id, params, run.data.params)
+        run = _reopened(client, _read_json(out_dir / FILE) if resume else None, uri, params)
+        if run is not None:
             history = client.get_metric_history(run.info.run_id, "round")
             logged = max((m.step for m in history), default=0)
             return cls(client, run.info.run_id, out_dir, artifacts, logged)
@@ -489,7 +499,8 @@ class SweepTracker:
         try:
             with _LOCK:
                 client = _client(uri)
-                run_id, experiment = cls._start(client, uri, settings, folder, params)
+                name = str(settings.get("experiment") or "fedhp")
+                run_id, experiment = cls._open(client, uri, name, folder, params)
                 client.log_batch(run_id, tags=_tags(tags))
         except ImportError:
             raise ConfigError(MISSING) from None
@@ -509,23 +520,18 @@ class SweepTracker:
         )
         return cls(client, run_id, folder)
 
-    @classmethod
-    def _start(
-        cls,
-        client: Any,
-        uri: str,
-        settings: Mapping[str, Any],
-        folder: Path,
-        params: Mapping[str, Any],
+    @staticmethod
+    def _open(
+        client: Any, uri: str, name: str, folder: Path, params: Mapping[str, Any]
     ) -> tuple[str, str]:
+        """The sweep's parent run (the one ``folder``'s mlflow.json names, or a new one in
+        experiment ``name``) and its experiment id."""
         known = _read_json(folder / FILE)
         flat = flat_params(params)
-        if known is not None and known.get("tracking_uri") == uri and known.get("run_id"):
-            run = client.get_run(known["run_id"])
-            client.update_run(run.info.run_id, status="RUNNING")
-            _log_params(client, run.info.run_id, flat, run.data.params)
+        run = _reopened(client, known, uri, flat)
+        if run is not None and known is not None:
             return run.info.run_id, str(known["experiment_id"])
-        experiment = _experiment_id(client, str(settings.get("experiment") or "fedhp"), uri)
+        experiment = _experiment_id(client, name, uri)
         tags = {"fedhp.out_dir": str(folder), "fedhp.kind": "sweep"}
         run = client.create_run(experiment, tags=tags, run_name=folder.name)
         _log_params(client, run.info.run_id, flat, {})
