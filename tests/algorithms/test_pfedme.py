@@ -80,3 +80,23 @@ def test_round_is_the_unfused_formula_bit_for_bit(
         for key, value in state.items():
             assert torch.equal(value, plain_state[key]), key
         assert algo.ctx.ledger.state_dict() == plain_algo.ctx.ledger.state_dict()
+
+
+def test_personal_local_evaluates_each_clients_last_w_loc() -> None:
+    """``personal: local`` keeps each trained client's last w_loc as its personalized model
+    (the reference code's report), and trains exactly as the default (θ evaluated)."""
+    from tests.algorithms.stacked_runs import TINY, start
+
+    base = [*TINY, "algorithm.name=pfedme", "algorithm.K=2", "algorithm.R=3"]
+    results = []
+    for personal in ("theta", "local"):
+        exp, state, task = start([*base, f"algorithm.personal={personal}"])
+        update = exp.algorithm.train(state, task)
+        results.append((exp, state, task, update))
+    (a_exp, a_state, _, a_update), (b_exp, b_state, b_task, b_update) = results
+    assert torch.equal(a_state["theta"], b_state["theta"])  # the same training
+    assert torch.equal(a_update.per_client["local"], b_update.per_client["local"])
+    assert torch.equal(a_exp.algorithm.personal_models(a_state), a_state["theta"])
+    kept = b_exp.algorithm.personal_models(b_state)
+    assert torch.equal(kept[b_task.clients], b_update.per_client["local"])
+    assert not torch.equal(kept[b_task.clients], b_state["theta"][b_task.clients])

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
 import pydantic
 import torch
@@ -49,9 +49,17 @@ class PFedMe(Algorithm):
 
     options: PFedMeOptions
 
+    def __init__(self, options: PFedMeOptions, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        if options.personal == "local":  # each client's last w_loc, kept as its PM
+            self.held_keys["local"] = "client"
+
     def init_state(self, init_params: torch.Tensor) -> State:
         p = init_params.to(self.ctx.device)
-        return {"global": p.clone(), "theta": p.expand(self.ctx.num_clients, -1).clone()}
+        rows = {"theta": p.expand(self.ctx.num_clients, -1).clone()}
+        if self.options.personal == "local":
+            rows["local"] = rows["theta"].clone()
+        return {"global": p.clone(), **rows}
 
     def plan(self, state: State, rnd: int) -> Task:
         return self.plan_broadcast_global(state)
@@ -85,7 +93,8 @@ class PFedMe(Algorithm):
         return {"local_loss": mean_group_loss(update.losses, opt.R)}
 
     def personal_models(self, state: State) -> torch.Tensor | None:
-        return state["theta"]
+        """θ; w_loc under ``personal: local`` (what the reference code reports)."""
+        return state["local" if self.options.personal == "local" else "theta"]
 
     def round_local_keys(self) -> frozenset[str]:
         """theta, where every round restarts it for every client."""
@@ -269,9 +278,11 @@ class _Rounds:
 
     def finish(self, s: int) -> Update:
         """Run ``s``'s share: its clients' θ written into its state, its update."""
-        _, state, task = self.items[s]
+        algo, state, task = self.items[s]
         rows = self.runs.of_run(s)
         state["theta"][task.clients] = self.theta[rows]
+        if algo.options.personal == "local":
+            state["local"][task.clients] = self.local[rows]
         if len(self.items) == 1:
             return Update(per_client={"local": self.local}, losses=self.losses)
         own = {"local": self.local[rows].clone()}
@@ -292,6 +303,11 @@ class PFedMeOptions(AlgorithmOptions):
     beta: float = pydantic.Field(1.0, gt=0, le=2, description="server mixing weight")
     l2: float = pydantic.Field(0.0, ge=0, description="the reference's hidden L2 on theta")
     theta_init: ThetaInit = theta_init_field("the global model w received this round")
+    personal: Literal["theta", "local"] = pydantic.Field(
+        "theta",
+        description="the personalized model evaluated: theta (the paper's), or each client's "
+        "last w_loc (what pFedMe's reference code reports, through a parameter aliasing)",
+    )
 
     client_outputs = ("local",)
     node_keys: ClassVar[dict[str, RowKind]] = {"theta": "client"}
