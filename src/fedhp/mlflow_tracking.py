@@ -27,7 +27,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ __all__ = [
     "default_uri",
     "flat_params",
     "log_finished_run",
-    "open_tracker",
     "require",
 ]
 
@@ -214,10 +213,53 @@ def _log_params(
         client.log_batch(run_id, tags=changed)
 
 
-class Tracker:
+class _Logged:
+    """An MLflow run this process logs to; after a failed call it warns once and does nothing
+    more (``client`` None)."""
+
+    client: Any | None
+    run_id: str
+    kind = "run"
+
+    def _fail(self, err: BaseException) -> None:
+        """Warn once; nothing more goes to MLflow."""
+        if self.client is not None:
+            self.client = None
+            _warn(f"{self.kind} {self.run_id}", err)
+
+    def _terminate(
+        self,
+        status: str,
+        files: Callable[[], Sequence[Path]] = list,
+        metrics: Sequence[Any] = (),
+        tags: Sequence[Any] = (),
+    ) -> None:
+        """``metrics`` and ``tags`` logged, ``files()`` (and folders) as artifacts, the run ended
+        as ``status``."""
+        if self.client is None:
+            return
+        try:
+            with _LOCK:
+                if metrics or tags:
+                    self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
+                for path in files():
+                    if path.is_dir():
+                        self.client.log_artifacts(self.run_id, str(path), path.name)
+                    else:
+                        self.client.log_artifact(self.run_id, str(path))
+                self.client.set_terminated(self.run_id, status)
+        except Exception as err:
+            self._fail(err)
+
+    def end(self, killed: bool = False) -> None:
+        """The run stopped early (``killed``: interrupted, else failed): ended as ``KILLED`` or
+        ``FAILED`` (``--resume``, or starting the sweep again, reopens it)."""
+        self._terminate("KILLED" if killed else "FAILED")
+
+
+class Tracker(_Logged):
     """One fedhp run as one MLflow run: rows appended as the rounds go, sent in batches;
-    :meth:`finish` sends the rest, the summary and the files and ends the MLflow run. After a
-    failed call it warns once and does nothing more."""
+    :meth:`finish` sends the rest, the summary and the files and ends the MLflow run."""
 
     def __init__(
         self, client: Any, run_id: str, out_dir: Path, artifacts: str, logged_round: float
@@ -340,12 +382,6 @@ class Tracker:
         except Exception as err:
             self._fail(err)
 
-    def _fail(self, err: BaseException) -> None:
-        """Warn once; nothing more goes to MLflow."""
-        if self.client is not None:
-            self.client = None
-            _warn(f"run {self.run_id}", err)
-
     def _files(self) -> list[Path]:
         """The run folder's files (and folders) logged as artifacts."""
         if self.artifacts == "none" or not self.out_dir.is_dir():
@@ -371,30 +407,13 @@ class Tracker:
             if (v := _metric_value(value)) is not None and math.isfinite(v)
         ]
         tags = [RunTag("fedhp.stopped", str(summary["stopped"]))] if "stopped" in summary else []
-        try:
-            with _LOCK:
-                if numbers or tags:
-                    self.client.log_batch(self.run_id, metrics=numbers[:BATCH], tags=tags)
-                for path in self._files():
-                    if path.is_dir():
-                        self.client.log_artifacts(self.run_id, str(path), path.name)
-                    else:
-                        self.client.log_artifact(self.run_id, str(path))
-                self.client.set_terminated(self.run_id, "FINISHED")
-        except Exception as err:
-            self._fail(err)
+        self._terminate("FINISHED", self._files, numbers[:BATCH], tags)
 
     def end(self, killed: bool = False) -> None:
-        """The run stopped early (``killed``: interrupted, else failed): what is held back sent,
-        the MLflow run ended as ``KILLED`` or ``FAILED`` (``--resume`` reopens it)."""
+        """The run stopped early: what is held back sent, the MLflow run ended (see
+        :meth:`_Logged.end`)."""
         self.flush()
-        if self.client is None:
-            return
-        try:
-            with _LOCK:
-                self.client.set_terminated(self.run_id, "KILLED" if killed else "FAILED")
-        except Exception as err:
-            self._fail(err)
+        super().end(killed)
 
 
 def _child_name(out_dir: Path, sweep: Mapping[str, Any]) -> str:
@@ -459,24 +478,12 @@ def log_finished_run(folder: Path) -> bool:
     return tracker.client is not None
 
 
-def open_tracker(
-    settings: Mapping[str, Any],
-    out_dir: Path | None,
-    config: Mapping[str, Any],
-    resume: bool = False,
-    rows: Iterable[Mapping[str, Any]] = (),
-) -> Tracker | None:
-    """:meth:`Tracker.open` where ``settings`` enables MLflow and there is a run folder;
-    else None."""
-    if out_dir is None or not settings.get("enabled"):
-        return None
-    return Tracker.open(settings, out_dir, config, resume, rows)
-
-
-class SweepTracker:
+class SweepTracker(_Logged):
     """A sweep as an MLflow parent run: created (or, for a sweep started again, reopened)
     before its runs start, so that they log as its children; :meth:`finish` adds the tables
     and figures and ends it."""
+
+    kind = "sweep run"
 
     def __init__(self, client: Any | None, run_id: str, folder: Path) -> None:
         self.client, self.run_id, self.folder = client, run_id, Path(folder)
@@ -540,31 +547,8 @@ class SweepTracker:
     def finish(self, files: Sequence[Path], tags: Mapping[str, str] | None = None) -> None:
         """``files`` (the tables, the figures, the manifest) as artifacts, ``tags`` (the
         selected point) set; the parent run ended as ``FINISHED``."""
-        if self.client is None:
-            return
-        try:
-            with _LOCK:
-                if tags:
-                    self.client.log_batch(self.run_id, tags=_tags(tags))
-                for path in files:
-                    if Path(path).is_file():
-                        self.client.log_artifact(self.run_id, str(path))
-                self.client.set_terminated(self.run_id, "FINISHED")
-        except Exception as err:
-            self.client = None
-            _warn(f"sweep run {self.run_id}", err)
-
-    def end(self, killed: bool = False) -> None:
-        """The sweep stopped early: the parent run ended ``KILLED`` (or ``FAILED``); starting
-        the sweep again reopens it."""
-        if self.client is None:
-            return
-        try:
-            with _LOCK:
-                self.client.set_terminated(self.run_id, "KILLED" if killed else "FAILED")
-        except Exception as err:
-            self.client = None
-            _warn(f"sweep run {self.run_id}", err)
+        kept = [Path(path) for path in files if Path(path).is_file()]
+        self._terminate("FINISHED", lambda: kept, tags=_tags(tags or {}))
 
 
 def _tags(tags: Mapping[str, str]) -> list[Any]:

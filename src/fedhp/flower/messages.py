@@ -39,7 +39,6 @@ message exchange sooner.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,14 +186,6 @@ def serialized_bytes(content: RecordDict) -> int:
     return total
 
 
-def generator_state(gen: torch.Generator) -> torch.Tensor:
-    return gen.get_state()
-
-
-def ledger_json(state: dict[str, object]) -> str:
-    return json.dumps(state)
-
-
 def parse_ledger(text: object) -> dict[str, object]:
     """A node's ledger state (validated enough to merge safely)."""
     if not isinstance(text, str):
@@ -248,10 +239,3 @@ def expect_ids(arrays: dict[str, torch.Tensor], key: str, ids: torch.Tensor) -> 
     value = expect(arrays, key, (len(ids),), torch.int64)
     if not torch.equal(value, ids.cpu()):
         raise MalformedReply(f"{key!r} does not list the clients/edges the node was sent")
-
-
-def finite_float(meta: dict[str, Any], key: str) -> float:
-    value = meta.get(key)
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        raise MalformedReply(f"meta {key!r} missing or not finite")
-    return float(value)

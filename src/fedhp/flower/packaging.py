@@ -4,7 +4,7 @@ configuration as its run config, and the SuperLink connection the ``flwr`` CLI r
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 SERVERAPP = "fedhp.flower.server_app:app"
@@ -21,18 +21,13 @@ def toml_value(value: ConfigValue) -> str:
     return str(value)
 
 
-def app_pyproject(
-    config: Mapping[str, ConfigValue],
-    serverapp: str = SERVERAPP,
-    clientapp: str = CLIENTAPP,
-    name: str = "fedhp-flower",
-) -> str:
-    """The ``pyproject.toml`` of a Flower app project running ``serverapp``/``clientapp``."""
+def app_pyproject(config: Mapping[str, ConfigValue]) -> str:
+    """The ``pyproject.toml`` of a Flower app project running fedhp's ServerApp/ClientApp."""
     import tomli_w
 
     doc = {
         "project": {
-            "name": name,
+            "name": "fedhp-flower",
             "version": "0.1.0",
             "description": "fedhp on a Flower deployment",
             "license": "MIT",
@@ -42,7 +37,7 @@ def app_pyproject(
             "flwr": {
                 "app": {
                     "publisher": "fedhp",
-                    "components": {"serverapp": serverapp, "clientapp": clientapp},
+                    "components": {"serverapp": SERVERAPP, "clientapp": CLIENTAPP},
                     "config": dict(config),
                 }
             }
@@ -51,31 +46,23 @@ def app_pyproject(
     return tomli_w.dumps(doc, multiline_strings=True)
 
 
-def write_app(
-    app_dir: Path,
-    config: Mapping[str, ConfigValue],
-    serverapp: str = SERVERAPP,
-    clientapp: str = CLIENTAPP,
-    files: Sequence[Path] = (),
-) -> Path:
-    """Write a Flower app project into ``app_dir`` (``files`` are copied next to it)."""
+def write_app(app_dir: Path, config: Mapping[str, ConfigValue]) -> Path:
+    """Write a Flower app project into ``app_dir``."""
     app_dir.mkdir(parents=True, exist_ok=True)
-    (app_dir / "pyproject.toml").write_text(app_pyproject(config, serverapp, clientapp))
-    for src in files:
-        (app_dir / src.name).write_bytes(src.read_bytes())
+    (app_dir / "pyproject.toml").write_text(app_pyproject(config))
     return app_dir
 
 
-def write_connection(flwr_home: Path, address: str, ca_cert: Path, name: str = CONNECTION) -> Path:
-    """Write ``$FLWR_HOME/config.toml`` with one default SuperLink connection ``name``."""
+def write_connection(flwr_home: Path, address: str, ca_cert: Path) -> Path:
+    """Write ``$FLWR_HOME/config.toml`` with one default SuperLink connection, ``fedhp``."""
     import tomli_w
 
     flwr_home.mkdir(parents=True, exist_ok=True)
     path = flwr_home / "config.toml"
     doc = {
         "superlink": {
-            "default": name,
-            name: {"address": address, "root-certificates": str(ca_cert.resolve())},
+            "default": CONNECTION,
+            CONNECTION: {"address": address, "root-certificates": str(ca_cert.resolve())},
         }
     }
     path.write_text(tomli_w.dumps(doc))

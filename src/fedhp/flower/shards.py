@@ -17,8 +17,6 @@ from fedhp.config import RunConfig
 from fedhp.errors import ConfigError
 from fedhp.topology import Topology
 
-FLOWER_BACKENDS = ("flower-sim",)
-
 
 class FlowerOptions(Protocol):
     """What the Flower checks read of an algorithm's options (its class says it)."""
