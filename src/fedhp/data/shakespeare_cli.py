@@ -50,7 +50,13 @@ REPORT_SPLITS: tuple[tuple[str, float | None, int, str], ...] = (
 
 
 def _source(
-    data_dir: str | None, split: str, tf: float | None, min_lines: int, sf: float, seed: int = 0
+    data_dir: str | None,
+    split: str,
+    tf: float | None,
+    min_lines: int,
+    sf: float,
+    seed: int = 0,
+    k: int = 0,
 ) -> ShakespeareSource:
     return validate(
         ShakespeareSource,
@@ -61,6 +67,7 @@ def _source(
             "min_lines": min_lines,
             "sample_fraction": sf,
             "seed": seed,
+            "min_samples": k,
         },
         "dataset",
     )
@@ -125,6 +132,10 @@ def splits_report(data_dir: str | None, seeds: int) -> dict[str, Any]:
     }
 
 
+def _labelled(row: dict[str, Any]) -> str:
+    return row["label"] + (" ⚠ leaky" if row["leaky"] else "")
+
+
 def format_report(report: dict[str, Any], command: str) -> str:
     """The Markdown page of :func:`splits_report`."""
     rows = report["rows"]
@@ -148,8 +159,7 @@ def format_report(report: dict[str, Any], command: str) -> str:
             lines.append(stats_row(f"fedhp, {row['label']}", row["stats"]))
     for row in rows:
         if row["sf"] == 1.0 and "split" in row:
-            leak = " ⚠ leaky" if row["leaky"] else ""
-            lines.append(stats_row(f"{row['label']}{leak}", row["stats"]))
+            lines.append(stats_row(_labelled(row), row["stats"]))
     lines += [
         "",
         "## FedProx's subset (--sf 0.2)",
@@ -159,8 +169,7 @@ def format_report(report: dict[str, Any], command: str) -> str:
     ]
     for row in rows:
         if row["sf"] < 1.0:
-            leak = " ⚠ leaky" if row["leaky"] else ""
-            lines.append(stats_row(f"{row['label']}{leak}", row["stats"]))
+            lines.append(stats_row(_labelled(row), row["stats"]))
     seeds = next(r["over_seeds"]["seeds"] for r in rows if "over_seeds" in r)
     lines += [
         "",
@@ -176,7 +185,7 @@ def format_report(report: dict[str, Any], command: str) -> str:
             o = row["over_seeds"]
             c, s, m = o["clients"], o["samples"], o["mean"]
             lines.append(
-                f"| {row['label']}{' ⚠ leaky' if row['leaky'] else ''} | "
+                f"| {_labelled(row)} | "
                 f"{c['mean']:.1f} ± {c['std']:.1f} ({c['min']:.0f}–{c['max']:.0f}) | "
                 f"{s['mean']:,.0f} ± {s['std']:,.0f} | {m['mean']:,.0f} ± {m['std']:,.0f} |"
             )
@@ -232,18 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(md)
         return 0
     if args.stats:
-        source = validate(
-            ShakespeareSource,
-            {
-                "data_dir": args.data_dir,
-                "sample_fraction": args.sf,
-                "min_samples": args.k,
-                "train_fraction": args.tf,
-                "split": args.split,
-                "min_lines": args.min_lines,
-                "seed": args.seed,
-            },
-            "dataset",
+        source = _source(
+            args.data_dir, args.split, args.tf, args.min_lines, args.sf, args.seed, args.k
         )
         stats = dataset_stats(source)
         print(format_stats(stats, source))
