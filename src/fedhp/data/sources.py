@@ -84,12 +84,15 @@ DATASETS: Registry[DatasetSource] = Registry("dataset")
 # --------------------------------------------------------------------------------------- helpers
 
 
+def _float32(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(a, dtype=np.float32).copy())
+
+
 def _normalize_images(pixels: np.ndarray, mean_std: tuple[tuple[float, ...], ...]) -> torch.Tensor:
     """uint8 ``[N, C, H, W]`` → float32 tensor ``(p/255 - mean)/std`` per channel."""
     mean = torch.tensor(mean_std[0], dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(mean_std[1], dtype=torch.float32).view(1, -1, 1, 1)
-    x = torch.from_numpy(np.asarray(pixels, dtype=np.float32).copy())
-    return x.div_(255.0).sub_(mean).div_(std)
+    return _float32(pixels).div_(255.0).sub_(mean).div_(std)
 
 
 def per_pixel_standardize(train: np.ndarray, test: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,12 +111,7 @@ def per_pixel_standardize(train: np.ndarray, test: np.ndarray) -> tuple[torch.Te
             sq += np.einsum("i...,i...->...", block, block)
     mean = torch.from_numpy(mu.astype(np.float32))
     scale = torch.from_numpy((np.sqrt(sq / n) + PER_PIXEL_EPS).astype(np.float32))
-
-    def apply(a: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(np.asarray(a, dtype=np.float32).copy())
-        return x.sub_(mean).div_(scale)
-
-    return apply(train), apply(test)
+    return _float32(train).sub_(mean).div_(scale), _float32(test).sub_(mean).div_(scale)
 
 
 def _scaled_images(
@@ -126,10 +124,7 @@ def _scaled_images(
     if normalize == "per_pixel":
         return per_pixel_standardize(train, test)
     if normalize == "unit":
-        return tuple(  # type: ignore[return-value]
-            torch.from_numpy(np.asarray(a, dtype=np.float32).copy()).div_(255.0)
-            for a in (train, test)
-        )
+        return _float32(train).div_(255.0), _float32(test).div_(255.0)
     return _normalize_images(train, mean_std), _normalize_images(test, mean_std)
 
 
@@ -173,14 +168,10 @@ def find_idx_dir(root: str | Path, subdirs: tuple[str, ...]) -> Path | None:
 
 
 def _idx_file(d: Path, stem: str) -> Path | None:
-    for name in (
-        stem,
-        stem + ".gz",
-        stem.replace("-idx", ".idx"),
-        stem.replace("-idx", ".idx") + ".gz",
-    ):
-        if (d / name).is_file():
-            return d / name
+    for base in (stem, stem.replace("-idx", ".idx")):
+        for name in (base, base + ".gz"):
+            if (d / name).is_file():
+                return d / name
     return None
 
 
@@ -308,25 +299,13 @@ def _load_mnist_pickle(path: str, normalize: Normalize = "global") -> DatasetArr
         raise DatasetError(f"{path}: unexpected MNIST pickle layout ({err})") from None
     if train_x.shape[0] != train_y.shape[0] or test_x.shape[0] != test_y.shape[0]:
         raise DatasetError(f"{path}: image and label counts differ")
+
     # The pickle stores pixel/256: recover the bytes, then normalize exactly like the IDX route.
-    mean, std = MNIST_MEAN_STD[0][0], MNIST_MEAN_STD[1][0]
-
-    def byte_scale(a: np.ndarray) -> torch.Tensor:
+    def as_bytes(a: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-        return t.mul_(256.0).round_().clamp_(0, 255)
+        return t.mul_(256.0).round_().clamp_(0, 255).to(torch.uint8).numpy()
 
-    def norm(a: np.ndarray) -> torch.Tensor:
-        return byte_scale(a).div_(255.0).sub_(mean).div_(std)
-
-    if normalize == "global":
-        train_t, test_t = norm(train_x), norm(test_x)
-    else:
-        train_t, test_t = _scaled_images(
-            byte_scale(train_x).to(torch.uint8).numpy(),
-            byte_scale(test_x).to(torch.uint8).numpy(),
-            normalize,
-            MNIST_MEAN_STD,
-        )
+    train_t, test_t = _scaled_images(as_bytes(train_x), as_bytes(test_x), normalize, MNIST_MEAN_STD)
     return DatasetArrays(
         name="mnist",
         train_x=train_t,
@@ -552,17 +531,7 @@ class SyntheticSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Generate (and cache) the dataset."""
-        return _make_synthetic(
-            self.alpha,
-            self.beta,
-            self.iid,
-            self.num_clients,
-            self.dim,
-            self.num_classes,
-            self.min_samples,
-            self.test_fraction,
-            self.seed,
-        )
+        return _make_synthetic(**self.model_dump())
 
 
 # ---------------------------------------------------------------------------------------- LibSVM
