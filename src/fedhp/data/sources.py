@@ -696,16 +696,9 @@ class LibsvmSource(DatasetSource):
         for field, p in (("path", self.path), ("test_path", self.test_path)):
             if p is not None and not Path(p).is_file():
                 raise DatasetError(f"dataset.{field}: LibSVM file {p} does not exist")
-        return _load_libsvm(
-            str(Path(self.path).resolve()),
-            str(Path(self.test_path).resolve()) if self.test_path else None,
-            self.test_fraction,
-            self.seed,
-            self.num_features,
-            self.zero_based,
-            self.task,
-            self.sparse,
-        )
+        test_path = str(Path(self.test_path).resolve()) if self.test_path else None
+        paths = {"path": str(Path(self.path).resolve()), "test_path": test_path}
+        return _load_libsvm(**{**self.model_dump(), **paths})
 
 
 def load_dataset(cfg: dict[str, Any], prefix: str = "dataset") -> DatasetArrays:
