@@ -68,22 +68,16 @@ class Result:
         """The final algorithm state (empty if the run stopped before writing it)."""
         if self._state is None:
             path = None if self.out_dir is None else self.out_dir / "final_state.pt"
-            self._state = _load_final_state(path) if path is not None else {}
+            self._state = {}
+            if path is not None and path.is_file():
+                import torch
+
+                self._state = torch.load(path, map_location="cpu", weights_only=True)["state"]
         return self._state
 
     def column(self, name: str) -> list[Any]:
         """``metrics[i][name]`` for every evaluated round that has it."""
         return [row[name] for row in self.metrics if name in row]
-
-
-def _load_final_state(path: Path) -> dict[str, torch.Tensor]:
-    import torch
-
-    if not path.is_file():
-        return {}
-    data = torch.load(path, map_location="cpu", weights_only=True)
-    state: dict[str, torch.Tensor] = data["state"]
-    return state
 
 
 def load_run(out_dir: str | Path) -> Result:

@@ -128,28 +128,24 @@ def read_runs(folders: Sequence[Path], metric: str) -> list[Run]:
         more = f" (and {len(broken) - 1} more runs cannot be read)" if len(broken) > 1 else ""
         raise ConfigError(f"{broken[0]}{more}; nothing to compare")
     for reason in broken:
-        warnings.warn(f"{reason}; left out", FedhpWarning, stacklevel=2)
+        _leave_out(reason)
     if any(metric in row for run in runs for row in run.rows):
         for run in [r for r in runs if not any(metric in row for row in r.rows)]:
-            warnings.warn(
-                f"{run.folder}: metrics.csv has no {metric} column; left out",
-                FedhpWarning,
-                stacklevel=2,
-            )
+            _leave_out(f"{run.folder}: metrics.csv has no {metric} column")
             runs.remove(run)
     kept: dict[str, Run] = {}
     for run in runs:
         key = f"{group_key(run.config)} seed={run.config.get('seed')!r}"
         if key in kept:
-            warnings.warn(
-                f"{run.folder}: the same configuration and seed as {kept[key].folder}; left out "
-                "(it adds no seed)",
-                FedhpWarning,
-                stacklevel=2,
-            )
+            same = f"{run.folder}: the same configuration and seed as {kept[key].folder}"
+            _leave_out(same, " (it adds no seed)")
             continue
         kept[key] = run
     return list(kept.values())
+
+
+def _leave_out(reason: str, why: str = "") -> None:
+    warnings.warn(f"{reason}; left out{why}", FedhpWarning, stacklevel=3)
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -294,7 +290,6 @@ def table(groups: Sequence[Group], metric: str) -> str:
                 total = run.rows[-1].get("cum_bytes_total")
                 if isinstance(total, int | float):
                     mbs.append(total / 1e6)
-        mb = _stat(mbs, 2)
         rows.append(
             [
                 group.label,
@@ -302,7 +297,7 @@ def table(groups: Sequence[Group], metric: str) -> str:
                 _stat(finals, digits, scale),
                 _stat(bests, digits, scale),
                 str(max(rounds, default=0)),
-                mb,
+                _stat(mbs, 2),
             ]
         )
     unit = " (%)" if in_percent(metric) else ""

@@ -248,9 +248,7 @@ class MetricsWriter:
 
 
 def _to_float(value: object) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, int | float):
+    if isinstance(value, int | float):  # (bool too)
         return float(value)
     if isinstance(value, str) and value.strip():
         try:
