@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from fedhp.data import ClientData, DatasetArrays
+from fedhp.data import ClientData, DatasetArrays, shakespeare
+from tests.data.shakespeare_play import write_plays
 
 
 def make_data(train_per_class: int, test_per_class: int, num_classes: int = 10) -> DatasetArrays:
@@ -71,3 +73,11 @@ def dh() -> SimpleNamespace:
     return SimpleNamespace(
         make_data=make_data, ids=ids, assert_disjoint=assert_disjoint, signature=signature
     )
+
+
+@pytest.fixture()
+def plays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
+    """Two fabricated plays in a folder (Shakespeare tests); the parse cache in a fresh folder."""
+    monkeypatch.setenv("FEDHP_CACHE_DIR", str(tmp_path / "cache"))
+    shakespeare._load.cache_clear()
+    return tmp_path / "texts", write_plays(tmp_path / "texts", count=2)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from fedhp.data.shakespeare import decode
 
 FRONT = """THE TRAGEDY OF TESTING
 
@@ -73,3 +76,13 @@ def write_plays(directory: Path, count: int = 2, **kwargs: int) -> dict[str, dic
     (directory / "sonnets_gut.txt").write_text("Shall I compare thee to a summer's day?\n")
     (directory / "play0_gut_f.txt").write_text(FRONT + "ALPHA.\nfolio spelling\n")
     return expected
+
+
+def positions(text: str, x: torch.Tensor, y: torch.Tensor) -> list[int]:
+    """Where each window (input + target) starts in ``text`` (each occurs exactly once)."""
+    found = []
+    for row, nxt in zip(x, y, strict=True):
+        window = decode(row) + decode(nxt.reshape(1))
+        assert text.count(window) == 1
+        found.append(text.index(window))
+    return found

@@ -29,18 +29,9 @@ from fedhp.data.shakespeare import (
 )
 from fedhp.engine.federation import Federation
 from fedhp.errors import ConfigError, DatasetError, FedhpWarning
-from tests.data.shakespeare_play import play_text, write_plays
+from tests.data.shakespeare_play import play_text, positions
 
 SEQ = 8
-
-
-@pytest.fixture()
-def plays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
-    """Two fabricated plays in a folder; the parse cache in a fresh folder."""
-    monkeypatch.setenv("FEDHP_CACHE_DIR", str(tmp_path / "cache"))
-    shakespeare._load.cache_clear()
-    expected = write_plays(tmp_path / "texts", count=2)
-    return tmp_path / "texts", expected
 
 
 def role_text(speeches: list[str]) -> str:
@@ -122,18 +113,9 @@ def test_split_by_position_leaves_no_overlap(plays: tuple[Path, dict]) -> None:
         play, role = name.split(":")
         text = role_text(expected[play][role])
         n = len(text) - SEQ
-
-        def positions(x: torch.Tensor, y: torch.Tensor, text: str = text) -> list[int]:
-            found = []
-            for row, nxt in zip(x, y, strict=True):
-                window = decode(row) + decode(nxt.reshape(1))
-                assert text.count(window) == 1
-                found.append(text.index(window))
-            return found
-
         mine, theirs = data.train_owner == cid, data.test_owner == cid
-        train = positions(data.train_x[mine], data.train_y[mine])
-        test = positions(data.test_x[theirs], data.test_y[theirs])
+        train = positions(text, data.train_x[mine], data.train_y[mine])
+        test = positions(text, data.test_x[theirs], data.test_y[theirs])
         assert train == list(range(max(1, int(0.8 * n))))
         assert test and min(test) > max(train) + SEQ  # last train character < first test one
         assert min(test) == max(train) + SEQ + 1  # ... and nothing more is thrown away

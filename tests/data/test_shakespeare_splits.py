@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from fedhp.data import DATASETS, shakespeare
 from fedhp.data.shakespeare import (
@@ -23,27 +22,9 @@ from fedhp.data.shakespeare import (
 )
 from fedhp.data.shakespeare_cli import main
 from fedhp.errors import ConfigError, DatasetError
-from tests.data.shakespeare_play import write_plays
+from tests.data.shakespeare_play import positions
 
 SEQ = 8
-
-
-@pytest.fixture()
-def plays(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
-    """Two fabricated plays; the parse cache in a fresh folder."""
-    monkeypatch.setenv("FEDHP_CACHE_DIR", str(tmp_path / "cache"))
-    shakespeare._load.cache_clear()
-    return tmp_path / "texts", write_plays(tmp_path / "texts", count=2)
-
-
-def positions(text: str, x: torch.Tensor, y: torch.Tensor) -> list[int]:
-    """Where each window (input + target) starts in ``text`` (each occurs exactly once)."""
-    found = []
-    for row, nxt in zip(x, y, strict=True):
-        window = decode(row) + decode(nxt.reshape(1))
-        assert text.count(window) == 1
-        found.append(text.index(window))
-    return found
 
 
 def located(
