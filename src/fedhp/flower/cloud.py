@@ -208,12 +208,8 @@ class FlowerDriver:
                 continue
             parts[shard.index] = _Part(shard, part)
             arrays = {"clients": part.clients, "gen": gen_state}
-            if part.edges is not None:
-                arrays["edges"] = part.edges
-            if part.agg_edges is not None:
-                arrays["agg"] = part.agg_edges
-            if part.stragglers is not None:
-                arrays["stragglers"] = part.stragglers
+            optional = {"edges": part.edges, "agg": part.agg_edges, "stragglers": part.stragglers}
+            arrays.update({k: v for k, v in optional.items() if v is not None})
             arrays.update({f"b.{k}": v for k, v in part.broadcast.items()})
             arrays.update({f"c.{k}": v for k, v in part.per_client.items()})
             meta: dict[str, int | float | str] = {"round": rnd, "shard": shard.index}
@@ -510,18 +506,14 @@ def _must(value: torch.Tensor | None) -> torch.Tensor:
 
 def _split(task: Task, shard: Shard) -> Task | None:
     """``shard``'s part of ``task`` (global indices), or None when it has no part."""
+
+    def hosted(ids: torch.Tensor | None, among: torch.Tensor) -> torch.Tensor | None:
+        return None if ids is None else ids[torch.isin(ids, among.to(ids.device))]
+
     mask = torch.isin(task.clients, shard.clients.to(task.clients.device))
-    edges = agg = None
-    if task.edges is not None:
-        edges = task.edges[torch.isin(task.edges, shard.edges.to(task.edges.device))]
-    if task.agg_edges is not None:
-        agg = task.agg_edges[torch.isin(task.agg_edges, shard.edges.to(task.agg_edges.device))]
+    edges, agg = hosted(task.edges, shard.edges), hosted(task.agg_edges, shard.edges)
     if not bool(mask.any()) and (edges is None or len(edges) == 0):
         return None
-    stragglers = None
-    if task.stragglers is not None:
-        held = torch.isin(task.stragglers, shard.clients.to(task.stragglers.device))
-        stragglers = task.stragglers[held]
     return Task(
         task.clients[mask],
         edges,
@@ -529,5 +521,5 @@ def _split(task: Task, shard: Shard) -> Task | None:
         dict(task.broadcast),
         {k: v[mask] for k, v in task.per_client.items()},
         dict(task.scalars),
-        stragglers,
+        hosted(task.stragglers, shard.clients),
     )
