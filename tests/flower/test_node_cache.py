@@ -11,17 +11,18 @@ import pytest
 import torch
 
 from fedhp.config import RunConfig, resolve_config
+from fedhp.data.sources import ENV_CACHE_DIR, cache_dir
 from fedhp.data.types import ClientData
 from fedhp.flower import node as node_module
 from fedhp.flower.node import build_node
-from fedhp.flower.node_cache import ENV_CACHE_DIR, cache_dir, cache_key, cached_node_data
+from fedhp.flower.node_cache import cache_key, cached_node_data
 
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(ENV_CACHE_DIR, str(tmp_path))
     node_module._PARTITIONS.clear()
-    return cache_dir()
+    return cache_dir("nodes")
 
 
 def _partition_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:

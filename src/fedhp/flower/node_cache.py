@@ -25,23 +25,16 @@ from typing import Any
 import torch
 
 from fedhp.data import partition, sources, subsample
-from fedhp.data.sources import ENV_DATA_DIR
+from fedhp.data.sources import ENV_DATA_DIR, cache_dir
 from fedhp.data.types import ClientData
 from fedhp.version import __version__
 
-ENV_CACHE_DIR = "FEDHP_CACHE_DIR"
 FORMAT = 1
 _FIELDS = ("train_x", "train_y", "test_x", "test_y", "val_x", "val_y")
 
 NodeData = tuple[list[ClientData], int, int, int]
 """The node's clients, the number of classes, and the largest/smallest training set of all
 clients (the minibatch sampler needs both)."""
-
-
-def cache_dir() -> Path:
-    """``$FEDHP_CACHE_DIR/nodes``, else ``~/.cache/fedhp/nodes``."""
-    root = os.environ.get(ENV_CACHE_DIR) or Path.home() / ".cache" / "fedhp"
-    return Path(root) / "nodes"
 
 
 def cache_key(spec: dict[str, Any]) -> str:
@@ -97,7 +90,7 @@ def cached_node_data(
     A cache that cannot be written (read-only home, full disk) is skipped silently."""
     if not enabled:
         return build()
-    path = cache_dir() / f"{cache_key(spec)}.pt"
+    path = cache_dir("nodes") / f"{cache_key(spec)}.pt"
     if path.is_file() and (found := _load(path)) is not None:
         return found
     data = build()
