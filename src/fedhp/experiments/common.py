@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -220,29 +221,52 @@ def method_job(method: str, key: str | None = None, model: str | None = None, **
     return Job(key, method, overrides, dict(params), model)
 
 
-def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """mean ± std over seeds of every accuracy key present, plus time and divergence notes."""
-    out: dict[str, Any] = {"seeds": len(summaries)}
-    for key in (*ACC_KEYS, "seconds", "seconds_per_round"):
+def stat(values: Sequence[float]) -> dict[str, float]:
+    """``{"mean", "std"}`` of ``values`` (:func:`mean_std`)."""
+    m, sd = mean_std(values)
+    return {"mean": m, "std": sd}
+
+
+def stat_cell(entry: Mapping[str, float] | None, fmt: str = ".4f") -> str:
+    """A :func:`stat` as ``mean ± std`` in ``fmt`` (the mean alone without a spread; ``—``
+    without a mean)."""
+    if entry is None or math.isnan(entry["mean"]):
+        return "—"
+    text = format(entry["mean"], fmt)
+    return (
+        text if entry["std"] == 0 or math.isnan(entry["std"]) else f"{text} ± {entry['std']:{fmt}}"
+    )
+
+
+def seed_stats(summaries: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+    """Per key: mean, std and the values over the seeds' summaries that have a number there
+    (empty where none has one); ``stopped`` (as strings) where a seed stopped."""
+    out: dict[str, Any] = {}
+    for key in keys:
         values = [float(s[key]) for s in summaries if isinstance(s.get(key), int | float)]
-        if values:
-            m, sd = mean_std(values)
-            out[key] = {"mean": m, "std": sd, "values": values}
+        out[key] = {**stat(values), "values": values}
     stopped = [str(s["stopped"]) for s in summaries if s.get("stopped")]
     if stopped:
         out["stopped"] = stopped
+    return out
+
+
+def aggregate(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """mean ± std over seeds of every accuracy key present, plus time and divergence notes."""
+    stats = seed_stats(summaries, (*ACC_KEYS, "seconds", "seconds_per_round"))
+    out: dict[str, Any] = {"seeds": len(summaries)}
+    out.update((k, v) for k, v in stats.items() if k == "stopped" or v["values"])
     for key in ("gradient_evaluations_per_round", "num_params", "rounds"):
         if summaries and key in summaries[0]:
             out[key] = summaries[0][key]
     return out
 
 
-def _log(opts: ReproOptions, text: str) -> None:
+def log(opts: ReproOptions, text: str) -> None:
+    """``text`` on stderr unless ``--quiet``."""
     if not opts.quiet:
         print(text, file=sys.stderr, flush=True)
 
-
-RunFn = Callable[[Any, Path], dict[str, Any]]
 
 COSMETIC_OPTIONS: tuple[str, ...] = ("progress", "checkpoint_every")
 """Top-level options that change what a run prints or how often it saves a checkpoint, never
@@ -313,10 +337,8 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     Besides the runner's files, writes ``nodes.json``: the accumulated traffic per node of every
     link (:meth:`fedhp.comm.CommLedger.node_totals`)."""
     from fedhp.api import prepare, run_built
-    from fedhp.comm import LINKS
     from fedhp.config import config_to_dict, resolve_config
     from fedhp.errors import DivergenceError
-    from fedhp.reporting import write_json_atomic
 
     done = finished_summary(overrides, folder)
     if done is not None:
@@ -336,8 +358,7 @@ def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     except DivergenceError as err:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         summary["stopped"] = str(err)
-    nodes = {link: exp.ctx.ledger.node_totals(link) for link in LINKS}
-    write_json_atomic(folder / "nodes.json", {k: v for k, v in nodes.items() if v})
+    write_nodes(folder, exp)
     return summary
 
 
@@ -383,13 +404,13 @@ def map_runs(
         yield folder, result, time.perf_counter() - start
 
 
-def _write_nodes(spec: Any, exp: Any) -> None:
-    """nodes.json: the accumulated traffic per node of every link."""
+def write_nodes(folder: Path, exp: Any) -> None:
+    """``folder/nodes.json``: the accumulated traffic per node of every link."""
     from fedhp.comm import LINKS
     from fedhp.reporting import write_json_atomic
 
     nodes = {link: exp.ctx.ledger.node_totals(link) for link in LINKS}
-    write_json_atomic(spec.folder / "nodes.json", {k: v for k, v in nodes.items() if v})
+    write_json_atomic(folder / "nodes.json", {k: v for k, v in nodes.items() if v})
 
 
 def _batched_runs(
@@ -417,7 +438,7 @@ def _batched_runs(
     per_batch = runs_per_batch_of(specs[0]) if gpu and len(specs) > 1 else None
     for batch in make_batches(specs, per_batch):
         start = time.perf_counter()
-        report = run_batch(batch, "auto", after=_write_nodes)
+        report = run_batch(batch, "auto", after=lambda spec, exp: write_nodes(spec.folder, exp))
         seconds = (time.perf_counter() - start) / len(batch)
         for spec, summary, status in zip(batch, report.summaries, report.statuses, strict=True):
             if status == "finished":
@@ -450,25 +471,32 @@ def run_keyed(
             else summary.get("final_global_acc", math.nan)
         )
         how = "reused" if summary.get("reused") else f"{sec:.0f}s"
-        _log(opts, f"[{len(done)}/{len(tasks)}] {label(key)}: acc={acc:.4f} {how}")
+        log(opts, f"[{len(done)}/{len(tasks)}] {label(key)}: acc={acc:.4f} {how}")
     return done
 
 
-def run_method_seeds(
+def run_seeds(
     opts: ReproOptions,
-    methods: Sequence[str],
-    overrides: Callable[[str, int], list[str]],
-    runs: Path,
+    keys: Sequence[Key],
+    overrides: Callable[[Key, int], list[str]],
+    folder: Callable[[Key], Path],
+    label: Callable[[Key], str],
     accuracy: Callable[[Path, dict[str, Any]], float] | None = None,
-) -> dict[tuple[str, int], dict[str, Any]]:
-    """:func:`run_keyed` over every (method, seed 0..opts.seeds-1), run in
-    ``runs/<method>/seed<seed>`` with ``overrides(method, seed)``; summaries by (method, seed)."""
-    tasks = [
-        ((method, seed), overrides(method, seed), runs / method / f"seed{seed}")
-        for method in methods
-        for seed in range(opts.seeds)
-    ]
-    return run_keyed(opts, tasks, lambda k: f"{k[0]} seed {k[1]}", accuracy)
+    seeds: Sequence[int] | None = None,
+    seed_major: bool = False,
+) -> dict[Key, list[dict[str, Any]]]:
+    """:func:`run_keyed` over every key × seed (``seeds``: 0..opts.seeds-1 unless given;
+    ``seed_major``: every key of a seed before the next seed), run in ``folder(key)/seed<seed>``
+    with ``overrides(key, seed)``; each key's summaries in seed order."""
+    seeds = range(opts.seeds) if seeds is None else seeds
+    pairs = (
+        [(k, s) for s in seeds for k in keys]
+        if seed_major
+        else [(k, s) for k in keys for s in seeds]
+    )
+    tasks = [((k, s), overrides(k, s), folder(k) / f"seed{s}") for k, s in pairs]
+    done = run_keyed(opts, tasks, lambda ks: f"{label(ks[0])} seed {ks[1]}", accuracy)
+    return {k: [done[(k, s)] for s in seeds] for k in keys}
 
 
 def job_tasks(
@@ -500,8 +528,9 @@ def run_jobs(
     (each with ``opts.threads`` torch threads)."""
     tasks = job_tasks(jobs, opts, runs_dir)
     done: dict[tuple[str, int], dict[str, Any]] = {}
-
-    def finish(key: str, seed: int, folder: Path, summary: dict[str, Any], sec: float) -> None:
+    by_folder = {folder: (key, seed) for key, seed, _, folder in tasks}
+    for folder, summary, sec in map_runs([(ov, f) for _, _, ov, f in tasks], opts.jobs, run):
+        key, seed = by_folder[folder]
         summary["folder"] = str(folder)
         done[(key, seed)] = summary
         accs = " ".join(
@@ -510,12 +539,7 @@ def run_jobs(
         run_sec = summary.get("seconds")
         how = f"{run_sec if isinstance(run_sec, int | float) else sec:.0f}s"
         how = "reused" if summary.get("reused") else how
-        _log(opts, f"[{len(done)}/{len(tasks)}] {key} seed {seed}: {how} {accs}")
-
-    by_folder = {folder: (key, seed) for key, seed, _, folder in tasks}
-    for folder, summary, sec in map_runs([(ov, f) for _, _, ov, f in tasks], opts.jobs, run):
-        key, seed = by_folder[folder]
-        finish(key, seed, folder, summary, sec)
+        log(opts, f"[{len(done)}/{len(tasks)}] {key} seed {seed}: {how} {accs}")
     results: dict[str, dict[str, Any]] = {}
     for job in jobs:
         summaries = [done[(job.key, seed)] for seed in range(opts.seeds)]
@@ -557,7 +581,7 @@ def user_overrides_read(jobs: Sequence[Job], opts: ReproOptions) -> dict[str, li
         if len(takers) < len(jobs):
             left = ", ".join(job.key for job in jobs if job not in takers)
             key = item.partition("=")[0].strip()
-            _log(opts, f"{key} is not read by {left}; applied to the other methods")
+            log(opts, f"{key} is not read by {left}; applied to the other methods")
         for job in takers:
             out[job.key].append(item)
     return out
@@ -624,20 +648,35 @@ def overrides_text(extra: Sequence[str]) -> str:
     return f" Overrides given to every run (they win over the settings above): {listed}."
 
 
-def describe(opts: ReproOptions) -> str:
-    """One paragraph naming what was run."""
-    import os
-
+def machine() -> str:
+    """``machine: <n> CPUs, torch <version>``, for the descriptions."""
     import torch
 
+    return f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}"
+
+
+def run_tail(opts: ReproOptions, seed: int, checkpoint_every: int, *more: str) -> list[str]:
+    """The overrides that close a study's run: threads, no progress bar, the checkpoint interval,
+    ``more``, the seed and the user's own overrides (last, so they win)."""
+    return [
+        f"threads={opts.threads}",
+        "progress=false",
+        f"checkpoint_every={checkpoint_every}",
+        *more,
+        f"seed={seed}",
+        *opts.extra,
+    ]
+
+
+def describe(opts: ReproOptions) -> str:
+    """One paragraph naming what was run."""
     train, test = SETTINGS[opts.key]
     return (
         f"{opts.dataset} Setting {opts.setting} ({train} train / {test} test samples per class, "
         f"20 clients with 5 labels each, 4 edges of 5 clients); model "
         f"{MODEL_TEXT.get(opts.model_name, opts.model_name)}; T = {opts.rounds} rounds, "
         f"evaluated every {opts.eval_every}; seeds 0..{opts.seeds - 1}; |D| = {BATCH}, K = {K}, "
-        f"R = {R}, η1 = η2 = {LR}, β = 1; torch threads = {opts.threads} "
-        f"(machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"R = {R}, η1 = η2 = {LR}, β = 1; torch threads = {opts.threads} ({machine()}). "
         f"Every method gets {BUDGET} minibatch gradient steps of |D| = {BATCH} per client per "
         f"round (Per-FedAvg: {BUDGET // 2} meta-steps of 2 gradients each; centralized: {BUDGET} "
         f"steps of {BATCH}×20 samples from the union). {inputs_text(opts.dataset, opts.extra)}"
@@ -668,6 +707,29 @@ def write_table(out: Path, table: dict[str, Any]) -> None:
     (out / "table.md").write_text(table["markdown"])
     write_json_atomic(out / "table.json", {k: v for k, v in table.items() if k != "markdown"})
     print(table["markdown"])
+
+
+def write_study(
+    opts: ReproOptions, out: Path, head: str, text: str, result: dict[str, Any]
+) -> dict[str, Any]:
+    """What a study (``dp``, ``robust``, ``fedlps-*``, ...) leaves in its output folder:
+    ``out/table.md`` (``head``, a blank line, the tables ``text``) and ``out/table.json``
+    (``result``); ``text`` on stderr unless ``--quiet``. Returns ``result``."""
+    from fedhp.reporting import write_json_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(f"{head}\n\n{text}")
+    write_json_atomic(out / "table.json", result)
+    if not opts.quiet:
+        print(text, file=sys.stderr)
+    return result
+
+
+def print_result(words: str, row: Mapping[str, Any], formats: Mapping[str, str]) -> None:
+    """Print one result line, flushed: ``words``, then ``key=<mean over seeds>`` for each key of
+    ``formats`` (``row[key]["mean"]`` in that key's format spec)."""
+    means = " ".join(f"{key}={row[key]['mean']:{spec}}" for key, spec in formats.items())
+    print(f"{words} {means}", flush=True)
 
 
 def reproduce_table(

@@ -27,15 +27,23 @@ the run's summary.json, the final global accuracy, mean over seeds); writes ``ta
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import MODEL_TEXT, MODELS, ReproOptions, inputs_text, run_keyed
-from fedhp.experiments.study_files import write_study
+from fedhp.experiments.common import (
+    MODEL_TEXT,
+    MODELS,
+    ReproOptions,
+    inputs_text,
+    machine,
+    pct,
+    run_seeds,
+    seed_stats,
+    write_study,
+)
 from fedhp.reporting import Line, plot_lines
-from fedhp.tables import markdown_table, mean_std
+from fedhp.tables import markdown_table
 
 NAME = "dp"
 EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
@@ -161,13 +169,7 @@ def row_of(method: str, target: float, summaries: list[dict[str, Any]]) -> dict[
         "rounds": summaries[0].get("rounds"),
         "folders": [s["folder"] for s in summaries],
     }
-    for key in ("final_global_acc", "best_global_acc", "seconds"):
-        values = [float(s[key]) for s in summaries if isinstance(s.get(key), int | float)]
-        m, sd = mean_std(values)
-        out[key] = {"mean": m, "std": sd, "values": values}
-    stopped = [str(s["stopped"]) for s in summaries if s.get("stopped")]
-    if stopped:
-        out["stopped"] = stopped
+    out.update(seed_stats(summaries, ("final_global_acc", "best_global_acc", "seconds")))
     return out
 
 
@@ -189,7 +191,6 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     ]
     body = []
     for r in rows:
-        acc, best = r["final_global_acc"], r["best_global_acc"]
         body.append(
             [
                 r["method"],
@@ -198,8 +199,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 f"{r['noise_multiplier']:.4f}",
                 _num(r["clip_norm"], 2),
                 _num(r["epsilon"], 4),
-                f"{100 * acc['mean']:.2f} ± {100 * acc['std']:.2f}",
-                f"{100 * best['mean']:.2f} ± {100 * best['std']:.2f}",
+                pct(r["final_global_acc"]),
+                pct(r["best_global_acc"]),
                 f"{r['seconds']['mean']:.0f}",
             ]
         )
@@ -207,8 +208,6 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def describe(opts: ReproOptions) -> str:
-    import torch
-
     return (
         f"MNIST, {NUM_CLIENTS} clients, shards partition (2 label-sorted shards of 30 images "
         f"each), {MODEL_TEXT[model_of(opts)]}, uniform weighting; FedAvg: Poisson sampling "
@@ -221,7 +220,7 @@ def describe(opts: ReproOptions) -> str:
         f"{CLIP} and noise at each edge, T = {rounds_of(opts, 'hierfavg')} rounds, fixed "
         f"sampling of all clients (no amplification), κ2 releases per round. Seeds "
         f"0..{opts.seeds - 1}; torch threads = {opts.threads}, {opts.jobs} run(s) at once "
-        f"(machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"({machine()}). "
         f"{inputs_text('mnist', opts.extra)}"
     )
 
@@ -261,21 +260,17 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     methods = opts.chosen_methods(["fedavg"], METHODS)
     tag = ("quick-" if opts.quick else "") + model_of(opts)
     out, runs = opts.folders(f"dp-{opts.dataset}-{tag}")
-    tasks = [
-        (
-            (method, eps, seed),
-            run_overrides(opts, method, eps, seed),
-            runs / method / f"eps{_tag(eps)}" / f"seed{seed}",
-        )
-        for method in methods
-        for eps in EPSILONS
-        for seed in range(opts.seeds)
-    ]
-    done = run_keyed(opts, tasks, lambda k: f"{k[0]} eps={_tag(k[1])} seed {k[2]}")
+    done = run_seeds(
+        opts,
+        [(method, eps) for method in methods for eps in EPSILONS],
+        lambda key, seed: run_overrides(opts, *key, seed),
+        lambda key: runs / key[0] / f"eps{_tag(key[1])}",
+        lambda key: f"{key[0]} eps={_tag(key[1])}",
+    )
     rows = []
     for method in methods:
         for eps in EPSILONS:
-            row = row_of(method, eps, [done[(method, eps, s)] for s in range(opts.seeds)])
+            row = row_of(method, eps, done[(method, eps)])
             rows.append(row)
             realized = math.inf if row["epsilon"] is None else row["epsilon"]
             print(f"dp {method} eps={realized:.4f} acc={row['final_global_acc']['mean']:.4f}")

@@ -32,6 +32,7 @@ from fedhp.errors import ConfigError
 from fedhp.experiments.common import (
     ReproOptions,
     inputs_text,
+    log,
     map_runs,
     markdown_table,
     overrides_text,
@@ -60,9 +61,8 @@ class Problem:
     tune_rounds: int
     gammas: tuple[float, ...] = PAPER_GRID + EXTENDED
     ks: tuple[int, ...] = KS
-    eval_every: int = (
-        1  # full runs: evaluate every n rounds (MNIST/LibSVM: 5, evaluation is costly)
-    )
+    # full runs: evaluate every n rounds (MNIST/LibSVM: 5, evaluation is costly)
+    eval_every: int = 1
 
 
 def _common(tau: int, batch: int, clients: int) -> list[str]:
@@ -171,11 +171,6 @@ def _libsvm_task(path: str) -> tuple[str, str]:
     return ("classification", "logreg") if len(labels) == 2 else ("regression", "linreg")
 
 
-def _log(opts: ReproOptions, text: str) -> None:
-    if not opts.quiet:
-        print(text, flush=True, file=__import__("sys").stderr)
-
-
 RunSpec = tuple[str, float, int, int, int]
 """(method, γ, K, rounds, eval_every) of one run."""
 
@@ -209,17 +204,11 @@ def _prefetch(
 
 
 def _run(
-    opts: ReproOptions,
-    prob: Problem,
-    folder: Path,
-    method: str,
-    gamma: float,
-    k: int,
-    rounds: int,
-    every: int,
+    opts: ReproOptions, prob: Problem, runs: Path, stage: str, spec: RunSpec
 ) -> list[dict[str, float]]:
     """One run (reused if done before); its metrics rows (empty if it diverged at once)."""
-    run_config(_overrides(opts, prob, (method, gamma, k, rounds, every)), folder)
+    folder = _folder(runs, stage, spec)
+    run_config(_overrides(opts, prob, spec), folder)
     return read_metrics(folder)
 
 
@@ -240,16 +229,11 @@ def tune(opts: ReproOptions, prob: Problem, runs: Path) -> dict[str, dict[str, d
         for k in ((1,) if method == "diht" else prob.ks)
     ]
     _prefetch(opts, prob, runs, "tune", specs)
-    for method in METHODS:
-        for gamma in prob.gammas:
-            for k in (1,) if method == "diht" else prob.ks:
-                folder = runs / "tune" / f"{method}-g{gamma:g}-K{k}"
-                rows = _run(
-                    opts, prob, folder, method, gamma, k, prob.tune_rounds, prob.tune_rounds
-                )
-                value = final_objective(rows, prob.tune_rounds)
-                grid.setdefault(method, {}).setdefault(f"{gamma:g}", {})[str(k)] = value
-                _log(opts, f"tune {prob.name} {method} γ={gamma:g} K={k}: {value:.6g}")
+    for spec in specs:
+        method, gamma, k = spec[:3]
+        value = final_objective(_run(opts, prob, runs, "tune", spec), prob.tune_rounds)
+        grid.setdefault(method, {}).setdefault(f"{gamma:g}", {})[str(k)] = value
+        log(opts, f"tune {prob.name} {method} γ={gamma:g} K={k}: {value:.6g}")
     return grid
 
 
@@ -332,9 +316,7 @@ def compare(
     """Full runs of the three methods at ``settings`` (method -> (γ, K)) and their table rows."""
     curves = {}
     for m in METHODS:
-        gamma, k = settings[m]
-        folder = runs / "full" / f"{m}-g{gamma:g}-K{k}"
-        curves[m] = _run(opts, prob, folder, m, gamma, k, prob.rounds, prob.eval_every)
+        curves[m] = _run(opts, prob, runs, "full", (m, *settings[m], prob.rounds, prob.eval_every))
     base = [r for r in curves["diht"] if int(r["round"]) == prob.target_round]
     target = base[0]["objective"] if base else math.inf
     rows = []
@@ -378,17 +360,10 @@ def figures(
 ) -> list[str]:
     """Objective vs rounds, vs local iterations, vs simulated time; the effect of K."""
     title = f"{prob.name}: γ={gamma:g}"
-    by_round = {f"{LABELS[m]} (K={settings[m][1]})": _series(curves[m]) for m in METHODS}
-    by_iter = {
-        f"{LABELS[m]} (K={settings[m][1]})": _series(curves[m], scale=settings[m][1])
-        for m in METHODS
-    }
-    by_time = {
-        f"{LABELS[m]} (K={settings[m][1]})": _series(
-            curves[m], scale=COMM_S + settings[m][1] * STEP_S
-        )
-        for m in METHODS
-    }
+    label = {m: f"{LABELS[m]} (K={settings[m][1]})" for m in METHODS}
+    by_round = {label[m]: _series(curves[m]) for m in METHODS}
+    by_iter = {label[m]: _series(curves[m], settings[m][1]) for m in METHODS}
+    by_time = {label[m]: _series(curves[m], COMM_S + settings[m][1] * STEP_S) for m in METHODS}
     files = {
         "objective_rounds.png": (by_round, "communication rounds"),
         "objective_iterations.png": (by_iter, "local iterations (rounds × K)"),
@@ -427,8 +402,7 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
         prob.rounds = opts.rounds
         prob.target_round = min(prob.target_round, opts.rounds)
         prob.tune_rounds = min(prob.tune_rounds, opts.rounds)
-    out = opts.out or Path("runs") / "reproduce" / f"fedht-{name}"
-    runs = opts.runs or out / "runs"
+    out, runs = opts.folders(f"fedht-{name}")
     out.mkdir(parents=True, exist_ok=True)
     if prob.tune_rounds:
         grid = tune(opts, prob, runs)
@@ -451,10 +425,8 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
     k_curves = {}
     for m in ("fedht", "fediterht"):
         for k in prob.ks:
-            folder = runs / "full" / f"{m}-g{gamma:g}-K{k}"
-            k_curves[f"{LABELS[m]} K={k}"] = _run(
-                opts, prob, folder, m, gamma, k, prob.rounds, prob.eval_every
-            )
+            spec = (m, gamma, k, prob.rounds, prob.eval_every)
+            k_curves[f"{LABELS[m]} K={k}"] = _run(opts, prob, runs, "full", spec)
     files = figures(out, prob, curves, shared, k_curves, gamma)
     tuned_rows: list[dict[str, Any]] = []
     if prob.tune_rounds:

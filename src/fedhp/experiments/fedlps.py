@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +34,16 @@ from fedhp.errors import ConfigError
 from fedhp.experiments.common import (
     ReproOptions,
     inputs_text,
+    machine,
     markdown_table,
-    mean_std,
-    run_method_seeds,
+    print_result,
+    run_seeds,
+    run_tail,
+    stat,
+    stat_cell,
+    write_study,
 )
 from fedhp.experiments.figures import read_metrics
-from fedhp.experiments.study_files import print_result, write_study
 from fedhp.reporting import plot_curves
 
 TABLE1 = (
@@ -229,11 +232,7 @@ def run_overrides(opts: ReproOptions, method: str, seed: int) -> list[str]:
         f"rounds={rounds}",
         "eval_every=1",
         "eval_train=false",
-        f"threads={opts.threads}",
-        "progress=false",
-        "checkpoint_every=10",
-        f"seed={seed}",
-        *opts.extra,
+        *run_tail(opts, seed, 10),
     ]
 
 
@@ -274,11 +273,6 @@ def row_of(method: str, summaries: list[dict[str, Any]], opts: ReproOptions) -> 
         flops.append(float(last.get("flops", math.nan)))
         sims.append(float(last.get("sim_time_s", math.nan)))
         ttas.append(time_to_accuracy(folder, setup_of(opts).target))
-
-    def stat(values: list[float]) -> dict[str, float]:
-        m, sd = mean_std(values)
-        return {"mean": m, "std": sd}
-
     paper_acc, paper_flops = PAPER.get(opts.dataset, {}).get(method, (math.nan, None))
     return {
         "method": method,
@@ -351,13 +345,6 @@ def density_markdown(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _cell(stat: dict[str, float], fmt: str) -> str:
-    if math.isnan(stat["mean"]):
-        return "—"
-    text = format(stat["mean"], fmt)
-    return text if stat["std"] == 0 or math.isnan(stat["std"]) else f"{text} ± {stat['std']:{fmt}}"
-
-
 def markdown(rows: list[dict[str, Any]], target: float) -> str:
     header = [
         "method",
@@ -376,22 +363,20 @@ def markdown(rows: list[dict[str, Any]], target: float) -> str:
         body.append(
             [
                 r["label"],
-                _cell(r["acc"], ".4f"),
-                _cell(r["best_acc"], ".4f"),
+                stat_cell(r["acc"], ".4f"),
+                stat_cell(r["best_acc"], ".4f"),
                 "—" if math.isnan(r["paper_acc"]) else f"{r['paper_acc']:.4f}",
-                _cell(flops, ".3f"),
+                stat_cell(flops, ".3f"),
                 "—" if r["paper_flops"] is None else f"{r['paper_flops'] / 1e12:.1f}",
-                _cell(r["sim_time_s"], ".1f"),
-                _cell(r["tta_s"], ".1f"),
-                _cell(r["seconds"], ".0f"),
+                stat_cell(r["sim_time_s"], ".1f"),
+                stat_cell(r["tta_s"], ".1f"),
+                stat_cell(r["seconds"], ".0f"),
             ]
         )
     return markdown_table(header, body)
 
 
 def describe(opts: ReproOptions) -> str:
-    import torch
-
     rounds, epochs = scale(opts)
     setup = setup_of(opts)
     model = opts.model or " ".join(o.split("=", 1)[1] for o in setup.model)
@@ -408,8 +393,8 @@ def describe(opts: ReproOptions) -> str:
         f"match batch 32); sim. time and TTA (first round at ≥ {setup.target:.0%}) under FedLPS's "
         f"cost model, every row (FedAvg, FedPer, Ditto, Per-FedAvg train the full model "
         f"at any z); wall s: wall-clock seconds per run, torch "
-        f"threads = {opts.threads}, {opts.jobs} runs at once (machine: {os.cpu_count()} CPUs, "
-        f"torch {torch.__version__}). {inputs_text(opts.dataset, opts.extra)}"
+        f"threads = {opts.threads}, {opts.jobs} runs at once ({machine()}). "
+        f"{inputs_text(opts.dataset, opts.extra)}"
     ).rstrip()
 
 
@@ -421,17 +406,18 @@ def reproduce(opts: ReproOptions, experiment: str) -> dict[str, Any]:
     methods = opts.chosen_methods(default, allowed)
     tag = "quick" if opts.quick else "paper"
     out, runs = opts.folders(f"fedlps-{experiment}-{opts.dataset}-{tag}")
-    done = run_method_seeds(
+    done = run_seeds(
         opts,
         methods,
         lambda method, seed: run_overrides(opts, method, seed),
-        runs,
+        lambda method: runs / method,
+        str,
         lambda folder, _: personal_curve(folder)[-1][1],
     )
     rows: list[dict[str, Any]] = []
     series: dict[str, tuple[list[float], list[float]]] = {}
     for method in methods:
-        summaries = [done[(method, seed)] for seed in range(opts.seeds)]
+        summaries = done[method]
         row = row_of(method, summaries, opts)
         rows.append(row)
         formats = {"acc": ".4f", "flops": ".4g", "sim_time_s": ".2f"}

@@ -17,7 +17,6 @@ seeds); writes ``table.md`` / ``table.json`` and one accuracy-per-round PNG per 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,15 @@ from fedhp.errors import ConfigError
 from fedhp.experiments.common import (
     ReproOptions,
     inputs_text,
+    machine,
     markdown_table,
-    mean_std,
-    run_keyed,
+    print_result,
+    run_seeds,
+    run_tail,
+    stat,
+    write_study,
 )
 from fedhp.experiments.figures import read_metrics
-from fedhp.experiments.study_files import print_result, write_study
 from fedhp.reporting import plot_curves
 
 NUM_CLIENTS = 10
@@ -92,7 +94,6 @@ PAPER_TIME_S: dict[str, dict[str, float]] = {
     "moon": {"feature": 10692, "label": 8814, "quantity": 11544},
     "fednova": {"feature": 6525, "label": 7098, "quantity": 6006},
 }
-PAPER_TRAFFIC_MB = {"scaffold": 13380.0}  # every other method: 8,920 MB
 
 
 @dataclass(frozen=True)
@@ -225,11 +226,7 @@ def run_overrides(opts: ReproOptions, skew: str, method: str, seed: int) -> list
         *method_overrides(method, scale, opts.leak),
         f"rounds={rounds}",
         "eval_every=1",
-        f"threads={opts.threads}",
-        "progress=false",
-        "checkpoint_every=5",
-        f"seed={seed}",
-        *opts.extra,
+        *run_tail(opts, seed, 5),
     ]
     return out
 
@@ -242,11 +239,6 @@ def paper_traffic_mb(method: str, num_params: int, rounds: int) -> float:
 
 def row_of(skew: str, method: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """One table row: mean ± std over seeds of accuracy (final, best), traffic, time, κ, ρ."""
-
-    def stat(values: list[float]) -> dict[str, float]:
-        m, sd = mean_std(values)
-        return {"mean": m, "std": sd}
-
     acc = [float(s.get("final_global_balanced_acc", math.nan)) for s in summaries]
     best = [float(s.get("best_global_balanced_acc", math.nan)) for s in summaries]
     plain = [float(s.get("final_global_acc", math.nan)) for s in summaries]
@@ -322,8 +314,6 @@ def markdown(rows: list[dict[str, Any]], model: str, dataset: str = "cifar10") -
 
 
 def describe(opts: ReproOptions) -> str:
-    import torch
-
     scale, model = scale_of(opts), model_of(opts)
     data = (
         "all of it"
@@ -347,7 +337,7 @@ def describe(opts: ReproOptions) -> str:
         f"acc = final-round global accuracy as the mean of per-class accuracies (the paper's), "
         f"mean over seeds 0..{opts.seeds - 1}; time = wall seconds for the whole run "
         f"(evaluation every round included), torch threads = {opts.threads}, {opts.jobs} runs at "
-        f"once (machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"once ({machine()}). "
         f"{inputs_text(opts.dataset, opts.extra)}"
     ).rstrip()
 
@@ -360,27 +350,19 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
         skew_overrides(s, opts.dataset)  # validates the name
     tag = ("quick-" if opts.quick else "") + model_of(opts) + ("-leak" if opts.leak else "")
     out, runs = opts.folders(f"fnrfl-table2-{opts.dataset}-{tag}")
-    tasks = [
-        (
-            (skew, method, seed),
-            run_overrides(opts, skew, method, seed),
-            runs / skew / method / f"seed{seed}",
-        )
-        for skew in skews
-        for method in methods
-        for seed in range(opts.seeds)
-    ]
-    done = run_keyed(
+    done = run_seeds(
         opts,
-        tasks,
-        lambda k: f"{k[0]} {k[1]} seed {k[2]}",
+        [(skew, method) for skew in skews for method in methods],
+        lambda key, seed: run_overrides(opts, *key, seed),
+        lambda key: runs / key[0] / key[1],
+        lambda key: f"{key[0]} {key[1]}",
         lambda _, summary: summary.get("final_global_balanced_acc", math.nan),
     )
     rows = []
     for skew in skews:
         series = {}
         for method in methods:
-            summaries = [done[(skew, method, seed)] for seed in range(opts.seeds)]
+            summaries = done[(skew, method)]
             row = row_of(skew, method, summaries)
             rows.append(row)
             formats = {"acc": ".4f", "traffic_mb": ".1f", "time_s": ".1f"}

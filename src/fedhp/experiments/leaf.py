@@ -36,7 +36,6 @@ seeds); ``table.md`` / ``table.json`` and ``acc.png`` in the output folder.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,9 +44,17 @@ from typing import Any
 from fedhp.algorithms import ALGORITHMS
 from fedhp.config import parse_override
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import ReproOptions, markdown_table, mean_std, run_method_seeds
+from fedhp.experiments.common import (
+    ReproOptions,
+    machine,
+    markdown_table,
+    run_seeds,
+    run_tail,
+    stat,
+    stat_cell,
+    write_study,
+)
 from fedhp.experiments.figures import read_metrics
-from fedhp.experiments.study_files import write_study
 from fedhp.reporting import plot_curves
 
 STRAGGLER_ROWS: dict[str, tuple[str, float | None, float]] = {
@@ -346,11 +353,7 @@ def run_overrides(
         f"rounds={scale.rounds}",
         f"eval_every={scale.eval_every}",
         "eval_train=false",
-        f"threads={opts.threads}",
-        "progress=false",
-        "checkpoint_every=10",
-        f"seed={seed}",
-        *opts.extra,
+        *run_tail(opts, seed, 10),
     ]
 
 
@@ -360,16 +363,11 @@ def curve(folder: Path, method: str) -> list[tuple[float, float]]:
     return [(r["round"], r[key]) for r in read_metrics(folder) if key in r]
 
 
-def _stat(values: list[float]) -> dict[str, float]:
-    m, sd = mean_std(values)
-    return {"mean": m, "std": sd}
-
-
 def row_of(method: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """One table row: the row's accuracy (final, best), global and personal, time."""
 
     def get(key: str) -> dict[str, float]:
-        return _stat([float(s.get(key, math.nan)) for s in summaries])
+        return stat([float(s.get(key, math.nan)) for s in summaries])
 
     main = "global_acc" if method in GLOBAL_ROWS else "personal_acc"
     flops = [s.get("train_flops") for s in summaries]
@@ -383,18 +381,11 @@ def row_of(method: str, summaries: list[dict[str, Any]]) -> dict[str, Any]:
         "personal_acc": get("final_personal_acc"),
         "rounds": int(summaries[0].get("rounds", 0)),
         "seconds": get("seconds"),
-        "train_flops": None if None in flops else _stat([float(f) for f in flops]),  # type: ignore[arg-type]
+        "train_flops": None if None in flops else stat([float(f) for f in flops]),  # type: ignore[arg-type]
         "paper_acc": None,
         "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
         "folders": [s["folder"] for s in summaries],
     }
-
-
-def _cell(stat: dict[str, float] | None, fmt: str = ".4f") -> str:
-    if stat is None or math.isnan(stat["mean"]):
-        return "—"
-    text = format(stat["mean"], fmt)
-    return text if stat["std"] == 0 or math.isnan(stat["std"]) else f"{text} ± {stat['std']:{fmt}}"
 
 
 def trivial_baseline(overrides: list[list[str]]) -> dict[str, Any]:
@@ -418,7 +409,7 @@ def trivial_baseline(overrides: list[list[str]]) -> dict[str, Any]:
         majority.append(int(counts.argmax()))
     top = max(set(majority), key=majority.count)
     return {
-        "acc": _stat(shares),
+        "acc": stat(shares),
         "majority": repr(ALL_LETTERS[top]) if top < len(ALL_LETTERS) else "unknown",
         "margin": BASELINE_MARGIN,
     }
@@ -432,7 +423,7 @@ def flagged(acc: float, baseline: float, margin: float = BASELINE_MARGIN) -> boo
 
 def _acc_cell(stat: dict[str, float] | None, baseline: float | None) -> str:
     """An accuracy cell, marked where it is not clearly above the baseline."""
-    text = _cell(stat)
+    text = stat_cell(stat)
     if baseline is None or stat is None or text == "—":
         return text
     return f"{text} {FLAG}" if flagged(stat["mean"], baseline) else text
@@ -489,13 +480,13 @@ def markdown(rows: list[dict[str, Any]], baseline: dict[str, Any] | None = None)
             "—",
             str(r["rounds"]),
             r.get("hyperparameters", ""),
-            _cell(r["train_flops"], ".3g"),
-            _cell(r["seconds"], ".0f"),
+            stat_cell(r["train_flops"], ".3g"),
+            stat_cell(r["seconds"], ".0f"),
         ]
         for r in rows
     ]
     if baseline is not None:
-        acc = _cell(baseline["acc"])
+        acc = stat_cell(baseline["acc"])
         trivial = "always a space (trivial baseline)"
         body.insert(0, [trivial, acc, "—", "the test targets", acc, acc, "—", "—", "—", "0", "—"])
     table = markdown_table(header, body)
@@ -503,8 +494,6 @@ def markdown(rows: list[dict[str, Any]], baseline: dict[str, Any] | None = None)
 
 
 def describe(opts: ReproOptions, scale: Scale, fed: Federation) -> str:
-    import torch
-
     size = "QUICK CPU VERSION (not the paper's scale): " if opts.quick else "The paper's scale: "
     return (
         f"{size}{scale.text()}; {fed.clients} clients (roles), sample-weighted aggregation; "
@@ -516,9 +505,8 @@ def describe(opts: ReproOptions, scale: Scale, fed: Federation) -> str:
         f"LSTM hidden units, P-UCBV ratios in [arms_low, 1), every device at full capability, "
         f"μ = 0, score step 0.01. The per-row hyperparameters are in the table "
         f"({TUNED_NOTE if scale.tuned else 'not tuned'}). "
-        f"Seeds 0..{opts.seeds - 1}; torch threads = "
-        f"{opts.threads}, {opts.jobs} run(s) at once (machine: {os.cpu_count()} CPUs, torch "
-        f"{torch.__version__}). {PAPER_NOTE} {STRAGGLER_NOTE}"
+        f"Seeds 0..{opts.seeds - 1}; torch threads = {opts.threads}, {opts.jobs} run(s) at once "
+        f"({machine()}). {PAPER_NOTE} {STRAGGLER_NOTE}"
     )
 
 
@@ -531,11 +519,12 @@ def reproduce(opts: ReproOptions, scale: Scale | None = None) -> dict[str, Any]:
     split = str(dataset_choice(opts.extra).get("split", "positional"))
     tag = ("quick" if opts.quick else "paper") + ("" if split == "positional" else f"-{split}")
     out, runs = opts.folders(f"leaf-shakespeare-{tag}")
-    done = run_method_seeds(
+    done = run_seeds(
         opts,
         methods,
         lambda method, seed: run_overrides(opts, method, seed, scale, fed),
-        runs,
+        lambda method: runs / method,
+        str,
         lambda folder, _: _last(folder),
     )
     baseline = trivial_baseline(
@@ -546,7 +535,7 @@ def reproduce(opts: ReproOptions, scale: Scale | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     series: dict[str, tuple[list[float], list[float]]] = {}
     for method in methods:
-        summaries = [done[(method, seed)] for seed in range(opts.seeds)]
+        summaries = done[method]
         row = row_of(method, summaries)
         row["hyperparameters"] = hyper_text(
             method_overrides(method, scale, fed), scale.tuned.get(algorithm_of(method), {})

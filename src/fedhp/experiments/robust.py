@@ -40,15 +40,21 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import MODELS, ReproOptions, inputs_text, run_keyed
-from fedhp.experiments.study_files import write_study
+from fedhp.experiments.common import (
+    MODELS,
+    ReproOptions,
+    inputs_text,
+    machine,
+    run_seeds,
+    run_tail,
+    write_study,
+)
 from fedhp.reporting import Line, plot_lines, write_json_atomic
 from fedhp.tables import markdown_table, mean_std
 
@@ -95,8 +101,7 @@ class Case:
     @property
     def label(self) -> str:
         """The attack column of the result line (``-concentrated`` for that placement)."""
-        base = "none" if self.attack == "none" else self.attack
-        return base if self.placement == "spread" else f"{base}-{self.placement}"
+        return self.attack if self.placement == "spread" else f"{self.attack}-{self.placement}"
 
     @property
     def folder(self) -> str:
@@ -235,12 +240,7 @@ def shared_overrides(
         f"eval_every={opts.eval_every}",
         "eval_train=false",
         "max_loss=null",  # an attacked run goes on while its loss is finite
-        f"threads={opts.threads}",
-        "progress=false",
-        "checkpoint_every=25",
-        *more,
-        f"seed={seed}",
-        *opts.extra,
+        *run_tail(opts, seed, 25, *more),
     ]
 
 
@@ -314,8 +314,6 @@ def sign_flip_checks(results: dict[tuple[Row, Case], dict[str, Any]], rows: list
 
 
 def describe(opts: ReproOptions, wall: float) -> str:
-    import torch
-
     model = opts.model or "mlr"
     return (
         f"{opts.dataset}, {CLIENTS} clients × 2 label-sorted shards, {EDGES} edges of "
@@ -328,8 +326,7 @@ def describe(opts: ReproOptions, wall: float) -> str:
         f"(FedAvg) / 0.3 (HierFAVG edges) / 0.13 (HierFAVG cloud). acc: final global accuracy "
         f"(the union of the clients' test sets), mean over seeds 0..{opts.seeds - 1}; † a run "
         f"stopped on a non-finite loss (its last evaluated accuracy). torch threads = "
-        f"{opts.threads}, {opts.jobs} run(s) at once, {wall:.0f} s of runs in all (machine: "
-        f"{os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"{opts.threads}, {opts.jobs} run(s) at once, {wall:.0f} s of runs in all ({machine()}). "
         f"{inputs_text(opts.dataset, opts.extra)}"
     ).rstrip()
 
@@ -380,31 +377,25 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     tag = "quick" if opts.quick else "full"
     out, runs = opts.folders(f"robust-{opts.dataset}-{tag}")
     rows = [row for a in algorithms for row in rows_of(a)]
-    tasks = [
-        (
-            (row, case, seed),
-            run_overrides(opts, row, case, seed),
-            runs / row.name / row.label / case.folder / f"seed{seed}",
-        )
-        for row in rows
-        for case in cases_of(opts, row.algorithm, row.iid)
-        for seed in range(opts.seeds)
-    ]
-    done = run_keyed(opts, tasks, lambda k: f"{k[0].name} {k[0].label} {k[1].folder} seed {k[2]}")
-    wall = sum(float(summary.get("seconds", 0.0)) for summary in done.values())
+    done = run_seeds(
+        opts,
+        [(row, case) for row in rows for case in cases_of(opts, row.algorithm, row.iid)],
+        lambda key, seed: run_overrides(opts, *key, seed),
+        lambda key: runs / key[0].name / key[0].label / key[1].folder,
+        lambda key: f"{key[0].name} {key[0].label} {key[1].folder}",
+    )
+    wall = sum(float(s.get("seconds", 0.0)) for summaries in done.values() for s in summaries)
     results: dict[tuple[Row, Case], dict[str, Any]] = {}
-    for row in rows:
-        for case in cases_of(opts, row.algorithm, row.iid):
-            summaries = [done[(row, case, seed)] for seed in range(opts.seeds)]
-            acc, std = mean_std([float(s["final_global_acc"]) for s in summaries])
-            entry = {
-                "acc": acc,
-                "std": std,
-                "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
-                "seconds": sum(float(s.get("seconds", 0.0)) for s in summaries),
-            }
-            results[(row, case)] = entry
-            print(result_line(row, case, entry), flush=True)
+    for (row, case), summaries in done.items():
+        acc, std = mean_std([float(s["final_global_acc"]) for s in summaries])
+        entry = {
+            "acc": acc,
+            "std": std,
+            "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
+            "seconds": sum(float(s.get("seconds", 0.0)) for s in summaries),
+        }
+        results[(row, case)] = entry
+        print(result_line(row, case, entry), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     figures(out, results, rows)
     description = describe(opts, wall)
@@ -684,47 +675,38 @@ def run_cells(
     cells = list(dict.fromkeys(cells))
     model = "" if opts.model in (None, "mlr") else f"-{opts.model}"
     tail = "" if fraction == HET_FRACTION else f"-f{fraction:g}"
-    tasks = [
-        (
-            (alg, part, cfg, attack, seed),
-            het_overrides(opts, alg, part, cfg, attack, split, seed, fraction),
-            runs / alg / split / f"{part}{model}" / cfg.folder / f"{attack}{tail}" / f"seed{seed}",
-        )
-        for alg, part, cfg in cells
-        for attack in attacks
-        for seed in seeds
-    ]
-    done = run_keyed(
+    done = run_seeds(
         opts,
-        tasks,
-        lambda k: f"{split} {k[0]} {k[1]}{model} {k[2].folder} {k[3]}{tail} seed {k[4]}",
+        [(alg, part, cfg, attack) for alg, part, cfg in cells for attack in attacks],
+        lambda k, seed: het_overrides(opts, *k, split, seed, fraction),
+        lambda k: runs / k[0] / split / f"{k[1]}{model}" / k[2].folder / f"{k[3]}{tail}",
+        lambda k: f"{split} {k[0]} {k[1]}{model} {k[2].folder} {k[3]}{tail}",
+        seeds=seeds,
     )
-    for key, summary in done.items():
-        path = Path(summary["folder"]) / "summary.json"
-        if "final_global_acc" not in summary and path.is_file():
-            # (a run stopped on non-finite values returns before its summary holds the last
-            # evaluated accuracy; the summary it leaves in its folder does)
-            done[key] = {**summary, **json.loads(path.read_text())}
     trivial = TRIVIAL.get(opts.dataset, 0.1)
     out: dict[HetKey, dict[str, Any]] = {}
-    for alg, part, cfg in cells:
-        for attack in attacks:
-            summaries = [done[(alg, part, cfg, attack, seed)] for seed in seeds]
-            # (a run that diverged before its first evaluation has no accuracy: nan, and the
-            # cell's mean with it; its non-finite model predicts one class, so it is flagged ▼)
-            accs = [float(s.get("final_global_acc", math.nan)) for s in summaries]
-            acc, std = mean_std(accs)
-            out[(alg, part, cfg, attack)] = {
-                "acc": acc,
-                "std": std,
-                "accs": accs,
-                "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
-                "seconds": sum(float(s.get("seconds", 0.0)) for s in summaries),
-                "trivial": acc <= trivial + 1e-12 or math.isnan(acc),
-            }
-            gone = " diverged" if out[(alg, part, cfg, attack)]["stopped"] else ""
-            where = f"{split} {part}{model} {alg} {cfg.folder} {attack}{tail}"
-            print(f"robust-het {where} acc={acc:.4f}{gone}")
+    for (alg, part, cfg, attack), summaries in done.items():
+        for i, summary in enumerate(summaries):
+            path = Path(summary["folder"]) / "summary.json"
+            if "final_global_acc" not in summary and path.is_file():
+                # (a run stopped on non-finite values returns before its summary holds the last
+                # evaluated accuracy; the summary it leaves in its folder does)
+                summaries[i] = {**summary, **json.loads(path.read_text())}
+        # (a run that diverged before its first evaluation has no accuracy: nan, and the
+        # cell's mean with it; its non-finite model predicts one class, so it is flagged ▼)
+        accs = [float(s.get("final_global_acc", math.nan)) for s in summaries]
+        acc, std = mean_std(accs)
+        out[(alg, part, cfg, attack)] = {
+            "acc": acc,
+            "std": std,
+            "accs": accs,
+            "stopped": [s["stopped"] for s in summaries if s.get("stopped")],
+            "seconds": sum(float(s.get("seconds", 0.0)) for s in summaries),
+            "trivial": acc <= trivial + 1e-12 or math.isnan(acc),
+        }
+        gone = " diverged" if out[(alg, part, cfg, attack)]["stopped"] else ""
+        where = f"{split} {part}{model} {alg} {cfg.folder} {attack}{tail}"
+        print(f"robust-het {where} acc={acc:.4f}{gone}")
     return out
 
 
@@ -951,8 +933,6 @@ def test_stage_table(
 
 
 def het_describe(opts: ReproOptions, algorithms: list[str], wall: float, runs: int) -> str:
-    import torch
-
     model = opts.model or "mlr"
     parts = ", ".join(HET_PARTITIONS[p][0] for p in het_partitions(opts))
     taus = QUICK_TAU_SCALES if opts.quick else TAU_SCALES
@@ -981,7 +961,7 @@ def het_describe(opts: ReproOptions, algorithms: list[str], wall: float, runs: i
         f"{100 * trivial:.2f} % (a constant predictor of the majority class); † a run stopped on "
         f"a non-finite loss (its last evaluated accuracy; 0 in the selection). {runs} runs, "
         f"{wall:.0f} s of runs in all (torch threads {opts.threads}, {opts.jobs} run(s) at once; "
-        f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}). "
+        f"{machine()}). "
         f"{inputs_text(opts.dataset, opts.extra)}"
     ).rstrip()
 

@@ -44,17 +44,23 @@ or below the trivial baseline); writes ``table.md`` / ``table.json``.
 
 from __future__ import annotations
 
-import csv
 import math
-import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedhp.errors import ConfigError
-from fedhp.experiments.common import MODELS, ReproOptions, markdown_table, mean_std, run_keyed
-from fedhp.reporting import write_json_atomic
+from fedhp.experiments.common import (
+    MODELS,
+    ReproOptions,
+    machine,
+    markdown_table,
+    mean_std,
+    run_seeds,
+    run_tail,
+    write_study,
+)
+from fedhp.experiments.figures import read_metrics
 
 WORKERS, BYZANTINE, BATCH, LR = 25, 5, 32, 0.01
 ROUNDS, QUICK_ROUNDS, EVAL_EVERY, QUICK_EVAL_EVERY = 600, 40, 30, 10
@@ -179,22 +185,13 @@ def run_overrides(opts: ReproOptions, cell: Cell, seed: int) -> list[str]:
         f"eval_every={eval_every(opts)}",
         "eval_train=false",
         "max_loss=null",
-        f"threads={opts.threads}",
-        "progress=false",
-        "checkpoint_every=100",
-        f"seed={seed}",
-        *opts.extra,
+        *run_tail(opts, seed, 100),
     ]
 
 
 def last_evaluations(folder: Path, k: int = 5) -> list[float]:
     """The last ``k`` global accuracies of a run's ``metrics.csv`` (none if it is missing)."""
-    path = Path(folder) / "metrics.csv"
-    if not path.exists():
-        return []
-    with path.open() as fh:
-        values = [float(r["global_acc"]) for r in csv.DictReader(fh) if r.get("global_acc")]
-    return values[-k:]
+    return [r["global_acc"] for r in read_metrics(Path(folder)) if "global_acc" in r][-k:]
 
 
 def summarize(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -256,8 +253,6 @@ def tables(results: dict[Cell, dict[str, Any]]) -> str:
 
 
 def describe(opts: ReproOptions, seeds: int, wall: float, runs: int) -> str:
-    import torch
-
     model = check(opts)
     return (
         f"MNIST, {WORKERS} workers of which {BYZANTINE} Byzantine (the first 5 clients, IID "
@@ -272,8 +267,7 @@ def describe(opts: ReproOptions, seeds: int, wall: float, runs: int) -> str:
         f"RFA = geomed, {RFA_ITERS} iterations, ν = {RFA_NU:g}; CClip τ = {CCLIP_TAU:g} (their "
         f"10 × lr), L = {CCLIP_ITERS}. ▼: at or below the trivial baseline {100 * TRIVIAL:.2f} % "
         f"(majority class); † a run stopped on a non-finite loss. {runs} runs, {wall:.0f} s of "
-        f"runs (torch threads {opts.threads}; machine: {os.cpu_count()} CPUs, torch "
-        f"{torch.__version__})."
+        f"runs (torch threads {opts.threads}; {machine()})."
     )
 
 
@@ -285,22 +279,22 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
     out, runs = opts.folders(f"robust-paper-{'quick' if opts.quick else 'full'}")
     seeds = range(opts.seeds)
     grid = cells(opts)
-    tasks = [
-        ((cell, seed), run_overrides(opts, cell, seed), runs / cell.folder / f"seed{seed}")
-        for seed in seeds  # seed by seed: a cut-short run leaves whole seeds to reuse
-        for cell in grid
-    ]
-    done = run_keyed(opts, tasks, lambda k: f"{k[0].folder} seed {k[1]}")
+    done = run_seeds(
+        opts,
+        grid,
+        lambda cell, seed: run_overrides(opts, cell, seed),
+        lambda cell: runs / cell.folder,
+        lambda cell: cell.folder,
+        seed_major=True,  # seed by seed: a cut-short run leaves whole seeds to reuse
+    )
     print(f"robust-paper trivial baseline (majority class) acc={TRIVIAL:.4f}")
     results = {}
     for cell in grid:
-        results[cell] = summarize([done[(cell, seed)] for seed in seeds])
+        results[cell] = summarize(done[cell])
         print(result_line(cell, results[cell]), flush=True)
     wall = sum(e["seconds"] for e in results.values())
-    description = describe(opts, len(seeds), wall, len(tasks))
+    description = describe(opts, len(seeds), wall, len(grid) * len(seeds))
     text = tables(results)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(f"{description}\n\n{text}")
     data = {
         "quick": opts.quick,
         "rounds": rounds_of(opts),
@@ -312,7 +306,4 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
             for c, e in results.items()
         ],
     }
-    write_json_atomic(out / "table.json", data)
-    if not opts.quiet:
-        print(text, file=sys.stderr)
-    return data
+    return write_study(opts, out, description, text, data)

@@ -15,6 +15,7 @@ from typing import Any
 from fedhp.errors import ConfigError
 from fedhp.experiments import paper
 from fedhp.experiments.common import (
+    ACC_KEYS,
     LABELS,
     Job,
     ReproOptions,
@@ -23,7 +24,7 @@ from fedhp.experiments.common import (
     method_job,
     reproduce_table,
 )
-from fedhp.experiments.paper_rows import row_cells, row_header, table_page
+from fedhp.experiments.paper_rows import MODEL_WORDS, row_cells, row_header, table_page
 
 NAME = "sfedhp-table1"
 NOTE = (
@@ -44,7 +45,6 @@ EXTRA_METHODS = ("perfedavg",)
 PERFEDAVG: dict[str, Any] = {"alpha": 0.05, "beta": 0.05}
 TIE_SE = 2.0
 """A paired difference within ``TIE_SE`` standard errors of zero is a tie."""
-MODEL_NAMES = {"global": "GM", "personal": "PM"}
 
 
 def choose(opts: ReproOptions) -> dict[str, dict[str, Any]]:
@@ -210,7 +210,7 @@ def orderings_markdown(checks: Sequence[Mapping[str, Any]]) -> str:
             pair += " (text: the reverse)"
         lines.append(
             [
-                MODEL_NAMES[c["model"]],
+                MODEL_WORDS[c["model"]],
                 pair,
                 f"{c['paper_gap']:+.2f}",
                 _diff_cell(c["final"]),
@@ -320,16 +320,7 @@ def build_table(
                 "params": params,
                 "job": job_key,
                 "gradient_evaluations_per_round": agg.get("gradient_evaluations_per_round"),
-                **{
-                    k: with_se(agg.get(k))
-                    for k in (
-                        "final_global_acc",
-                        "best_global_acc",
-                        "final_personal_acc",
-                        "best_personal_acc",
-                        "seconds",
-                    )
-                },
+                **{k: with_se(agg.get(k)) for k in (*ACC_KEYS, "seconds")},
                 "stopped": agg.get("stopped"),
                 "seeds": agg.get("seeds"),
                 "paper_gm": paper.table1_gm_at(key, method, params),
