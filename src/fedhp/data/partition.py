@@ -423,12 +423,6 @@ class DirichletPartitioner(_WithLabelMixTest):
 
     def split(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         """Dirichlet label-skew split (plus resampled feature noise with ``noise`` > 0)."""
-        clients = self._label_skew(data, num_clients, seed)
-        if self.noise > 0:
-            return with_resampled_noise(clients, self.noise, max(num_clients - 1, 1))
-        return clients
-
-    def _label_skew(self, data: DatasetArrays, num_clients: int, seed: int) -> list[ClientData]:
         y = _labels(data.train_y)
         _check_num_clients(num_clients, len(y))
         rng = np.random.default_rng(seed)
@@ -448,7 +442,10 @@ class DirichletPartitioner(_WithLabelMixTest):
 
         what = f"Dirichlet(alpha={self.alpha})"
         train = _draw_until_filled(draw, self.min_samples, self.max_retries, what)
-        return self._finish_by_label_mix(data, y, train, data.num_classes, rng)
+        clients = self._finish_by_label_mix(data, y, train, data.num_classes, rng)
+        if self.noise > 0:
+            return with_resampled_noise(clients, self.noise, max(num_clients - 1, 1))
+        return clients
 
 
 # -------------------------------------------------------------------------------------- quantity

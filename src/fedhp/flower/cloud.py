@@ -472,13 +472,8 @@ class FlowerDriver:
             self._bytes.append(row)
 
 
-_EVAL_KEYS = (
-    "test.correct",
-    "test.loss",
-    "test.count",
-    "train.correct",
-    "train.loss",
-    "train.count",
+_EVAL_KEYS = tuple(
+    f"{split}.{k}" for split in ("test", "train") for k in ("correct", "loss", "count")
 )
 _EVAL_NAMES = ("clients", "nnz", *_EVAL_KEYS)
 
