@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fedhp.data import DATASETS, PARTITIONERS, split_dataset
-from fedhp.data.partition import apportion, client_labels, rows_by_owner
+from fedhp.data.partition import apportion, rows_by_owner
 from fedhp.errors import ConfigError, DatasetError
 
 ALL_SCHEMES = [
@@ -77,8 +77,7 @@ def test_labels_setting1_counts_and_label_sets(setting1, dh) -> None:
     dh.assert_disjoint(clients)
     for u, c in enumerate(clients):
         assert c.num_train == 100 and len(c.test_y) == 400 and len(c.val_y) == 0
-        want = set(client_labels(u, 5, 10))
-        assert want == {(u + j) % 10 for j in range(5)}
+        want = {(u + j) % 10 for j in range(5)}  # client u holds labels (u + j) mod K, j < L
         assert Counter(c.train_y.tolist()) == {k: 20 for k in want}
         assert Counter(c.test_y.tolist()) == {k: 80 for k in want}
 
@@ -94,7 +93,7 @@ def test_labels_validation_has_label_mix_and_is_unused_train(setting1, dh) -> No
     clients = split_dataset(setting1, cfg, 20, seed=3)
     dh.assert_disjoint(clients)
     for u, c in enumerate(clients):
-        assert Counter(c.val_y.tolist()) == {k: 5 for k in client_labels(u, 5, 10)}
+        assert Counter(c.val_y.tolist()) == {(u + j) % 10: 5 for j in range(5)}
         assert c.num_train == 100
 
 

@@ -272,11 +272,6 @@ class _WithLabelMixTest(_WithTest):
 # ---------------------------------------------------------------------------------------- labels
 
 
-def client_labels(client: int, labels_per_client: int, num_classes: int) -> list[int]:
-    """Labels of ``client`` in the ``labels`` scheme: ``(client + j) mod num_classes``."""
-    return [(client + j) % num_classes for j in range(labels_per_client)]
-
-
 @PARTITIONERS.register("labels")
 class LabelsPartitioner(_WithValFraction):
     """sFedHP's label-skew scheme: client u holds labels ``(u + j) mod K`` for ``j < L``.
