@@ -197,17 +197,16 @@ def _load_idx_dir(
                 f"{d}: {split} images {x.shape} and labels {y.shape} do not match "
                 "(expected [N, H, W] and [N])"
             )
-    train_x, test_x = _scaled_images(
-        arrays["train_x"][:, None], arrays["test_x"][:, None], normalize, mean_std
-    )
-    return DatasetArrays(
-        name=name,
-        train_x=train_x,
-        train_y=torch.from_numpy(arrays["train_y"].astype(np.int64)),
-        test_x=test_x,
-        test_y=torch.from_numpy(arrays["test_y"].astype(np.int64)),
-        num_classes=10,
-    )
+    x = _scaled_images(arrays["train_x"][:, None], arrays["test_x"][:, None], normalize, mean_std)
+    return _ten_classes(name, x, (arrays["train_y"], arrays["test_y"]))
+
+
+def _ten_classes(
+    name: str, x: tuple[torch.Tensor, torch.Tensor], y: tuple[np.ndarray, np.ndarray]
+) -> DatasetArrays:
+    """A 10-class image dataset from its (train, test) features ``x`` and labels ``y``."""
+    train_y, test_y = (torch.from_numpy(np.asarray(a, dtype=np.int64)) for a in y)
+    return DatasetArrays(name, x[0], train_y, x[1], test_y, num_classes=10)
 
 
 def env_data_dir() -> str | None:
@@ -312,15 +311,8 @@ def _load_mnist_pickle(path: str, normalize: Normalize = "global") -> DatasetArr
         t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
         return t.mul_(256.0).round_().clamp_(0, 255).to(torch.uint8).numpy()
 
-    train_t, test_t = _scaled_images(as_bytes(train_x), as_bytes(test_x), normalize, MNIST_MEAN_STD)
-    return DatasetArrays(
-        name="mnist",
-        train_x=train_t,
-        train_y=torch.from_numpy(train_y),
-        test_x=test_t,
-        test_y=torch.from_numpy(test_y),
-        num_classes=10,
-    )
+    x = _scaled_images(as_bytes(train_x), as_bytes(test_x), normalize, MNIST_MEAN_STD)
+    return _ten_classes("mnist", x, (train_y, test_y))
 
 
 @DATASETS.register("mnist")
@@ -415,14 +407,9 @@ def _load_cifar10(directory: str) -> DatasetArrays:
     d = Path(directory)
     parts = [_cifar_batch(d / name) for name in CIFAR_TRAIN]
     test_x, test_y = _cifar_batch(d / CIFAR_TEST)
-    return DatasetArrays(
-        name="cifar10",
-        train_x=_normalize_images(np.concatenate([p[0] for p in parts]), CIFAR10_MEAN_STD),
-        train_y=torch.from_numpy(np.concatenate([p[1] for p in parts])),
-        test_x=_normalize_images(test_x, CIFAR10_MEAN_STD),
-        test_y=torch.from_numpy(test_y),
-        num_classes=10,
-    )
+    train_x = _normalize_images(np.concatenate([p[0] for p in parts]), CIFAR10_MEAN_STD)
+    x = (train_x, _normalize_images(test_x, CIFAR10_MEAN_STD))
+    return _ten_classes("cifar10", x, (np.concatenate([p[1] for p in parts]), test_y))
 
 
 @DATASETS.register("cifar10")
