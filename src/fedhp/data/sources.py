@@ -466,9 +466,8 @@ def _make_synthetic(
     cov_sqrt = np.power(np.arange(1, dim + 1, dtype=np.float64), -1.2) ** 0.5
     w_global = rng.normal(0, 1, (dim, num_classes))
     b_global = rng.normal(0, 1, num_classes)
-    splits: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("trx", "try", "tro", "tex", "tey", "teo")
-    }
+    parts: list[tuple[np.ndarray, np.ndarray]] = []
+    n_trains: list[int] = []
     for i in range(num_clients):
         mean_x = np.full(dim, b_shift[i]) if iid else rng.normal(b_shift[i], 1, dim)
         if iid:
@@ -478,28 +477,46 @@ def _make_synthetic(
             b = rng.normal(mean_w[i], 1, num_classes)
         x = mean_x + rng.standard_normal((int(sizes[i]), dim)) * cov_sqrt
         y = np.argmax(x @ w + b, axis=1)
-        n_test = int(round(test_fraction * len(y)))
-        n_train = len(y) - n_test
-        x = x.astype(np.float32)  # kept as float32 from here on (memory at 10^5 clients)
-        for key, part in (
-            ("trx", x[:n_train]),
-            ("try", y[:n_train]),
-            ("tex", x[n_train:]),
-            ("tey", y[n_train:]),
-        ):
-            splits[key].append(part)
-        splits["tro"].append(np.full(n_train, i))
-        splits["teo"].append(np.full(n_test, i))
-    cat = {k: np.concatenate(v) for k, v in splits.items()}
+        n_trains.append(len(y) - int(round(test_fraction * len(y))))
+        parts.append((x.astype(np.float32), y))  # float32 from here on (memory at 10^5 clients)
+    return owned_arrays("synthetic", parts, n_trains, num_classes)
+
+
+def owned_arrays(
+    name: str,
+    parts: list[tuple[np.ndarray, np.ndarray]],
+    n_train: list[int],
+    num_classes: int,
+    true_params: np.ndarray | None = None,
+    true_support: np.ndarray | None = None,
+) -> DatasetArrays:
+    """A natively federated dataset from each client's rows ``(x, y)``: its first ``n_train``
+    rows train, the rest test; owners filled. Features float32, labels int64 (float32 targets
+    where ``num_classes`` is 1)."""
+    ydt = np.float32 if num_classes == 1 else np.int64
+    tr = [(x[:n], y[:n]) for (x, y), n in zip(parts, n_train, strict=True)]
+    te = [(x[n:], y[n:]) for (x, y), n in zip(parts, n_train, strict=True)]
+
+    def cat(split: list[tuple[np.ndarray, np.ndarray]], k: int, dtype: type) -> torch.Tensor:
+        # part by part: the same values as converting the concatenation, without its float64 copy
+        return torch.from_numpy(np.concatenate([p[k].astype(dtype, copy=False) for p in split]))
+
+    def owners(split: list[tuple[np.ndarray, np.ndarray]]) -> torch.Tensor:
+        return torch.from_numpy(
+            np.concatenate([np.full(len(p[1]), i) for i, p in enumerate(split)])
+        )
+
     return DatasetArrays(
-        name="synthetic",
-        train_x=torch.from_numpy(cat["trx"].astype(np.float32)),
-        train_y=torch.from_numpy(cat["try"].astype(np.int64)),
-        test_x=torch.from_numpy(cat["tex"].astype(np.float32)),
-        test_y=torch.from_numpy(cat["tey"].astype(np.int64)),
+        name=name,
+        train_x=cat(tr, 0, np.float32),
+        train_y=cat(tr, 1, ydt),
+        test_x=cat(te, 0, np.float32),
+        test_y=cat(te, 1, ydt),
         num_classes=num_classes,
-        train_owner=torch.from_numpy(cat["tro"].astype(np.int64)),
-        test_owner=torch.from_numpy(cat["teo"].astype(np.int64)),
+        train_owner=owners(tr),
+        test_owner=owners(te),
+        true_params=None if true_params is None else torch.from_numpy(true_params),
+        true_support=None if true_support is None else torch.from_numpy(true_support),
     )
 
 

@@ -20,47 +20,10 @@ import functools
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
-from fedhp.data.sources import DATASETS, DatasetSource
+from fedhp.data.sources import DATASETS, DatasetSource, owned_arrays
 from fedhp.data.types import DatasetArrays
-
-
-def _arrays(
-    name: str,
-    parts: list[tuple[np.ndarray, np.ndarray]],
-    n_train: int,
-    num_classes: int,
-    x_true: np.ndarray,
-    support: np.ndarray,
-) -> DatasetArrays:
-    """Each client's first ``n_train`` rows train, the rest test; owners filled."""
-    ydt = np.float32 if num_classes == 1 else np.int64
-    tr = [(x[:n_train], y[:n_train]) for x, y in parts]
-    te = [(x[n_train:], y[n_train:]) for x, y in parts]
-
-    def cat(split: list[tuple[np.ndarray, np.ndarray]], k: int, dtype: type) -> torch.Tensor:
-        # part by part: the same values as converting the concatenation, without its float64 copy
-        return torch.from_numpy(np.concatenate([p[k].astype(dtype, copy=False) for p in split]))
-
-    def owners(split: list[tuple[np.ndarray, np.ndarray]]) -> torch.Tensor:
-        return torch.from_numpy(
-            np.concatenate([np.full(len(p[1]), i) for i, p in enumerate(split)])
-        )
-
-    return DatasetArrays(
-        name=name,
-        train_x=cat(tr, 0, np.float32),
-        train_y=cat(tr, 1, ydt),
-        test_x=cat(te, 0, np.float32),
-        test_y=cat(te, 1, ydt),
-        num_classes=num_classes,
-        train_owner=owners(tr),
-        test_owner=owners(te),
-        true_params=torch.from_numpy(x_true.astype(np.float32)),
-        true_support=torch.from_numpy(support),
-    )
 
 
 @functools.lru_cache(maxsize=4)
@@ -99,12 +62,13 @@ def _make_sim(
                 (samples, n, positives * test_samples // samples),
             ):
                 y[lo + np.argsort(-s[lo:hi], kind="stable")[:k]] = 1
-        parts.append((z.astype(np.float32), y))  # float32 now (what _arrays keeps): half the memory
+        parts.append((z.astype(np.float32), y))  # float32 now, as kept: half the memory
         models.append(x_i)
     mask = np.zeros(dim, dtype=bool)
     mask[:support] = True
     classes = 1 if task == "linear" else 2
-    return _arrays(f"fedht_sim:{task}", parts, samples, classes, np.mean(models, 0), mask)
+    x_true = np.mean(models, 0).astype(np.float32)
+    return owned_arrays(f"fedht_sim:{task}", parts, [samples] * num_clients, classes, x_true, mask)
 
 
 @DATASETS.register("fedht_sim")
@@ -142,7 +106,10 @@ def _make_gaussian(
     for _ in range(num_clients):  # y from the float32 design itself: noiseless up to y's rounding
         z = rng.standard_normal((samples + test_samples, dim)).astype(np.float32).astype(np.float64)
         parts.append((z, z @ x_true))
-    return _arrays("gaussian_sparse", parts, samples, 1, x_true, x_true != 0)
+    n_train = [samples] * num_clients
+    return owned_arrays(
+        "gaussian_sparse", parts, n_train, 1, x_true.astype(np.float32), x_true != 0
+    )
 
 
 @DATASETS.register("gaussian_sparse")
