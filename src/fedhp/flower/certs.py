@@ -51,12 +51,11 @@ def _write(path: Path, data: bytes, secret: bool = False) -> None:
         os.chmod(path, 0o600)
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+def _key_pem(
+    key: ec.EllipticCurvePrivateKey,
+    form: serialization.PrivateFormat = serialization.PrivateFormat.PKCS8,
+) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, form, serialization.NoEncryption())
 
 
 def _san(hosts: tuple[str, ...]) -> x509.SubjectAlternativeName:
@@ -140,15 +139,10 @@ def write_node_key(private: Path, comment: str = "") -> NodeKey:
     """Write one ECDSA P-384 key pair: ``private`` (OpenSSH) and ``private.pub``."""
     key = ec.generate_private_key(ec.SECP384R1())
     public = private.with_name(private.name + ".pub")
-    ssh_private = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    )
     ssh_public = key.public_key().public_bytes(
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
     )
-    _write(private, ssh_private, secret=True)
+    _write(private, _key_pem(key, serialization.PrivateFormat.OpenSSH), secret=True)
     _write(public, ssh_public + (f" {comment}".encode() if comment else b"") + b"\n")
     return NodeKey(private=private, public=public)
 
