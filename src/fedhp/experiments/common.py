@@ -332,10 +332,7 @@ def finished_summary(overrides: list[str], folder: Path) -> dict[str, Any] | Non
 def run_config(overrides: list[str], folder: Path) -> dict[str, Any]:
     """Run one configuration into ``folder`` (reusing a finished run of the same configuration,
     cosmetic options aside: :func:`finished_summary`; resuming an interrupted one from its
-    checkpoint).
-
-    Besides the runner's files, writes ``nodes.json``: the accumulated traffic per node of every
-    link (:meth:`fedhp.comm.CommLedger.node_totals`)."""
+    checkpoint); besides the runner's files, writes ``nodes.json`` (:func:`write_nodes`)."""
     from fedhp.api import prepare, run_built
     from fedhp.config import config_to_dict, resolve_config
     from fedhp.errors import DivergenceError
@@ -405,7 +402,8 @@ def map_runs(
 
 
 def write_nodes(folder: Path, exp: Any) -> None:
-    """``folder/nodes.json``: the accumulated traffic per node of every link."""
+    """``folder/nodes.json``: the accumulated traffic per node of every link
+    (:meth:`fedhp.comm.CommLedger.node_totals`)."""
     from fedhp.comm import LINKS
     from fedhp.reporting import write_json_atomic
 
@@ -522,10 +520,8 @@ def job_tasks(
 def run_jobs(
     jobs: Sequence[Job], opts: ReproOptions, runs_dir: Path, run: Callable[..., Any] = run_config
 ) -> dict[str, dict[str, Any]]:
-    """Run every job for seeds 0..opts.seeds-1; job key -> aggregate over seeds.
-
-    Sequential by default; with ``opts.jobs > 1`` that many runs go at once in worker processes
-    (each with ``opts.threads`` torch threads)."""
+    """Run every job for seeds 0..opts.seeds-1 (``opts.jobs`` at once: :func:`map_runs`); job
+    key -> aggregate over seeds."""
     tasks = job_tasks(jobs, opts, runs_dir)
     done: dict[tuple[str, int], dict[str, Any]] = {}
     by_folder = {folder: (key, seed) for key, seed, _, folder in tasks}
@@ -607,17 +603,20 @@ def paper_cell(value: float | tuple[float, float] | list[float] | None) -> str:
 NORMALIZED = ("mnist", "fmnist")  # the datasets with a ``dataset.normalize`` option
 
 
+def last_override(extra: Sequence[str], key: str, default: str) -> str:
+    """The value of the last ``key=value`` among ``extra`` (stripped), else ``default``."""
+    value = default
+    for item in extra:
+        name, _, val = item.partition("=")
+        if name.strip() == key:
+            value = val.strip()
+    return value
+
+
 def normalization_of(dataset: str, extra: Sequence[str]) -> str | None:
     """The ``dataset.normalize`` a reproduction's runs use (the last override among ``extra``,
     else ``global``); None for a dataset without the option."""
-    if dataset not in NORMALIZED:
-        return None
-    value = "global"
-    for item in extra:
-        key, _, val = item.partition("=")
-        if key.strip() == "dataset.normalize":
-            value = val.strip()
-    return value
+    return last_override(extra, "dataset.normalize", "global") if dataset in NORMALIZED else None
 
 
 def inputs_text(dataset: str, extra: Sequence[str]) -> str:

@@ -418,8 +418,8 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
     shared = {m: (gamma, 1 if m == "diht" else chosen["shared_k"][m]) for m in METHODS}
     full = [(m, *shared[m]) for m in METHODS]
     full += [(m, gamma, k) for m in ("fedht", "fediterht") for k in prob.ks]
-    if prob.tune_rounds:
-        full += [(m, chosen["tuned"][m]["gamma"], chosen["tuned"][m]["K"]) for m in METHODS]
+    tuned = {m: (v["gamma"], v["K"]) for m, v in chosen.get("tuned", {}).items()}
+    full += [(m, *tuned[m]) for m in tuned]
     _prefetch(opts, prob, runs, "full", [(*f, prob.rounds, prob.eval_every) for f in full])
     curves, rows = compare(opts, prob, runs, shared, name)
     k_curves = {}
@@ -429,8 +429,7 @@ def reproduce(opts: ReproOptions, name: str) -> dict[str, Any]:
             k_curves[f"{LABELS[m]} K={k}"] = _run(opts, prob, runs, "full", spec)
     files = figures(out, prob, curves, shared, k_curves, gamma)
     tuned_rows: list[dict[str, Any]] = []
-    if prob.tune_rounds:
-        tuned = {m: (chosen["tuned"][m]["gamma"], chosen["tuned"][m]["K"]) for m in METHODS}
+    if tuned:
         tuned_curves, tuned_rows = compare(opts, prob, runs, tuned, f"{name}-tuned")
         plot_curves(
             {

@@ -27,6 +27,7 @@ from fedhp.experiments import paper
 from fedhp.experiments.common import (
     Job,
     ReproOptions,
+    last_override,
     method_job,
     normalization_of,
     run_jobs,
@@ -42,12 +43,7 @@ SPARSE = {"gamma1": 0.001, "gamma2": 0.001, "sparse_schedule": "true"}
 
 def zero_threshold(opts: ReproOptions) -> float:
     """The ε the runs use: the last ``comm.zero_threshold=`` override, else :data:`EPS`."""
-    eps = EPS
-    for item in opts.extra:
-        key, _, value = item.partition("=")
-        if key.strip() == "comm.zero_threshold":
-            eps = float(value)
-    return eps
+    return float(last_override(opts.extra, "comm.zero_threshold", repr(EPS)))
 
 
 def _job(method: str, model: str, label: str, **params: Any) -> Job:

@@ -25,6 +25,7 @@ from fedhp.errors import ConfigError
 from fedhp.experiments.common import (
     ReproOptions,
     inputs_text,
+    last_override,
     machine,
     markdown_table,
     print_result,
@@ -140,12 +141,8 @@ def model_of(opts: ReproOptions) -> str:
 def feature_sigma(opts: ReproOptions) -> float:
     """The feature-skew σ in pixel units: ``NOISE``, or a ``partition.noise=`` override (given
     in fedhp's normalized units) converted back."""
-    sigma = NOISE
-    for item in opts.extra:
-        key, _, value = item.partition("=")
-        if key.strip() == "partition.noise":
-            sigma = float(value) * PIXEL_STD[opts.dataset]
-    return sigma
+    value = last_override(opts.extra, "partition.noise", "")
+    return float(value) * PIXEL_STD[opts.dataset] if value else NOISE
 
 
 def skew_overrides(skew: str, dataset: str) -> list[str]:

@@ -454,8 +454,6 @@ ATTACK_SLACK = 0.03
 """The must-show: under each attack within 3 points of the clean mean (test, mean of seeds)."""
 TOP_RULES, QUICK_TOP_RULES = 2, 1
 TEST_SEEDS = 3
-MAX_F = round(HET_FRACTION * CLIENTS)
-"""The attackers in every run (20 of 100 clients): Krum's f never exceeds it."""
 TRIVIAL = {"mnist": 0.1135, "fmnist": 0.1}
 """A constant predictor's accuracy: the majority class's share of the evaluated set. MNIST's test
 set is not balanced (980–1,135 per class): class 1 holds 1,135 of 10,000 (the clients' test sets
@@ -1210,13 +1208,10 @@ def later_text(algorithms: list[str]) -> str:
 
 
 def heterogeneity(name: str, opts: ReproOptions, later: bool = False) -> dict[str, Any]:
-    """``fedhp reproduce robust --heterogeneity`` (issue 41, deliverable 4): FedAvg's core grid
-    (every partition × attack × configuration, validation, seed 0); the selection on
-    :data:`SELECT_ON`; HierFAVG's stage (its candidates from FedAvg's best rules); the chosen
-    configurations' and the clean mean's test runs. Prints the result lines, writes
-    ``table.md`` / ``table.json`` and ``heterogeneity.png``. ``--methods sfedhp`` adds sFedHP's
-    stage (candidates as HierFAVG's, from FedAvg's ranking, or :data:`SFEDHP_FAMILIES` when run
-    alone: then in ``robust-heterogeneity-sfedhp-*``, without FedAvg's grid and the figure)."""
+    """``fedhp reproduce robust --heterogeneity`` (issue 41, deliverable 4; the stages: the
+    module's docstring). Prints the result lines, writes ``table.md`` / ``table.json`` and
+    ``heterogeneity.png`` (sFedHP alone: in ``robust-heterogeneity-sfedhp-*``, its candidates
+    from :data:`SFEDHP_FAMILIES`, without FedAvg's grid and the figure)."""
     if name != "robust":
         raise ConfigError(f"--heterogeneity: only with `reproduce robust`; got {name!r}")
     if opts.dataset not in ("mnist", "fmnist"):
@@ -1266,21 +1261,16 @@ def heterogeneity(name: str, opts: ReproOptions, later: bool = False) -> dict[st
     count = len(val) + len(test) * len(seeds)
     description = het_describe(opts, algorithms, wall, count)
     trivial = TRIVIAL.get(opts.dataset, 0.1)
-    text = "\n".join(
-        [
-            test_stage_table(algorithms, chosen, test, seeds),
-            *(selection_table(alg, rankings[alg], trivial) for alg in algorithms),
-            levels_table(algorithms, opts),
-            *(
-                [grid_table(val, partitions, configs["fedavg"], trivial)]
-                if "fedavg" in configs
-                else []
-            ),
-        ]
-    )
+    parts = [
+        test_stage_table(algorithms, chosen, test, seeds),
+        *(selection_table(alg, rankings[alg], trivial) for alg in algorithms),
+        levels_table(algorithms, opts),
+    ]
     out.mkdir(parents=True, exist_ok=True)
-    if "fedavg" in configs:  # (its left panel is FedAvg's grid)
+    if "fedavg" in configs:  # FedAvg's grid: its table, and the figure (its left panel)
+        parts.append(grid_table(val, partitions, configs["fedavg"], trivial))
         het_figure(out, val, partitions, configs["fedavg"], test, chosen, trivial)
+    text = "\n".join(parts)
     groups = later_groups(opts) if later else []
     if groups:
         description += later_text(algorithms)
