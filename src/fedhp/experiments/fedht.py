@@ -56,9 +56,9 @@ class Problem:
 
     name: str
     overrides: list[str]
-    rounds: int
-    target_round: int
     tune_rounds: int
+    rounds: int = 200
+    target_round: int = 100
     gammas: tuple[float, ...] = PAPER_GRID + EXTENDED
     ks: tuple[int, ...] = KS
     # full runs: evaluate every n rounds (MNIST/LibSVM: 5, evaluation is costly)
@@ -85,8 +85,6 @@ def problems(opts: ReproOptions, path: str | None = None) -> dict[str, Problem]:
         "sim1": Problem(
             "sim1",
             [*sim, "dataset.task=linear", "model.name=linreg", *_common(200, 32, 100)],
-            rounds=200,
-            target_round=100,
             tune_rounds=100,
         ),
         "sim2": Problem(
@@ -116,8 +114,6 @@ def problems(opts: ReproOptions, path: str | None = None) -> dict[str, Problem]:
                 "model.lam=0.0001",
                 *_common(500, 32, 100),
             ],
-            rounds=200,
-            target_round=100,
             tune_rounds=50,
             eval_every=5,
             gammas=PAPER_GRID,  # the literal grid does not diverge on MNIST
@@ -131,8 +127,6 @@ def problems(opts: ReproOptions, path: str | None = None) -> dict[str, Problem]:
                 *_common(20, 100, 10),
                 "algorithm.lr=0.05",
             ],
-            rounds=200,
-            target_round=100,
             tune_rounds=0,
             gammas=(0.05,),
             ks=(5,),
@@ -153,8 +147,6 @@ def problems(opts: ReproOptions, path: str | None = None) -> dict[str, Problem]:
                 f"model.name={model}",
                 *_common(200, 32, 100),
             ],
-            rounds=200,
-            target_round=100,
             tune_rounds=50,
             eval_every=5,
         )

@@ -169,15 +169,14 @@ def reproduce(opts: ReproOptions) -> dict[str, Any]:
         "zero_threshold": zero_threshold(opts),
         "rounds": opts.rounds,
         "normalize": normalization_of(opts.dataset, opts.extra),
+        "figures": {},
     }
-    report["figures"] = {}
     sub = ReproOptions(**{**opts.__dict__, "methods": None})
     for fig, fig_jobs in all_jobs.items():
         if wanted is not None and fig not in wanted:
             continue
         results = run_jobs(fig_jobs, sub, runs_dir)
-        runs = []
-        finals = []
+        runs, finals = [], []
         for job in fig_jobs:
             folder = Path(results[job.key]["folders"][0])
             rows = read_metrics(folder)

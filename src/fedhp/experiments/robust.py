@@ -142,9 +142,7 @@ class Row:
         return LABELS[self.algorithm] + (" (IID)" if self.iid else "")
 
     def partition(self) -> list[str]:
-        if self.iid:  # Dirichlet sizes with β = 1000: equal sizes up to ~3 %, labels IID
-            return ["partition.name=quantity", "partition.beta=1000"]
-        return ["partition.name=shards", "partition.shards_per_client=2"]
+        return HET_PARTITIONS["iid" if self.iid else "shards2"][1]
 
     def overrides(self) -> list[str]:
         levels = ["cloud"] if self.algorithm == "fedavg" else ["edge", "cloud"]
@@ -334,13 +332,8 @@ def describe(opts: ReproOptions, wall: float) -> str:
 def figures(out: Path, results: dict[tuple[Row, Case], dict[str, Any]], rows: list[Row]) -> None:
     """``sign_flip-<algorithm>.png``: accuracy vs attacker fraction, a line per aggregator (a
     colour per rule; the edge-only rows the same colour with markers)."""
-    colors = dict(
-        zip(
-            RULES,
-            ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"),
-            strict=True,
-        )
-    )
+    palette = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+    colors = dict(zip(RULES, palette, strict=True))
     for algorithm in sorted({r.algorithm for r in rows}):
         lines = []
         for row in (r for r in rows if r.algorithm == algorithm and not r.iid):
@@ -436,7 +429,8 @@ BUCKETS = (1, 2)
 MOMENTA = (0.0, 0.9)
 PLACEMENTS = ("edge", "cloud", "both")
 HET_PARTITIONS: dict[str, tuple[str, list[str]]] = {
-    # key -> (title, overrides); "iid": Dirichlet sizes with β = 1000, labels IID
+    # key -> (title, overrides); "iid": Dirichlet sizes with β = 1000 (equal up to ~3 %), labels
+    # IID (the attack grid's IID control too)
     "iid": ("IID", ["partition.name=quantity", "partition.beta=1000"]),
     "dir0.5": ("Dirichlet 0.5", ["partition.name=dirichlet", "partition.alpha=0.5"]),
     "dir0.1": ("Dirichlet 0.1", ["partition.name=dirichlet", "partition.alpha=0.1"]),
@@ -599,14 +593,17 @@ def fedavg_configs(opts: ReproOptions) -> list[Config]:
     return list(dict.fromkeys(out))
 
 
-def hierfavg_configs(families: list[tuple[str, float | None]]) -> list[Config]:
+def hierfavg_configs(
+    families: list[tuple[str, float | None]], momenta: tuple[float, ...] | None = None
+) -> list[Config]:
     """HierFAVG's candidates: the mean (± momentum), then each chosen rule (with its τ) at the
-    edges, the cloud and both × bucketing × momentum."""
-    out = [REFERENCE, *(Config("mean", momentum=momentum) for momentum in MOMENTA)]
+    edges, the cloud and both × bucketing × momentum (``momenta``: :data:`MOMENTA` unless given)."""
+    momenta = MOMENTA if momenta is None else momenta
+    out = [REFERENCE, *(Config("mean", momentum=momentum) for momentum in momenta)]
     for rule, tau in families:
         for placement in PLACEMENTS:
             for bucket in BUCKETS:
-                out += [Config(rule, tau, bucket, m, placement) for m in MOMENTA]
+                out += [Config(rule, tau, bucket, m, placement) for m in momenta]
     return list(dict.fromkeys(out))
 
 
@@ -616,14 +613,10 @@ SFEDHP_FAMILIES: tuple[tuple[str, float | None], ...] = (("cclip", 1.0), ("geome
 
 
 def sfedhp_configs(families: list[tuple[str, float | None]]) -> list[Config]:
-    """sFedHP's candidates: the mean, then each rule (with its τ) at the edges, the cloud and
-    both × bucketing; no client momentum (sFedHP's clients upload ``phi_ij``, a mix of their
-    model and the edge's, not the model they trained: ``algorithm.client_momentum`` refuses it)."""
-    out = [REFERENCE]
-    for rule, tau in families:
-        for placement in PLACEMENTS:
-            out += [Config(rule, tau, bucket, 0.0, placement) for bucket in BUCKETS]
-    return list(dict.fromkeys(out))
+    """sFedHP's candidates: HierFAVG's without client momentum (sFedHP's clients upload
+    ``phi_ij``, a mix of their model and the edge's, not the model they trained:
+    ``algorithm.client_momentum`` refuses it)."""
+    return hierfavg_configs(families, (0.0,))
 
 
 def het_test_seeds(opts: ReproOptions) -> range:
