@@ -23,7 +23,6 @@ training FLOPs of the whole run; sim_time_s: the run's simulated seconds); write
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from fedhp.experiments.common import (
     write_study,
 )
 from fedhp.experiments.figures import read_metrics
-from fedhp.reporting import plot_curves
+from fedhp.reporting import plot_curves, read_rows
 
 TABLE1 = (
     "fedlps",
@@ -240,10 +239,9 @@ def personal_curve(folder: Path) -> list[tuple[int, float]]:
     """(round, mean over clients of the personal model's accuracy on its own test data) at every
     evaluated round (the global model's accuracy where the method has no personal models)."""
     per_round: dict[int, list[float]] = defaultdict(list)
-    with (folder / "per_client.csv").open() as f:
-        for row in csv.DictReader(f):
-            value = row.get("personal_acc") or row["global_acc"]
-            per_round[int(row["round"])].append(float(value))
+    for row in read_rows(folder / "per_client.csv"):
+        value = row["personal_acc"] if "personal_acc" in row else row["global_acc"]
+        per_round[int(row["round"])].append(float(value))
     return [(r, sum(v) / len(v)) for r, v in sorted(per_round.items())]
 
 
@@ -314,8 +312,7 @@ def density_breakdown(folder: Path) -> list[dict[str, float]] | None:
     if "has_personal" in state:
         models = torch.where(state["has_personal"] > 0, models, state["global"])
     density = (models != 0).double().mean(1).tolist()
-    with (folder / "per_client.csv").open() as f:
-        rows = list(csv.DictReader(f))
+    rows = read_rows(folder / "per_client.csv")
     last = max(int(r["round"]) for r in rows)
     acc = {int(r["client"]): float(r["personal_acc"]) for r in rows if int(r["round"]) == last}
     out = []
