@@ -110,32 +110,31 @@ class DeviceCost:
         """A synchronous round's time: its slowest client's (0 for an empty round)."""
         return float(client_seconds.max()) if client_seconds.numel() else 0.0
 
-
-def account_round(
-    state: dict[str, torch.Tensor],
-    cost: DeviceCost,
-    train_flops: torch.Tensor,
-    capability: torch.Tensor,
-    bytes_up: torch.Tensor,
-    bytes_down: torch.Tensor,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Add a round to ``state``'s running ``sim_time_s`` and ``flops`` (float64 ``[1]``) from the
-    clients' training FLOPs, capabilities and bytes: each client's T_k and the round's metrics
-    (``sim_time_s``, ``round_sim_time_s``, ``flops``)."""
-    seconds = cost.client_seconds(train_flops, capability, bytes_up, bytes_down)
-    round_s = cost.round_seconds(seconds)
-    state["sim_time_s"] += round_s
-    state["flops"] += float(train_flops.double().sum())
-    stats = {
-        "sim_time_s": float(state["sim_time_s"]),
-        "round_sim_time_s": round_s,
-        "flops": float(state["flops"]),
-    }
-    return seconds, stats
+    def account(
+        self,
+        state: State,
+        flops: torch.Tensor,
+        caps: torch.Tensor,
+        up: torch.Tensor,
+        down: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Add a round to ``state``'s running ``sim_time_s`` and ``flops`` (float64 ``[1]``,
+        :func:`cost_state`) from the clients' training ``flops``, capabilities and bytes: each
+        client's T_k and the round's metrics (``sim_time_s``, ``round_sim_time_s``, ``flops``)."""
+        seconds = self.client_seconds(flops, caps, up, down)
+        round_s = self.round_seconds(seconds)
+        state["sim_time_s"] += round_s
+        state["flops"] += float(flops.double().sum())
+        stats = {
+            "sim_time_s": float(state["sim_time_s"]),
+            "round_sim_time_s": round_s,
+            "flops": float(state["flops"]),
+        }
+        return seconds, stats
 
 
 def cost_state() -> dict[str, torch.Tensor]:
-    """The running totals :func:`account_round` keeps (zero)."""
+    """The running totals :meth:`DeviceCost.account` keeps (zero)."""
     return {
         "sim_time_s": torch.zeros(1, dtype=torch.float64),
         "flops": torch.zeros(1, dtype=torch.float64),
@@ -153,18 +152,12 @@ def capabilities_field() -> Any:
 
 
 class DenseCostModel:
-    """FedLPS's heterogeneity and cost model for a method that trains the full model, on with
-    ``capabilities: fix|dyn``: a component the method holds (``self.cost_model``), not a base.
-
-    Each client has a capability z ∈ {1, ½, ¼, ⅛, 1/16} (``state["capability"]``, drawn once, or
-    again every round under ``dyn``) from :attr:`generator`, a generator of its own seeded from
-    the run's seed (the method keeps it as ``capability_generator``, checkpointed with the run as
-    ``algorithm.capability_generator``), so the draws leave the training untouched. The model is
-    trained at full width whatever z is: T_k = 3 × the dense model's forward FLOPs per sample
-    (``masked_flops`` with every unit kept, FedLPS's convention) × the samples k processed /
-    (z · 727 GFLOP/s) + the bytes the ledger billed k this round up / 14.0 MB/s + down / 110.6
-    MB/s; the round lasts its slowest client. ``off`` (default) adds nothing: no state entry, no
-    generator, no metric."""
+    """The device model of a method that trains the full model (the module docstring), on with
+    ``capabilities: fix|dyn``: a component the method holds (``self.cost_model``). Its
+    :attr:`generator` is checkpointed as ``algorithm.capability_generator``. T_k counts 3 × the
+    dense model's forward FLOPs per sample (``masked_flops`` with every unit kept, FedLPS's
+    convention) and the bytes the ledger billed the client this round. ``off`` (default) adds
+    nothing: no state entry, no generator, no metric."""
 
     generator: torch.Generator | None = None
     device_cost: DeviceCost
@@ -213,8 +206,7 @@ class DenseCostModel:
         down = ctx.ledger.round_node_bytes("client_cloud", "down", ids)
         flops = 3.0 * self.dense_forward_flops * samples(clients).double().cpu()
         caps = state["capability"][clients.cpu()]
-        _, stats = account_round(state, self.device_cost, flops, caps, up, down)
-        return stats
+        return self.device_cost.account(state, flops, caps, up, down)[1]
 
 
 class DenseDeviceCost(Algorithm):
@@ -252,6 +244,8 @@ class SizedCostModel:
     :attr:`device_cost`."""
 
     device_cost = DeviceCost()
+    account = device_cost.account
+    """:meth:`DeviceCost.account` of the round's clients under :attr:`device_cost`."""
 
     def __init__(self, ctx: RunContext, levels: tuple[float, ...] = CAPABILITY_LEVELS) -> None:
         self.ctx = ctx
@@ -266,14 +260,3 @@ class SizedCostModel:
         """Start of round ``rnd`` (cloud, in ``plan``): under ``mode`` ``dyn`` every z is drawn
         again."""
         refresh_capabilities(state, mode, rnd, self.ctx.generator, self.levels)
-
-    def account(
-        self,
-        state: State,
-        flops: torch.Tensor,
-        caps: torch.Tensor,
-        up: torch.Tensor,
-        down: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """:func:`account_round` of the round's clients under :attr:`device_cost`."""
-        return account_round(state, self.device_cost, flops, caps, up, down)

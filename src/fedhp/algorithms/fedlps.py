@@ -110,7 +110,7 @@ class FedLPS(Algorithm):
     def __init__(self, options: FedLPSOptions, ctx: RunContext) -> None:
         require_hidden_units(ctx.model, "fedlps", "prunes the units of hidden layers")
         super().__init__(options, ctx)
-        self.sizes = SizedCostModel(ctx, options.levels)  # the device model: z sizes the masks
+        self.sizes = SizedCostModel(ctx, tuple(options.capability_levels))  # z sizes the masks
         self.num_units = num_units(ctx.model)
         if options.personal_keep_above > 0:  # which clients hold a personal model: node rows
             self.held_keys["has_personal"] = "client"
@@ -154,7 +154,6 @@ class FedLPS(Algorithm):
     def _init_bandits(self, state: State, init_params: torch.Tensor) -> None:
         ctx, opt = self.ctx, self.options
         k = ctx.num_clients
-        xi = exploration_xi(opt.rounds, k, ctx.participation.client_fraction)
         max_arms = opt.arms + opt.rounds + 1
         arms = torch.empty(k, max_arms, 5, dtype=torch.float64)
         scalars = torch.empty(k, 4, dtype=torch.float64)
@@ -162,14 +161,15 @@ class FedLPS(Algorithm):
         acc0 = self._train_accuracy(init_params.expand(k, -1))
         u = torch.rand(k, 2, generator=ctx.generator, dtype=torch.float64)
         for c in range(k):
-            bandit = self._bandit(xi, float(u[c, 0]), float(u[c, 1]))
+            bandit = self._bandit(float(u[c, 0]), float(u[c, 1]))
             bandit.accuracy = float(acc0[c])
             arms[c], scalars[c] = bandit.to_rows(max_arms)
             state["ratio"][c] = bandit.ratio
         state["bandit_arms"], state["bandit_scalars"] = arms, scalars
 
-    def _bandit(self, xi: float, u_arm: float, u_point: float) -> PUCBV:
-        opt = self.options
+    def _bandit(self, u_arm: float = 0.0, u_point: float = 0.0) -> PUCBV:
+        ctx, opt = self.ctx, self.options
+        xi = exploration_xi(opt.rounds, ctx.num_clients, ctx.participation.client_fraction)
         return PUCBV.create(
             xi,
             u_arm,
@@ -276,11 +276,9 @@ class FedLPS(Algorithm):
         nnz = count_nonzero(delta, ctx.zero_threshold).double().cpu()
         up = nnz * 4 + unit_mask_bytes(self.num_units)
         down = torch.full_like(up, 4.0 * state["global"].numel())
-        # training FLOPs: 3 × the masked model's forward FLOPs per sample × samples processed
         units = update.per_client["units"] > 0.5
         fwd = masked_flops(ctx.model, units, opt.structural).double()
-        samples = opt.sample_counts(ctx.fed.train.counts[clients])
-        flops = 3.0 * fwd * samples
+        flops = 3.0 * fwd * opt.sample_counts(ctx.fed.train.counts[clients])
         acc = update.per_client["train_acc"][:, 0].double().cpu()
         caps = task.per_client["capability"]
         seconds, cost = self.sizes.account(state, flops, caps, up, down)
@@ -297,14 +295,10 @@ class FedLPS(Algorithm):
     def _update_bandits(
         self, state: State, clients: torch.Tensor, acc: torch.Tensor, seconds: torch.Tensor
     ) -> None:
-        ctx = self.ctx
         arms, scalars = state["bandit_arms"], state["bandit_scalars"]
-        u = torch.rand(len(clients), generator=ctx.generator, dtype=torch.float64)
+        u = torch.rand(len(clients), generator=self.ctx.generator, dtype=torch.float64)
         for i, c in enumerate(clients.tolist()):
-            bandit = self._bandit(1.0, 0.0, 0.0)
-            bandit.xi = exploration_xi(
-                self.options.rounds, ctx.num_clients, ctx.participation.client_fraction
-            )
+            bandit = self._bandit()  # (its arms and scalars loaded from the state)
             bandit.load_rows(arms[c], scalars[c])
             state["ratio"][c] = bandit.update(float(acc[i]), float(seconds[i]), float(u[i]))
             arms[c], scalars[c] = bandit.to_rows(arms.shape[1])
@@ -367,11 +361,6 @@ class FedLPSOptions(LocalWorkOptions):
     def score_step(self) -> float:
         """Q's step size: ``score_lr``, else ``lr``."""
         return self.lr if self.score_lr is None else self.score_lr
-
-    @property
-    def levels(self) -> tuple[float, ...]:
-        """``capability_levels`` as the cost model takes them."""
-        return tuple(self.capability_levels)
 
     def build(self, ctx: RunContext) -> Algorithm:
         return FedLPS(self, ctx)

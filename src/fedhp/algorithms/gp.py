@@ -92,7 +92,6 @@ def gibbs(
     draw. No gradient flows through the draws."""
     n = kernel.shape[0]
     dtype = kernel.dtype
-    kappa = labels.to(dtype) - 0.5
     with torch.no_grad():
         k = kernel.detach()
         prior = safe_cholesky(k)
@@ -103,7 +102,7 @@ def gibbs(
         omega = torch.empty_like(f)
         for _ in range(steps):
             omega = sample_pg1(f, generator, PG_TERMS)
-            mu, cov = _posterior(k, kappa, omega, mean)
+            mu, cov = _posterior(k, labels, omega, mean)
             chol = safe_cholesky(cov, "the Gibbs posterior covariance")
             eps = torch.randn(
                 chains, n, 1, generator=generator, dtype=dtype, device=generator.device
@@ -113,21 +112,25 @@ def gibbs(
 
 
 def _posterior(
-    kernel: torch.Tensor, kappa: torch.Tensor, omega: torch.Tensor, mean: float
+    kernel: torch.Tensor, labels: torch.Tensor, omega: torch.Tensor, mean: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """f | ω: mean ``[chains, n]`` and covariance ``[chains, n, n]``."""
-    a_chol = _noisy_cholesky(kernel, omega)
-    z = kappa / omega - mean
-    alpha = torch.cholesky_solve(z.unsqueeze(-1), a_chol)  # A⁻¹ (z − μ)
+    a_chol, _, alpha = _solved(kernel, labels, omega, mean)
     mu = mean + (kernel @ alpha).squeeze(-1)
     v = torch.cholesky_solve(kernel.expand(len(omega), -1, -1), a_chol)  # A⁻¹ K
     cov = kernel - kernel @ v
     return mu, (cov + cov.transpose(-1, -2)) / 2
 
 
-def _noisy_cholesky(kernel: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """Cholesky factors ``[chains, n, n]`` of A = K + Ω⁻¹, one per chain."""
-    return safe_cholesky(kernel + torch.diag_embed(1 / omega), "K + Ω⁻¹")
+def _solved(
+    kernel: torch.Tensor, labels: torch.Tensor, omega: torch.Tensor, mean: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per chain, the Cholesky factor ``[chains, n, n]`` of A = K + Ω⁻¹, z − μ = κ/ω − μ
+    ``[chains, n, 1]`` and A⁻¹ (z − μ)."""
+    kappa = labels.to(kernel.dtype) - 0.5
+    a_chol = safe_cholesky(kernel + torch.diag_embed(1 / omega), "K + Ω⁻¹")
+    z = (kappa / omega - mean).unsqueeze(-1)
+    return a_chol, z, torch.cholesky_solve(z, a_chol)
 
 
 def predictive(
@@ -141,10 +144,8 @@ def predictive(
     """Per chain, the mean and variance ``[chains, m]`` of f* at ``m`` test points given the
     training ``kernel [n, n]``, ``cross [n, m]`` (K*) and the test points' prior variances
     ``test_diag [m]`` (differentiable in the kernels; ω is a constant)."""
-    kappa = labels.to(kernel.dtype) - 0.5
     omega = state.omega.detach()
-    a_chol = _noisy_cholesky(kernel, omega)
-    alpha = torch.cholesky_solve((kappa / omega - mean).unsqueeze(-1), a_chol)
+    a_chol, _, alpha = _solved(kernel, labels, omega, mean)
     mu = mean + (cross.transpose(-1, -2) @ alpha).squeeze(-1)
     v = torch.cholesky_solve(cross.expand(len(omega), -1, -1), a_chol)  # A⁻¹ K*
     var = test_diag - (cross * v).sum(-2)
@@ -171,11 +172,7 @@ def marginal_log_likelihood(
     """The augmented marginal likelihood's data term per chain ``[chains]``:
     log N(κ/ω | μ, K + Ω⁻¹) (the terms that depend only on ω carry no gradient and are left out),
     differentiable in ``kernel``."""
-    kappa = labels.to(kernel.dtype) - 0.5
-    omega = state.omega.detach()
-    a_chol = _noisy_cholesky(kernel, omega)
-    z = (kappa / omega - mean).unsqueeze(-1)
-    alpha = torch.cholesky_solve(z, a_chol)
+    a_chol, z, alpha = _solved(kernel, labels, state.omega.detach(), mean)
     n = kernel.shape[0]
     logdet = 2 * torch.log(a_chol.diagonal(dim1=-2, dim2=-1)).sum(-1)
     quad = (z * alpha).sum((-2, -1))

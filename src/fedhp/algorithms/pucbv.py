@@ -11,8 +11,8 @@ in, with its training accuracy a^r (a fraction), the previous one a^{r−1} and 
 3. ε ← ε/2, ψ = ξ / I² with I the number of arms and ξ = R/(K·ε_sel) (rounds over the expected
    clients per round: the selection fraction, not ε);
 4. the reward G = (U(a^r) − U(a^{r−1})) / T, U(x) = 10 − 20/(1 + e^{0.35x}) with x the accuracy
-   as a *fraction* (``utility_scale="percent"`` feeds 100·x instead: U then saturates above ~15 %),
-   is appended to both children (the deleted one excepted);
+   as a *fraction* (100·x would saturate U above ~15 %), is appended to both children (the
+   deleted one excepted);
 5. every arm's score ḡ + sqrt(ρ(v̄ + 2)·max(0, log(ξψε)) / (4(h + 1))) — ḡ, v̄ the mean and
    population variance of its rewards, h its pulls; an arm never pulled scores its exploration
    term alone (ḡ = v̄ = 0) — and the next s is drawn uniformly inside the best arm (ties: the
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -75,7 +75,6 @@ class PUCBV:
     rho: float = 0.5
     delta_points: float = -5.0
     floor: float = 1.0 / 16
-    utility_scale: Literal["fraction", "percent"] = "fraction"
     arms: list[Arm] = field(default_factory=list)
     epsilon: float = 1.0
     psi: float = 0.0
@@ -104,9 +103,6 @@ class PUCBV:
 
     def _sample(self, arm: Arm, u: float) -> float:
         return max(self.floor, arm.low + u * (arm.high - arm.low))
-
-    def _utility(self, accuracy: float) -> float:
-        return utility(100.0 * accuracy if self.utility_scale == "percent" else accuracy)
 
     def score(self, arm: Arm) -> float:
         """ḡ + sqrt(ρ(v̄ + 2)·max(0, log(ξψε)) / (4(h + 1)))."""
@@ -137,7 +133,7 @@ class PUCBV:
         self.arms[index : index + 1] = kept
         self.epsilon /= 2.0
         self.psi = self.xi / len(self.arms) ** 2
-        reward = (self._utility(accuracy) - self._utility(self.accuracy)) / cost
+        reward = (utility(accuracy) - utility(self.accuracy)) / cost
         for child in kept:
             child.add(reward)
         self.accuracy = accuracy
