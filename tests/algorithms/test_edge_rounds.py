@@ -13,13 +13,18 @@ from fedhp.algorithms.edge_rounds import EdgeRounds, edge_members, level_aggrega
 from fedhp.algorithms.hierfavg import HierFAVGOptions, edge_mean
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.ops import LocalWork, segment_mean
-from fedhp.engine.uplink import CENTRE_KEYS
+from fedhp.engine.uplink import CENTRE_KEYS, Combine
 from fedhp.robust import RobustOptions
 from tests.algorithms.tiny import init_params, tiny_context
 from tests.policies import use_policy
 
 EDGES = (3, 2, 2)
 WORK = LocalWork(lr=0.3, batch_size=2, steps=2)
+
+
+def rounds_of(algo: Algorithm, state: State, task: Task, combine: Combine) -> EdgeRounds:
+    """The edge rounds of one run's round, ``WORK`` each."""
+    return EdgeRounds([(algo, state, task)], [WORK], combine)
 
 
 def one_round(cache: int | None = None) -> tuple[Algorithm, State, Task]:
@@ -61,7 +66,7 @@ def test_the_whole_round_runs_the_methods_combine_on_each_edge() -> None:
         seen.append((rows.clone(), weights.clone()))
         return edge_mean(rows, weights)
 
-    rounds = EdgeRounds(algo, state, task, WORK, spy)
+    rounds = rounds_of(algo, state, task, spy)
     assert len(rounds.parts) == 1
     rounds.step()
     weights = algo.ctx.client_weights(task.clients)
@@ -78,10 +83,10 @@ def test_the_whole_round_runs_the_methods_combine_on_each_edge() -> None:
         return edge_mean(rows, wrong)
 
     algo, state, task = one_round()
-    right = EdgeRounds(algo, state, task, WORK, edge_mean)
+    right = rounds_of(algo, state, task, edge_mean)
     right.step()
     algo, state, task = one_round()
-    wrong = EdgeRounds(algo, state, task, WORK, planted)
+    wrong = rounds_of(algo, state, task, planted)
     wrong.step()
     assert not torch.equal(right.models, wrong.models)
 
@@ -90,14 +95,14 @@ def test_only_a_foldable_combine_is_streamed_in_parts() -> None:
     """Under a cache that holds two clients, :func:`edge_mean` (declared foldable) trains in
     parts; any other ``combine`` gets the whole round, and runs on it."""
     algo, state, task = one_round(cache=30)
-    assert len(EdgeRounds(algo, state, task, WORK, edge_mean).parts) == 4
+    assert len(rounds_of(algo, state, task, edge_mean).parts) == 4
     calls: list[int] = []
 
     def other(rows: Tensor, weights: Tensor) -> Tensor:
         calls.append(rows.shape[0])
         return rows.median(dim=0).values
 
-    rounds = EdgeRounds(algo, state, task, WORK, other)
+    rounds = rounds_of(algo, state, task, other)
     assert len(rounds.parts) == 1
     rounds.step()
     assert calls == list(EDGES)
@@ -112,13 +117,35 @@ def test_parts_fold_to_the_whole_rounds_edge_models_bit_for_bit(eps: float) -> N
     for cache in (None, 30):
         algo, state, task = one_round(cache)
         algo.ctx.zero_threshold = eps
-        rounds = EdgeRounds(algo, state, task, WORK, edge_mean)
+        rounds = rounds_of(algo, state, task, edge_mean)
         assert len(rounds.parts) == (1 if cache is None else 4)
-        losses = [rounds.step() for _ in range(3)]
-        results.append((rounds.models, torch.stack(losses), algo.ctx.ledger.state_dict()))
+        losses = torch.stack([rounds.step() for _ in range(3)])
+        (update,) = rounds.updates(losses)
+        results.append((update.per_edge["model"], losses, algo.ctx.ledger.state_dict()))
     (whole, whole_loss, whole_bill), (parts, part_loss, part_bill) = results
     assert torch.equal(whole, parts) and torch.equal(whole_loss, part_loss)
-    assert whole_bill == part_bill
+    assert whole_bill == part_bill and whole_bill["round"]
+
+
+def test_the_fold_is_each_edges_combine_bit_for_bit() -> None:
+    """The fold (one part, :func:`edge_mean` declared foldable) gives what the whole round's
+    edge-by-edge ``combine`` gives (the same mean, not declared foldable): the edge models, the
+    losses and the bill, round after round."""
+
+    def unfolded(rows: Tensor, weights: Tensor) -> Tensor:
+        return edge_mean(rows, weights)
+
+    results = []
+    for combine in (edge_mean, unfolded):
+        algo, state, task = one_round()
+        rounds = rounds_of(algo, state, task, combine)
+        assert rounds.whole == (combine is unfolded)
+        losses = torch.stack([rounds.step() for _ in range(3)])
+        (update,) = rounds.updates(losses)
+        results.append((update.per_edge["model"], losses, algo.ctx.ledger.state_dict()))
+    (fold, fold_loss, fold_bill), (whole, whole_loss, whole_bill) = results
+    assert torch.equal(fold, whole) and torch.equal(fold_loss, whole_loss)
+    assert fold_bill == whole_bill
 
 
 @pytest.mark.parametrize("level", ["cloud", "edge"])

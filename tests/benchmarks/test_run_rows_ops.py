@@ -39,7 +39,7 @@ def test_stacked_rounds_launch_fewer_kernels(monkeypatch: pytest.MonkeyPatch) ->
         ("sfedhp", "algorithm.R"),
         ("pfedme", "algorithm.R"),
         ("fedprox", "algorithm.local_steps"),
-        ("hierfavg", "algorithm.kappa2"),  # (alone: 4 reads per run and edge round)
+        ("hierfavg", "algorithm.kappa2"),  # (and alone: billed once, at the round's end)
         ("perfedavg", "algorithm.local_steps"),
         ("heurfedamp", "algorithm.local_steps"),
     ],
@@ -54,11 +54,15 @@ def test_a_stacked_round_reads_nothing_back_per_local_step(
 
     tiny = ["federation.num_clients=4", "federation.num_edges=2", "algorithm.K=2"]
     tiny = tiny if method in ("sfedhp", "pfedme") else tiny[:2]
-    syncs = []
+    syncs, alone = [], []
     for n in (2, 5):
         argv = ["--method", method, "--values", "0.1,0.2", "--seeds", "0,1", *tiny, f"{steps}={n}"]
-        syncs.append(run_rows_ops.main(argv)["train_syncs_stacked"])
+        out = run_rows_ops.main(argv)
+        syncs.append(out["train_syncs_stacked"])
+        alone.append(out["train_syncs_alone"])
     assert syncs[0] == syncs[1], syncs
+    if method == "hierfavg":  # its round alone reads nothing back per edge round either
+        assert alone[0] == alone[1] > 0, alone
 
 
 def test_graphs_count_fewer_launches_for_the_stacked_round(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ from fedhp.algorithms.task import Task, Update
 from fedhp.data.rows import slice_rows, take_rows
 from fedhp.engine.context import RunContext
 from fedhp.engine.run_rows import gathers, rows_key, stacked_data
+from fedhp.models.base import loss_and_grad
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig
@@ -117,7 +118,7 @@ def fused_train(items: Sequence[tuple[Centralized, State, Task]]) -> list[Update
         x, y = take_rows(x_all, at), y_all[at]
         for s, algo in enumerate(algos):  # each run's own counter of trained samples
             algo.ctx.model.count_trained(slice_rows(x, s, s + 1))
-        loss, grad = lead.ctx.model.loss_and_grad(params.detach(), x, y, **opts)
+        loss, grad = loss_and_grad(lead.ctx.model, params.detach(), x, y, **opts)
         _descend(params, grad, lrs)
         loss_total += loss.double()
     alone = len(items) == 1  # (a batch's rows are copied out: each state its own storage)

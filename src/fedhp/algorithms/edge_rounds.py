@@ -1,6 +1,6 @@
 """The client→edge rounds below the cloud of a hierarchy whose edges aggregate their clients'
-models: :func:`plan_edges` (the cloud's side), :class:`EdgeRounds` (below it), and a
-level's aggregate through its uplink, :func:`level_aggregate`.
+models: :func:`plan_edges` (the cloud's side), :class:`EdgeRounds` (below it, for one run or a
+batch of runs), and a level's aggregate through its uplink, :func:`level_aggregate`.
 
 One edge round: every training edge sends its model (with its BatchNorm statistics under
 ``buffers=average``) to its clients and its stragglers (who receive but never reply), billed;
@@ -17,19 +17,51 @@ several parts each part's uploads are added into their edges' weighted sums in c
 (the fold): the edges' weighted means of the whole round, bit for bit where ``combine`` is that
 mean summed in client order (as ``segment_mean`` sums) and declared
 :func:`~fedhp.engine.uplink.foldable`; any other ``combine``, a rule, DP or an attack that reads
-an edge's uploads at once makes the round one part, and ``combine`` (or the rule) runs on it.
+an edge's uploads at once makes the round one part, and ``combine`` (or the rule) runs on it,
+edge by edge. The messages are counted on the device as they go and billed once, at the end.
+
+A batch of runs (``fedhp sweep``'s lockstep: the run level of the tree) is one federation: run
+s's clients are a block of rows of the round's ``[ΣC, P]`` client rows, its sampled edges a
+block of the ``[ΣE, P]`` edge rows, and each edge round is one pass over all of them::
+
+    w_edge = cat(w_s.expand(E_s, P) for each run s)      # each edge from its run's global model
+    for t in range(kappa2):
+        sent = truncate(w_edge)                           # down to the clients, counted
+        y = sent[edge_of]                                 # each client from its own edge
+        kappa1 times:                                     # the engine's train_rows
+            x, b = cat(draw_s() for each run s)           # each run's own generator, as alone
+            y[rows_s] -= lr_s * grad(y[rows_s]; x, b)     # one model call per group of runs
+        up = truncate(y)                                  # the uploads, counted
+        w_edge = index_add(edge_of, p * up) / index_add(edge_of, p)              (the fold)
+
+``edge_of`` maps each client to its run's edge row, so every edge sums its own run's clients
+only, in client order. Nothing crosses a run's block: every other operation is per row, each
+run draws from its own generator, counts its own trained samples, bills its own ledger and gets
+its own :class:`~fedhp.algorithms.task.Update`, bit for bit what it gets alone on the CPU
+(``tests/algorithms/test_hierfavg_runs.py``). A batch takes only rounds that need none of what
+a run alone may have (a rule, DP, an attack, client momentum, BatchNorm statistics, minibatches
+drawn by the cloud: the method's ``stack_key``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from fedhp.algorithms.base import Algorithm, State, Task
+from fedhp.algorithms.task import Update
 from fedhp.comm import Message
+from fedhp.comm.ledger import CommLedger
+from fedhp.engine.local_rows import RunRows, StepDraw, drawn_ahead, part_bounds, train_rows
 from fedhp.engine.ops import LocalWork, weighted_mean
+from fedhp.engine.run_rows import RunBlocks, cat_runs, one_draw
 from fedhp.engine.sampler import EpochBatches
 from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY, Combine, Uplink, folds_in_parts
+
+Item = tuple[Algorithm, State, Task]
 
 
 def plan_edges(algo: Algorithm, state: State) -> Task:
@@ -92,111 +124,194 @@ def edge_members(seg: Tensor, num_edges: int) -> list[slice | Tensor]:
     return out
 
 
-class EdgeRounds:
-    """The edge rounds of ``task`` (a hierarchical round of ``algo``), from the models the
-    edges received from the cloud; ``work``: each client's local SGD per edge round. After each
-    :meth:`step`, :attr:`models` ``[E', P]`` and :attr:`stats` ``[E', B]`` (or None) are the
-    edges'; ``combine``: the method's edge aggregation (where the edges have no rule), streamed
-    in parts only where declared :func:`~fedhp.engine.uplink.foldable`."""
+@dataclass(frozen=True)
+class EdgeBatch:
+    """The clients and sampled edges of the runs of ``items`` as rows (a run alone: one block
+    each): run s's clients are rows ``clients.of_run(s)`` of the round's client rows, its edges
+    rows ``edges.of_run(s)`` of the edge rows, ``edge_of [ΣC]`` each client's edge row; and
+    each run's receivers of its edges' models (its clients, then its stragglers, who never
+    reply): their edge positions among its edges and their global ids."""
 
-    def __init__(
-        self, algo: Algorithm, state: State, task: Task, work: LocalWork, combine: Combine
+    clients: RunBlocks
+    edges: RunBlocks
+    edge_of: Tensor
+    receivers: list[tuple[Tensor, Tensor]]
+
+    @classmethod
+    def of(cls, items: Sequence[Item]) -> EdgeBatch:
+        receivers, rows, e0 = [], [], 0
+        for algo, _, task in items:
+            ctx, edges = algo.ctx, task.edges
+            assert edges is not None
+            late = task.stragglers if task.stragglers is not None else task.clients[:0]
+            seg = ctx.edge_positions(task.clients, edges)
+            ids = ctx.global_clients(task.clients)
+            recv = torch.cat((seg, ctx.edge_positions(late, edges)))
+            receivers.append((recv, torch.cat((ids, ctx.global_clients(late)))))
+            rows.append(seg if e0 == 0 else seg + e0)
+            e0 += len(edges)
+        clients = RunBlocks.of([len(t.clients) for _, _, t in items])
+        edges_of = RunBlocks.of([len(t.edges) for _, _, t in items if t.edges is not None])
+        return cls(clients, edges_of, cat_runs(rows), receivers)
+
+    def ids(self, s: int) -> Tensor:
+        """Run ``s``'s clients' global ids."""
+        rows = self.clients.of_run(s)
+        return self.receivers[s][1][: rows.stop - rows.start]
+
+    def bill(
+        self, s: int, ledger: CommLedger, counts: tuple[Tensor, Tensor], widths: tuple[int, int]
     ) -> None:
+        """Bill run ``s``'s client-edge messages of a round to its ``ledger``: ``counts =
+        (down [..., ΣE], up [..., ΣC])``, the non-zeros of each edge row's message to its
+        receivers and of each client's upload (every message of the round at once: the ledger
+        sums integers, as message by message), of ``widths`` values."""
+        seg, ids = self.receivers[s]
+        down = counts[0][..., self.edges.of_run(s)][..., seg].to(torch.int64)
+        ledger.record_counts("client_edge", "down", down, widths[0], ids.expand_as(down))
+        up = counts[1][..., self.clients.of_run(s)].to(torch.int64)
+        ledger.record_counts("client_edge", "up", up, widths[1], self.ids(s).expand_as(up))
+
+
+class EdgeRounds:
+    """The edge rounds of the runs of ``items`` (a hierarchical round's ``(algorithm, state,
+    task)`` of one run, or a batch's, all with one stack key), from the models the edges
+    received from the cloud; ``works``: each run's local SGD per edge round. After each
+    :meth:`step`, :attr:`models` ``[ΣE, P]`` and :attr:`stats` ``[E, B]`` (or None) are the
+    edges'; ``combine``: the method's edge aggregation (where the edges have no rule), streamed
+    in parts only where declared :func:`~fedhp.engine.uplink.foldable`. :meth:`updates` bills
+    each run's messages and gives its update."""
+
+    def __init__(self, items: Sequence[Item], works: Sequence[LocalWork], combine: Combine) -> None:
+        self.items, self.works, self.combine = list(items), list(works), combine
+        algo, state, task = self.items[0]
         ctx = algo.ctx
-        clients, edges = task.clients, task.edges
-        assert edges is not None
-        self.algo, self.ctx, self.state, self.work, self.clients = algo, ctx, state, work, clients
-        self.combine = combine
-        self.seg, self.ids = ctx.edge_positions(clients, edges), ctx.global_clients(clients)
-        late = task.stragglers if task.stragglers is not None else clients[:0]
-        self.late_seg, self.late_ids = ctx.edge_positions(late, edges), ctx.global_clients(late)
-        self.models = task.broadcast["global"].expand(len(edges), -1)
-        sent = task.broadcast.get("global_buffers")
-        self.stats = None if sent is None else sent.expand(len(edges), -1)
-        self.weights = ctx.client_weights(clients)
-        dtype = self.models.dtype
-        totals = torch.zeros(len(edges), dtype=dtype, device=self.weights.device)
-        totals.index_add_(0, self.seg, self.weights.to(dtype))
+        self.algo, self.ctx, self.state = algo, ctx, state
+        tasks = [t for _, _, t in self.items]
+        self.batch = edge_batch(self.items)
+        self.blocks, self.edge_of = self.batch.clients, self.batch.edge_of
+        self.models = cat_runs([t.broadcast["global"].expand(len(_edges(t)), -1) for t in tasks])
+        sent = task.broadcast.get("global_buffers")  # (a run alone: a batch has none)
+        self.stats = None if sent is None else sent.expand(len(_edges(task)), -1)
+        self.weights = cat_runs([a.ctx.client_weights(t.clients) for a, _, t in self.items])
+        self.uniform = all(a.ctx.weighting != "samples" for a, _, _ in self.items)
+        dtype, n = self.models.dtype, self.blocks.rows
+        totals = torch.zeros(self.batch.edges.rows, dtype=dtype, device=self.weights.device)
+        totals.index_add_(0, self.edge_of, self.weights.to(dtype))
         self.totals = totals.clamp(min=torch.finfo(dtype).tiny).unsqueeze(1)
         self.uplink = ctx.edge_uplink
         self.momenta = state.get(MOMENTUM_KEY)
-        n = len(clients)
         chunk = ctx.policy.chunk(self.models.shape[1] + algo.buffers.width, n)
-        if ctx.fed.train.noise_std is not None or ctx.whole_rounds or not folds_in_parts(combine):
-            chunk = n  # per-access noise is drawn while gathering; a rule reads whole edges
-        self.parts = [slice(a, min(a + chunk, n)) for a in range(0, n, chunk)]
-        self.edge_ids = edges.tolist() if len(self.parts) == 1 else []
-        self.members = edge_members(self.seg, len(edges)) if len(self.parts) == 1 else []
-        sizes = torch.bincount(ctx.topology.edge_of_client.cpu(), minlength=ctx.topology.num_edges)
-        self.sizes = sizes.tolist()  # every client under each edge (DP's population)
+        noisy = ctx.fed.train.noise_std is not None  # (drawn while gathering)
+        self.whole = noisy or ctx.whole_rounds or not folds_in_parts(combine)
+        if self.whole:  # a rule reads whole edges: one part, aggregated edge by edge
+            chunk = n
+        self.parts = part_bounds(chunk, n, ctx.model if len(self.items) > 1 else None)
+        self.runs = [
+            RunRows(a.ctx, lo, hi, w.lr)
+            for (a, _, _), w, lo, hi in zip(
+                self.items, self.works, self.blocks.bounds, self.blocks.bounds[1:], strict=False
+            )
+        ]
+        self.draw = None
+        if len(self.items) > 1:  # the batch's minibatches, drawn as one where the runs allow
+            contexts, clients = [a.ctx for a, _, _ in self.items], [t.clients for t in tasks]
+            pairs = zip(contexts, clients, works, strict=True)
+            own = [c.batches(k, w.batch_size) for c, k, w in pairs]
+            self.draw = one_draw(contexts, clients, works[0].batch_size, own)
+        self.down: list[Tensor] = []  # each edge round's non-zeros, billed by :meth:`updates`
+        self.up: list[Tensor] = []
+        self.widths = (0, 0)
 
     def step(self) -> Tensor:
-        """One edge round; the clients' losses summed over their steps ``[n]``."""
+        """One edge round; the clients' losses summed over their steps ``[ΣC]``."""
         message = self.send_down()
-        whole = len(self.parts) == 1
-        drawn = None if whole else self.ctx.draw_ahead(self.clients, self.work)
-        loss = torch.empty(len(self.clients), device=self.weights.device)
-        down, model_sum, stat_sum = message.rows(), torch.zeros_like(self.models), None
-        for rows in self.parts:
-            params, stats, loss[rows] = self.train_part(
-                message.like(down[self.seg[rows]]), rows, drawn
-            )
-            w = self.weights[rows].to(self.models.dtype).unsqueeze(1)
-            if whole:
+        down = message.rows()
+        batch = self.batches()
+        loss = torch.empty(self.blocks.rows, device=self.weights.device)
+        model_sum, stat_sum, ups = torch.zeros_like(self.models), None, []
+        for a, b in self.parts:
+            received = message.like(down[self.edge_of[a:b]])
+            trained, trained_stats, loss[a:b] = self.train_part(received, a, b, batch)
+            up, nnz = self.ctx.arrived(self.algo.with_buffers(trained, trained_stats))
+            ups.append(nnz)
+            self.widths = (self.widths[0], sum(up.widths()))
+            params, stats = up["model"], up.get("buffers")
+            w = self.weights[a:b].to(self.models.dtype).unsqueeze(1)
+            if self.whole:
                 model_sum = self.aggregate(params, message["model"])
             else:  # the fold: the edges' weighted sums in client order
-                model_sum.index_add_(0, self.seg[rows], params * w)
+                model_sum.index_add_(0, self.edge_of[a:b], params if self.uniform else params * w)
             if stats is not None:
-                self.algo.buffers.keep(self.state, self.clients[rows], stats)
+                self.algo.buffers.keep(self.state, self.items[0][2].clients[a:b], stats)
                 if stat_sum is None:
                     stat_sum = w.new_zeros(len(self.models), stats.shape[1])
-                stat_sum.index_add_(0, self.seg[rows], stats * w)
-        self.models = model_sum if whole else model_sum / self.totals
+                stat_sum.index_add_(0, self.edge_of[a:b], stats * w)
+        self.up.append(cat_runs(ups) if ups else self.weights.new_zeros(0, dtype=torch.int64))
+        self.models = model_sum if self.whole and self.parts else model_sum.div_(self.totals)
         if stat_sum is not None:
             self.stats = stat_sum / self.totals
         return loss
 
-    def per_edge(self) -> dict[str, Tensor]:
-        """The edges' rows as ``Update.per_edge``: ``model`` and, with BatchNorm, ``buffers``."""
-        out = {"model": self.models}
-        if self.stats is not None:
-            out["buffers"] = self.stats
-        return out
-
     def send_down(self) -> Message:
-        """The edges' models (and statistics, unless the clients keep their own) to their
-        clients and stragglers, billed to each; the message as the clients receive it."""
-        ctx, algo = self.ctx, self.algo
-        stats = None if self.stats is None or algo.buffers.local else self.stats
-        message = ctx.multicast(
-            "client_edge", "down", algo.with_buffers(self.models, stats), self.seg, self.ids
-        )
-        if len(self.late_ids):  # the stragglers receive it too; their replies never arrive
-            ctx.multicast("client_edge", "down", message, self.late_seg, self.late_ids)
+        """The edges' models (and statistics, unless the clients keep their own) as their
+        clients and stragglers receive them, counted (:meth:`updates` bills them)."""
+        stats = None if self.stats is None or self.algo.buffers.local else self.stats
+        message, nnz = self.ctx.arrived(self.algo.with_buffers(self.models, stats))
+        self.down.append(nnz)
+        self.widths = (sum(message.widths()), self.widths[1])
         return message
 
+    def batches(self) -> StepDraw | Tensor | EpochBatches | None:
+        """This edge round's minibatches: a batch's by step (every step's first where the
+        round trains in parts); a run alone's drawn ahead in parts (None: as the steps go)."""
+        if self.draw is not None:
+            draw = self.draw
+
+            def batch(step: int) -> tuple[Tensor, Tensor]:
+                return draw()
+
+            return drawn_ahead(batch, self.works[0].steps) if len(self.parts) > 1 else batch
+        if len(self.parts) == 1:
+            return None
+        return self.ctx.draw_ahead(self.items[0][2].clients, self.works[0])
+
     def train_part(
-        self, received: Message, rows: slice, drawn: Tensor | EpochBatches | None
+        self, received: Message, a: int, b: int, batch: StepDraw | Tensor | EpochBatches | None
     ) -> tuple[Tensor, Tensor | None, Tensor]:
-        """The local SGD of the clients in ``rows`` from the edge models they ``received``, on
-        their ``drawn`` minibatches (None: drawn as they go); their uploads (models, trained
-        statistics) as the edges receive them, and their summed losses."""
-        ctx, algo, clients = self.ctx, self.algo, self.clients[rows]
-        start = received["model"]
-        stats = algo.buffers.start(self.state, clients, received.get("buffers"))
-        if drawn is not None:
-            drawn = drawn.part(rows) if isinstance(drawn, EpochBatches) else drawn[:, rows]
-        params, loss, _ = ctx.local_sgd(start, clients, self.work, buffers=stats, drawn=drawn)
-        params = self.uplink.accumulate(params, start, self.momenta, clients)
-        params = self.uplink.forge(params, self.ids[rows], start)
-        up = ctx.send("client_edge", "up", algo.with_buffers(params, stats), self.ids[rows])
-        return up["model"], up.get("buffers"), loss
+        """The local SGD of the clients of rows ``a .. b - 1`` from the edge models they
+        ``received``: a batch's rows as one (the engine's :func:`train_rows`), a run alone's
+        through ``ctx.local_sgd`` (with all it may have: BatchNorm statistics, client momentum,
+        an attack). What they upload (models, trained statistics) and their summed losses."""
+        start, stats = received["model"], None
+        if self.draw is not None:
+            assert callable(batch)
+            loss = train_rows(self.runs, start, (a, b), batch, self.works[0].steps)
+            params = start
+        else:
+            ctx, algo, clients = self.ctx, self.algo, self.items[0][2].clients[a:b]
+            stats = algo.buffers.start(self.state, clients, received.get("buffers"))
+            drawn = batch
+            if isinstance(drawn, EpochBatches):
+                drawn = drawn.part(slice(a, b))
+            elif drawn is not None:
+                assert isinstance(drawn, Tensor)
+                drawn = drawn[:, a:b]
+            work = self.works[0]
+            params, loss, _ = ctx.local_sgd(start, clients, work, buffers=stats, drawn=drawn)
+            params = self.uplink.accumulate(params, start, self.momenta, clients)
+            params = self.uplink.forge(params, self.batch.ids(0)[a:b], start)
+        return params, stats, loss
 
     def aggregate(self, params: Tensor, sent: Tensor) -> Tensor:
         """Every edge's :func:`level_aggregate` of the whole round's uploads ``params [n, P]``,
-        from the model it sent (``sent [E', P]``)."""
+        from the model it sent (``sent [E, P]``): a run alone's."""
+        topology, edges = self.ctx.topology, _edges(self.items[0][2])
+        members = edge_members(self.edge_of, len(edges))
+        sizes = torch.bincount(topology.edge_of_client.cpu(), minlength=topology.num_edges)
+        population = sizes.tolist()  # every client under each edge (DP's population)
         out = torch.empty_like(sent)
-        for e, (edge, mine) in enumerate(zip(self.edge_ids, self.members, strict=True)):
+        for e, (edge, mine) in enumerate(zip(edges.tolist(), members, strict=True)):
             out[e] = level_aggregate(
                 self.uplink,
                 self.state,
@@ -204,7 +319,34 @@ class EdgeRounds:
                 self.weights[mine],
                 sent[e],
                 edge=edge,
-                population=self.sizes[edge],
+                population=population[edge],
                 combine=self.combine,
             )
         return out
+
+    def updates(self, losses: Tensor) -> list[Update]:
+        """Each run's update: its edges' rows (``model``, with BatchNorm ``buffers``) and its
+        clients' ``losses [κ2, C]`` of the rounds' ``[κ2, ΣC]``, its messages billed to its
+        ledger (the edges' models to its clients and stragglers, its clients' uploads: every
+        edge round's counts at once, integers summed as round by round)."""
+        counts = (torch.stack(self.down), torch.stack(self.up))
+        out = []
+        for s, (algo, _, _) in enumerate(self.items):
+            self.batch.bill(s, algo.ctx.ledger, counts, self.widths)
+            rows, edge_rows = self.blocks.of_run(s), self.batch.edges.of_run(s)
+            per_edge = {"model": self.models[edge_rows]}
+            if self.stats is not None:
+                per_edge["buffers"] = self.stats
+            own = losses if len(self.items) == 1 else losses[:, rows].clone()
+            out.append(Update(per_edge=per_edge, losses=own))
+        return out
+
+
+def _edges(task: Task) -> Tensor:
+    assert task.edges is not None
+    return task.edges
+
+
+def edge_batch(items: Sequence[Item]) -> EdgeBatch:
+    """:meth:`EdgeBatch.of` ``items`` (the rounds' rows: planted crossings replace it)."""
+    return EdgeBatch.of(items)

@@ -23,12 +23,13 @@ import pydantic
 import torch
 from torch import Tensor
 
-from fedhp.algorithms import hierfavg_stacked
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
 from fedhp.algorithms.edge_rounds import EdgeRounds, level_aggregate, plan_edges
 from fedhp.algorithms.options import client_momentum_field, derived_steps
 from fedhp.engine.context import RunContext
+from fedhp.engine.local_rows import lone_part
 from fedhp.engine.ops import LocalWork, segment_mean, weighted_mean
+from fedhp.engine.run_rows import rows_key
 from fedhp.engine.uplink import foldable
 
 if TYPE_CHECKING:
@@ -46,6 +47,15 @@ def cloud_mean(uploads: Tensor, weights: Tensor) -> Tensor:
     return weighted_mean(uploads, weights)
 
 
+def edge_rounds(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
+    """The κ2 edge rounds of κ1 local steps of every run of ``items`` (one ``(algorithm,
+    state, task)``, or a batch's with one stack key) as one (:class:`EdgeRounds`)."""
+    opt = cast(HierFAVGOptions, items[0][0].options)
+    works = [LocalWork(a.options.lr, opt.batch_size, opt.kappa1) for a, _, _ in items]
+    rounds = EdgeRounds(items, works, combine=edge_mean)
+    return rounds.updates(torch.stack([rounds.step() for _ in range(opt.kappa2)]))
+
+
 class HierFAVG(Algorithm):
     """HierFAVG; the global model is ``global``. One global round = one cloud aggregation."""
 
@@ -60,21 +70,30 @@ class HierFAVG(Algorithm):
 
     def train(self, state: State, task: Task) -> Update:
         """The κ2 edge rounds of κ1 local steps, each closed by :func:`edge_mean`."""
-        opt = self.options
-        work = LocalWork(opt.lr, opt.batch_size, opt.kappa1)
-        rounds = EdgeRounds(self, state, task, work, combine=edge_mean)
-        losses = torch.stack([rounds.step() for _ in range(opt.kappa2)])
-        return Update(per_edge=rounds.per_edge(), losses=losses)
+        return edge_rounds([(self, state, task)])[0]
 
     def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`fedhp.algorithms.hierfavg_stacked.stack_key`."""
-        return hierfavg_stacked.stack_key(self, state, task)
+        """What runs must share to train their rounds as one (None: this round trains alone):
+        κ1, κ2, the minibatch size, the model and its execution policy, the received model's
+        size, type and device, and the zero threshold; their seeds, edges, clients and lr may
+        differ. A rule, DP or an attack at the edges, client momentum, BatchNorm statistics,
+        minibatches drawn by the cloud or no clients: alone."""
+        opt, ctx = self.options, self.ctx
+        uplink = ctx.edge_uplink
+        honest = ctx.attack is None and uplink.attack is None
+        plain = uplink.folds and not uplink.momentum and not self.buffers.width
+        plain = plain and "global_buffers" not in task.broadcast and task.batches is None
+        if not (honest and plain and len(task.clients) > 0):
+            return None
+        if lone_part(ctx.model, ctx.model.num_params, len(task.clients)):
+            return None
+        steps = (opt.kappa1, opt.kappa2, opt.batch_size, ctx.policy)
+        return rows_key("hierfavg", ctx, task.broadcast["global"], steps)
 
     @staticmethod
     def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' edge rounds as one (:mod:`fedhp.algorithms.hierfavg_stacked`: kept while the
-        engine's run level has no edge step, see its docstring)."""
-        return hierfavg_stacked.stacked_train([(cast(HierFAVG, a), s, t) for a, s, t in items])
+        """S runs' edge rounds as one: :func:`edge_rounds`."""
+        return edge_rounds(items)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         """The edges' models up; w by the cloud's uplink (:func:`cloud_mean` without a rule)."""

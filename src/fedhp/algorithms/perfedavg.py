@@ -30,7 +30,7 @@ from fedhp.data.rows import slice_rows
 from fedhp.engine.context import RunContext
 from fedhp.engine.ops import batched_loss_grad, mean_group_loss
 from fedhp.engine.run_rows import RunBlocks, one_draw, rows_key
-from fedhp.models.base import BatchedModel
+from fedhp.models.base import BatchedModel, loss_and_grad
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig
@@ -144,7 +144,7 @@ def fused_train(items: Sequence[tuple[PerFedAvg, State, Task]]) -> list[Update]:
         """:func:`batched_loss_grad` on every run's rows, each run's samples on its counter."""
         for lo, hi, s in runs.within(0, runs.rows):
             contexts[s].model.count_trained(x if runs.runs == 1 else slice_rows(x, lo, hi))
-        return model.loss_and_grad(w.detach(), x, y)
+        return loss_and_grad(model, w.detach(), x, y)
 
     losses = []
     for _ in range(opt.local_steps):

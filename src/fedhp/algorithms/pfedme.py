@@ -37,8 +37,9 @@ from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.local_rows import part_bounds
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss, model_steps
+from fedhp.engine.ops import batched_loss_grad, graph_steps, mean_group_loss, model_steps
 from fedhp.engine.run_rows import RunBlocks, gathers, one_draw, rows_key, rows_of
+from fedhp.models.base import ColumnHook
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig
@@ -259,22 +260,15 @@ class _Rounds:
         for lo, hi, s in self.runs.within(a, a + theta.shape[0]):
             for _ in range(opt.K):  # (a Python counter: kept outside the graph)
                 self.items[s][0].ctx.model.count_trained(slice_rows(x, lo - a, hi - a))
-        steps = (opt.K, opt.personal_lr)
+        steps, pulls = (opt.K, opt.personal_lr), (self.pulls, self.pull_rows)
 
-        def kernels(
-            theta: torch.Tensor, local: torch.Tensor, x: torch.Tensor, y: torch.Tensor
-        ) -> torch.Tensor:
-            def towards_local(lo: int, hi: int) -> None:
-                self._lerp(theta[:, lo:hi], local[:, lo:hi], (self.pulls, self.pull_rows), a)
-
-            return model_steps(ctx.model, theta, x, y, steps, towards_local)
+        def towards_local(theta: torch.Tensor, local: torch.Tensor) -> ColumnHook:
+            return lambda lo, hi: self._lerp(theta[:, lo:hi], local[:, lo:hi], pulls, a)
 
         if len(self.items) > 1:
-            return kernels(theta, local, x, y)
-        key = ("pfedme θ steps", *steps, self.pulls[0])
-        loss = ctx.graphs.run(key, kernels, (theta, local, x, y), writes=(0,))
-        assert loss is not None
-        return loss
+            return model_steps(ctx.model, theta, x, y, steps, towards_local(theta, local))
+        key = ("pfedme θ steps", self.pulls[0])
+        return graph_steps(ctx.graphs, key, (ctx.model, theta, x, y), steps, towards_local, [local])
 
     def finish(self, s: int) -> Update:
         """Run ``s``'s share: its clients' θ written into its state, its update."""

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
 import pydantic
 import torch
 from torch import Tensor
 
 from fedhp.algorithms.base import Algorithm, RowKind, State
-from fedhp.algorithms.edge_rounds import level_aggregate
+from fedhp.algorithms.edge_rounds import EdgeBatch, level_aggregate
 from fedhp.algorithms.fused import EdgeRows, Received, count_sent, truncate_
 from fedhp.algorithms.options import (
     ALGORITHMS,
@@ -43,9 +43,10 @@ from fedhp.engine.context import RunContext
 from fedhp.engine.evaluate import density
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.graphs import StepGraphs
-from fedhp.engine.ops import batched_loss_grad, mean_group_loss, model_steps
-from fedhp.engine.run_rows import Draw, RunBlocks, gathers, one_draw, rows_key
+from fedhp.engine.ops import batched_loss_grad, graph_steps, mean_group_loss
+from fedhp.engine.run_rows import Draw, RunBlocks, cat_runs, gathers, one_draw, rows_key
 from fedhp.engine.uplink import CENTRE_KEYS, Uplink
+from fedhp.models.base import ColumnHook
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig
@@ -274,25 +275,18 @@ def _prox_steps(
         for _ in range(opt.K):  # (a Python counter: kept outside the graph)
             run.items[s][0].ctx.model.count_trained(slice_rows(x, lo - a, hi - a))
     rows, gathered, pull = center.rows, center.gathered, run.pull
-    args = [theta, center.edge_rows, x, y]
+    tensors = [center.edge_rows]
     if pull.uniform is None and gathered:  # each row's pull (and where it lands) as tensors
-        args += [t[a:b] for t in (pull.rows, pull.lands) if isinstance(t, torch.Tensor)]
+        tensors += [t[a:b] for t in (pull.rows, pull.lands) if isinstance(t, torch.Tensor)]
 
-    def steps(
-        theta: torch.Tensor, edge_rows: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *own: Any
-    ) -> torch.Tensor:
+    def towards_centre(theta: Tensor, edge_rows: Tensor, *own: Tensor) -> ColumnHook:
         received = Received(rows, edge_rows, gathered)
-
-        def towards_centre(lo: int, hi: int) -> None:
-            pull.move(received.columns(lo, hi), theta[:, lo:hi], *own)
-
-        return model_steps(model, theta, x, y, (opt.K, opt.lr), towards_centre)
+        return lambda lo, hi: pull.move(received.columns(lo, hi), theta[:, lo:hi], *own)
 
     values = pull.uniform if pull.uniform is not None or gathered else tuple(pull.of_edge)
-    key = ("sfedhp θ steps", opt.K, opt.lr, values, (rows.num_edges, rows.runs, rows.width))
-    loss = run.graphs.run((*key, gathered), steps, args, writes=(0,), stacked=len(run.items) > 1)
-    assert loss is not None
-    return loss
+    key = ("sfedhp θ steps", values, (rows.num_edges, rows.runs, rows.width), gathered)
+    batch, stacked = (model, theta, x, y), len(run.items) > 1
+    return graph_steps(run.graphs, key, batch, (opt.K, opt.lr), towards_centre, tensors, stacked)
 
 
 @dataclass(frozen=True)
@@ -373,7 +367,7 @@ class _EdgeRound:
 
     items: Sequence[Item]
     runs: RunBlocks  # each run's client rows
-    edge_runs: RunBlocks  # each run's edge rows
+    batch: EdgeBatch  # its edge rows, its receivers
     uplink: Uplink  # the edges' pipeline (forging; robust rule unless it folds)
     parts: list[_Part]
     gamma1: float
@@ -396,8 +390,6 @@ class _EdgeRound:
     firsts: torch.Tensor  # zeros: index_add_'s index summing rows into one edge row
     down_counts: torch.Tensor
     up_counts: torch.Tensor
-    ids: list[torch.Tensor]  # each run's clients' global ids
-    receivers: list[tuple[torch.Tensor, torch.Tensor]]  # each run's (edge positions, ids)
     edge_ids: list[int]  # the training edges (global ids; a run alone)
 
     @classmethod
@@ -407,30 +399,16 @@ class _EdgeRound:
         warm."""
         algo = items[0][0]
         ctx, opt = algo.ctx, algo.options
-        segs: list[torch.Tensor] = []
-        ids: list[torch.Tensor] = []
-        receivers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        sent: list[torch.Tensor] = []
-        sizes: list[int] = []
-        for a, _, task in items:
-            edges = task.edges
-            assert edges is not None
-            # Who receives the edge's broadcasts: the clients, and the stragglers (they never
-            # reply); positions among the run's own edges.
-            late = task.stragglers if task.stragglers is not None else task.clients[:0]
-            seg = a.ctx.edge_positions(task.clients, edges)
-            recv = torch.cat((seg, a.ctx.edge_positions(late, edges)))
-            segs.append(seg + sum(sizes) if sizes else seg)
-            ids.append(a.ctx.global_clients(task.clients))
-            receivers.append((recv, torch.cat((ids[-1], a.ctx.global_clients(late)))))
-            sent.append(task.broadcast["global"].expand(len(edges), -1))
-            sizes.append(len(edges))
-        seg, sent_w = _rows(segs), _rows(sent)
+        batch = EdgeBatch.of(items)  # who receives what: the clients and the stragglers
+        sizes = [len(t.edges) for _, _, t in items if t.edges is not None]
+        pairs = zip(items, sizes, strict=True)
+        sent = [t.broadcast["global"].expand(n, -1) for (_, _, t), n in pairs]
+        seg, sent_w = batch.edge_of, cat_runs(sent)
         n, c, (p, dtype) = sent_w.shape[0], seg.shape[0], (sent_w.shape[1], sent_w.dtype)
         alone = len(items) == 1
         whole = ctx.whole_rounds  # a rule (or ALIE) reads whole edges (a run alone)
         chunk = c if whole else ctx.policy.chunk(p, c)
-        runs = RunBlocks.of([len(task.clients) for _, _, task in items])
+        runs = batch.clients
         lam1 = [a.options.lam1_value for a, _, _ in items]
         lam2 = [a.options.lam2_value for a, _, _ in items]
         pull = _PerRun.of([opt.lr * v for v in lam1], runs, sizes, sent_w, landing=True)
@@ -446,24 +424,24 @@ class _EdgeRound:
         layouts = [part.rows.runs for part in parts]
         gathered = any(r is None for r in layouts)
         group = max((b - a for r in layouts if r is not None for a, b, _ in r), default=0)
-        weights = _rows([a.ctx.client_weights(task.clients) for a, _, task in items]).to(dtype)
+        weights = cat_runs([a.ctx.client_weights(task.clients) for a, _, task in items]).to(dtype)
         totals = torch.zeros(n, dtype=dtype, device=sent_w.device).index_add_(0, seg, weights)
         uniform = bool((weights == 1).all())  # (segment_mean's product by 1 changes nothing)
         w_edge = sent_w.clone() if alone else sent_w  # (a batch's rows: a new tensor already)
         warm = opt.theta_init == "warm"  # else theta starts from the first phi_i received
         task = items[0][2]
-        theta = _rows([st["theta"][t.clients] for _, st, t in items]) if warm else None
+        theta = cat_runs([st["theta"][t.clients] for _, st, t in items]) if warm else None
         return cls(
             items=items,
             runs=runs,
-            edge_runs=RunBlocks.of(sizes),
+            batch=batch,
             uplink=ctx.edge_uplink,
             parts=parts,
             gamma1=task.scalars["gamma1"],
             gamma2=task.scalars["gamma2"],
             pull=pull,
             mix_weight=mix_weight,
-            lam2=RunBlocks.of(sizes).column(lam2, sent_w),
+            lam2=batch.edges.column(lam2, sent_w),
             theta=sent_w.new_empty(c, p) if theta is None else theta,
             mix=sent_w.new_empty(size if gathered else group, p),
             scratch=sent_w.new_empty(size, p),
@@ -479,8 +457,6 @@ class _EdgeRound:
             firsts=torch.zeros(max(group, size), dtype=torch.long, device=sent_w.device),
             down_counts=sent_w.new_empty(opt.R, 2, n),
             up_counts=sent_w.new_empty(opt.R, c),
-            ids=ids,
-            receivers=receivers,
             edge_ids=task.edges.tolist() if alone and task.edges is not None else [],
         )
 
@@ -551,7 +527,7 @@ class _EdgeRound:
     def upload(self, mixed: torch.Tensor, a: int, b: int, start: torch.Tensor) -> torch.Tensor:
         """Clients ``a .. b - 1``'s uploads as sent (the run's attack; ``start``: their
         ``w_i``; a run alone: forging has no stack key)."""
-        return self.uplink.forge(mixed, self.ids[0][a:b], start)
+        return self.uplink.forge(mixed, self.batch.ids(0)[a:b], start)
 
     def edge_aggregate(
         self, rows: torch.Tensor, clients: slice | torch.Tensor, sent: torch.Tensor, e: int
@@ -613,14 +589,8 @@ class _EdgeRound:
         ctx, p = algo.ctx, self.theta.shape[1]
         edges, agg = task.edges, task.up_edges
         assert edges is not None and agg is not None
-        rows, edge_rows = self.runs.of_run(s), self.edge_runs.of_run(s)
-        recv_seg, recv_ids = self.receivers[s]
-        down = self.down_counts[:, :, edge_rows][:, :, recv_seg]  # [R, 2, receivers]
-        nodes = recv_ids.expand_as(down)
-        ctx.ledger.record_counts("client_edge", "down", down.to(torch.int64), p, nodes=nodes)
-        up = self.up_counts[:, rows]
-        ids = self.ids[s].expand_as(up)
-        ctx.ledger.record_counts("client_edge", "up", up.to(torch.int64), p, nodes=ids)
+        rows, edge_rows = self.runs.of_run(s), self.batch.edges.of_run(s)
+        self.batch.bill(s, ctx.ledger, (self.down_counts, self.up_counts), (p, p))
         mine = self.w_edge[edge_rows]
         state["theta"][task.clients] = self.theta[rows]
         state["edge"][edges] = mine
@@ -638,11 +608,6 @@ def _layout(seg: torch.Tensor, n: int, gather: bool, *values: _PerRun) -> EdgeRo
     if rows.width and any(v.uniform is None for v in values):
         return EdgeRows(seg, n, rows.runs, 0)
     return rows
-
-
-def _rows(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The runs' rows, run after run (a run alone: its own tensor)."""
-    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
 @ALGORITHMS.register("sfedhp")

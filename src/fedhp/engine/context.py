@@ -204,12 +204,20 @@ class RunContext:
         """The one send: ``messages`` truncated at the zero threshold (what the receivers get),
         billed on ``link`` — each row's non-zeros once per receiver (``per_receiver``: the
         receivers' counts from the rows', for copies of a row; None: one receiver per row)."""
+        sent, nnz = self.arrived(messages)
+        counts = nnz if per_receiver is None else per_receiver(nnz)
+        width = sum(sent.widths()) if isinstance(sent, Message) else sent.shape[-1]
+        self.ledger.record_counts(link, direction, counts, width, nodes)
+        return sent
+
+    def arrived(self, messages: Sent) -> tuple[Sent, torch.Tensor]:
+        """What the receivers of ``messages`` get, unbilled: the values truncated at the zero
+        threshold, and each message's non-zeros ``[M]`` (a round that bills its messages once at
+        its end, ``ledger.record_counts``, bills these)."""
         rows = messages.rows() if isinstance(messages, Message) else messages
         sent = truncate(rows, self.zero_threshold)
         nnz = count_nonzero(sent, self.zero_threshold)
-        counts = nnz if per_receiver is None else per_receiver(nnz)
-        self.ledger.record_counts(link, direction, counts, sent.shape[-1], nodes)
-        return messages.like(sent) if isinstance(messages, Message) else sent
+        return (messages.like(sent) if isinstance(messages, Message) else sent), nnz
 
     def batches(
         self, clients: torch.Tensor, batch_size: int, drawn: torch.Tensor | None = None

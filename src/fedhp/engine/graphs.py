@@ -3,7 +3,8 @@
 A small federation on a GPU is bound by kernel launches, not arithmetic (docs/gpu.md: the
 default run's round is 4,160 launches and 0.024 s of kernels in 0.070 s). A CUDA graph records
 the kernels of a function once and replays all of them with one launch. :class:`StepGraphs`
-does that for the functions a method hands it, one graph per key::
+does that for the functions handed to it (the engine's :func:`fedhp.engine.ops.graph_steps`:
+a method's θ-like steps), one graph per key::
 
     out = graphs.run(key, fn, (theta, centre, x, y), writes=(0,))
 

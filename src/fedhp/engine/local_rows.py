@@ -50,7 +50,7 @@ from fedhp.engine.run_rows import (
     stacked_data,
     stacks,
 )
-from fedhp.models.base import BatchedModel
+from fedhp.models.base import BatchedModel, sgd_step
 
 if TYPE_CHECKING:
     from fedhp.engine.context import RunContext
@@ -154,23 +154,77 @@ def stacked_local_sgd(calls: Sequence[LocalCall]) -> list[Trained]:
     bounds = part_bounds(model.policy.chunk(theta.shape[1], c0), c0, model)
     batch = _draws(blocks, work.batch_size)  # drawn as the steps go (as a run trained whole)
     if len(bounds) > 1:  # every step's minibatches first, each part its rows (a chunked run)
-        drawn = [batch(step) for step in range(work.steps)]
-
-        def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return drawn[step]
-
+        batch = drawn_ahead(batch, work.steps)
     losses = torch.empty(c0, device=theta.device)  # (each part's sums, as alone: float32)
+    runs = [RunRows(block.call.ctx, block.start, block.stop, work.lr) for block in blocks]
     for a, b in bounds:  # cache-sized parts, each trained all its steps before the next
-        rows = theta[a:b]
         hook = None if pulls is None else pulls(a, b)
-        loss_sum = torch.zeros(b - a, device=theta.device)
-        for step in range(work.steps):
-            x, y = batch(step)
-            for lo, hi, block in _within(blocks, a, b):  # each run's own trained samples
-                block.call.ctx.model.count_trained(slice_rows(x, lo, hi))
-            loss_sum += model.sgd_step(rows, slice_rows(x, a, b), y[a:b], work.lr, hook)
-        losses[a:b] = loss_sum
+        losses[a:b] = train_rows(runs, theta[a:b], (a, b), batch, work.steps, hook)
     return [_trained(block, theta, losses) for block in blocks]
+
+
+@dataclass(frozen=True)
+class RunRows:
+    """One run's block of a batch's stacked client rows, ``start .. stop - 1``, trained at its
+    step size ``lr`` (its model, ``ctx.model``, counts its trained samples)."""
+
+    ctx: RunContext
+    start: int
+    stop: int
+    lr: float
+
+
+def lr_groups(runs: Sequence[RunRows], a: int, b: int) -> list[tuple[int, int, float]]:
+    """The rows ``(first, end, lr)`` among ``a .. b - 1`` of each group of consecutive runs
+    sharing lr: one model call each (a step size is the scalar the model's kernels take; a
+    per-row column would round the step otherwise)."""
+    out: list[tuple[int, int, float]] = []
+    for run in runs:
+        lo, hi = max(a, run.start), min(b, run.stop)
+        if lo >= hi:
+            continue
+        if out and out[-1][2] == run.lr:
+            out[-1] = (out[-1][0], hi, run.lr)
+        else:
+            out.append((lo, hi, run.lr))
+    return out
+
+
+def train_rows(
+    runs: Sequence[RunRows],
+    rows: torch.Tensor,
+    part: tuple[int, int],
+    batch: StepDraw,
+    steps: int,
+    hook: ColumnHook | None = None,
+) -> torch.Tensor:
+    """``steps`` SGD steps of the stacked rows ``part = (a, b)`` (``rows [b - a, P]``, in
+    place) of the batch's ``runs``, on each step's minibatches ``batch(step)`` (every run's,
+    run after run): each run's samples counted by its own model, one model call per group of
+    runs sharing lr (:func:`lr_groups`; ``hook``: the model step's column hook, for one group).
+    Each row's loss summed over the steps."""
+    a, b = part
+    model = runs[0].ctx.model
+    mine = [(max(a, r.start), min(b, r.stop), r) for r in runs if r.start < b and r.stop > a]
+    groups = lr_groups(runs, a, b)
+    assert hook is None or len(groups) == 1
+    loss_sum = torch.zeros(b - a, device=rows.device)
+    for step in range(steps):
+        x, y = batch(step)
+        for lo, hi, run in mine:  # each run's own trained samples
+            run.ctx.model.count_trained(slice_rows(x, lo, hi))
+        for lo, hi, lr in groups:
+            own = slice(lo - a, hi - a)
+            loss = sgd_step(model, rows[own], slice_rows(x, lo, hi), y[lo:hi], lr, hook)
+            loss_sum[own].add_(loss)
+    return loss_sum
+
+
+def drawn_ahead(batch: StepDraw, steps: int) -> StepDraw:
+    """``batch``'s minibatches of every step drawn now, in order (a round trained in parts:
+    each part takes its rows of the same draws)."""
+    drawn = [batch(step) for step in range(steps)]
+    return drawn.__getitem__
 
 
 def _trained(block: _Block, theta: torch.Tensor, losses: torch.Tensor) -> Trained:

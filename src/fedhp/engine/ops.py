@@ -3,14 +3,17 @@ weighted (segment) averages and broadcasts over the client dimension."""
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from fedhp.engine.federation import slice_rows
-from fedhp.models.base import BatchedModel
+from fedhp.engine.graphs import StepGraphs
+from fedhp.models.base import BatchedModel, ColumnHook, loss_and_grad, sgd_step
 
 ExtraGrad = Callable[[torch.Tensor], torch.Tensor]
 """Maps parameters ``[C, P]`` to an additive gradient term ``[C, P]`` (prox, penalties)."""
@@ -91,8 +94,8 @@ def batched_loss_grad(
     """
     model.count_trained(x)
     if buffers is None:
-        return model.loss_and_grad(params.detach(), x, y)
-    return model.loss_and_grad(params.detach(), x, y, buffers=buffers)
+        return loss_and_grad(model, params.detach(), x, y)
+    return loss_and_grad(model, params.detach(), x, y, buffers=buffers)
 
 
 XY = tuple[torch.Tensor, torch.Tensor]
@@ -315,7 +318,7 @@ def _step(
     # plain SGD: the same step inside the model's backward pass (no [C, P] gradient), the term's
     # ``- lr term(p)`` moving each layer's columns just before their gradient step
     pull = term.pull(part, run.lr) if isinstance(term, StepTerm) else None
-    loss = run.model.sgd_step(part, x, y, run.lr, pull)
+    loss = sgd_step(run.model, part, x, y, run.lr, pull)
     if mask is not None:
         part.mul_(mask)
     return loss
@@ -332,15 +335,17 @@ def _loss_grad(
     """The losses ``[c']`` and gradient ``[c', P]`` of the rows' objective (the model's, or the
     method's own ``loss_grad``), their BatchNorm statistics updated in place (a frozen client's
     restored)."""
-    loss_and_grad = run.model.loss_and_grad if run.loss_grad is None else run.loss_grad
+    objective = run.loss_grad
+    if objective is None:
+        objective = functools.partial(loss_and_grad, run.model)
     if run.buffers is None:
-        return loss_and_grad(part, x, y, weight=weight)
+        return objective(part, x, y, weight=weight)
     bufs = run.buffers[rows]
     # a frozen client's statistics are restored after the step (torch.where: no boolean
     # indexing, which would wait for the device)
     kept = None if weight is None else bufs.clone()
     kw = {"buffers": bufs}  # BatchNorm models' keyword (see BatchedModel)
-    loss, grad = loss_and_grad(part, x, y, weight=weight, **kw)
+    loss, grad = objective(part, x, y, weight=weight, **kw)
     if weight is not None and kept is not None:
         idle = (weight.sum(1) == 0).unsqueeze(1)
         bufs.copy_(torch.where(idle, kept, bufs))
@@ -509,5 +514,31 @@ def model_steps(
     k, lr = steps
     loss = torch.zeros(rows.shape[0], device=rows.device)
     for _ in range(k):
-        loss = model.sgd_step(rows, x, y, lr, pull)
+        loss = sgd_step(model, rows, x, y, lr, pull)
+    return loss
+
+
+def graph_steps(
+    graphs: StepGraphs,
+    key: Hashable,
+    batch: tuple[BatchedModel, torch.Tensor, torch.Tensor, torch.Tensor],
+    steps: tuple[int, float],
+    pull_of: Callable[..., ColumnHook],
+    tensors: Sequence[torch.Tensor] = (),
+    stacked: bool = False,
+) -> torch.Tensor:
+    """:func:`model_steps` of ``batch = (model, rows, x, y)`` (``rows`` stepped in place) with
+    the column hook ``pull_of(rows, *tensors)``, replayed from one CUDA graph per ``key``,
+    ``steps`` and argument shapes where the run asks for graphs
+    (:class:`~fedhp.engine.graphs.StepGraphs`; ``stacked``: a batch of runs' steps): the graph
+    reads ``rows``, ``x``, ``y`` and ``tensors`` and writes ``rows`` and the loss. The one place
+    the engine captures a method's local steps (sFedHP's and pFedMe's θ steps)."""
+    model, rows, x, y = batch
+
+    def kernels(rows: Tensor, x: Tensor, y: Tensor, *own: Tensor) -> Tensor:
+        return model_steps(model, rows, x, y, steps, pull_of(rows, *own))
+
+    args = [rows, x, y, *tensors]
+    loss = graphs.run((key, *steps), kernels, args, writes=(0,), stacked=stacked)
+    assert loss is not None
     return loss

@@ -169,6 +169,11 @@ class RunBlocks:
         return per_row(values, sizes, like)
 
 
+def cat_runs(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The runs' rows, run after run (a run alone: its own tensor, not a copy)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors))
+
+
 def rows_of(values: torch.Tensor | float, a: int, b: int) -> torch.Tensor | float:
     """Rows ``a .. b - 1`` of a per-row value (a float: the same for every row)."""
     return values if isinstance(values, float) else values[a:b]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -77,6 +77,44 @@ class LossOptions(TypedDict, total=False):
     0)."""
 
 
+class KernelMeeting(Protocol):
+    """Where the model calls of the runs of a batch meet (a run's seat in
+    :class:`fedhp.sweep.lockstep.Lockstep`)."""
+
+    def meet(self, model: BatchedModel, kernel: str, *args: Any, **opts: Any) -> Any:
+        """``model``'s method ``kernel`` (``"sgd_step"``, ``"loss_and_grad"``) on ``args`` and
+        ``opts``, as one call with the other runs'; what the model's own call returns."""
+
+
+def sgd_step(
+    model: BatchedModel,
+    flat: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    before: ColumnHook | None = None,
+) -> torch.Tensor:
+    """``model.sgd_step(flat, x, y, lr, before)``, as one call with the other runs' where the
+    model's run is in a batch (``model.meeting``): how the engine steps a model."""
+    if model.meeting is None:
+        return model.sgd_step(flat, x, y, lr, before)
+    loss: torch.Tensor = model.meeting.meet(model, "sgd_step", flat, x, y, lr, before)
+    return loss
+
+
+def loss_and_grad(
+    model: BatchedModel, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, **opts: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model.loss_and_grad(flat, x, y, **opts)``, as one call with the other runs' where the
+    model's run is in a batch (``model.meeting``): how the engine differentiates a model."""
+    if model.meeting is None:
+        return model.loss_and_grad(flat, x, y, **opts)
+    out: tuple[torch.Tensor, torch.Tensor] = model.meeting.meet(
+        model, "loss_and_grad", flat, x, y, **opts
+    )
+    return out
+
+
 class BatchedModel(ABC):
     """A model evaluated for many clients at once: ``forward(flat [C,P], x [C,B,...])``.
 
@@ -90,6 +128,10 @@ class BatchedModel(ABC):
     reports_objective: bool = False
     sparsity_groups: int = 1
     rows_independent: bool = False
+    meeting: KernelMeeting | None = None
+    """Where this run's model calls meet a batch's other runs' (set by ``fedhp sweep``'s
+    lockstep; None: alone). The engine calls the model through :func:`sgd_step` and
+    :func:`loss_and_grad`, which read it."""
 
     def __init__(self, reference: nn.Module, feature_shape: tuple[int, ...], num_classes: int):
         self.reference = reference

@@ -240,8 +240,8 @@ def _lockstep(
     exps = {i: prepare(run_config(runs[i])) for i in todo}
     step = Lockstep(len(todo))
     for slot, i in enumerate(todo):
-        step.attach(slot, exps[i].model)
-        exps[i].ctx.batch = step.seat(slot)  # (its rounds and local SGD meet the others')
+        seat = step.seat(slot)  # its rounds, local SGD and model calls meet the others'
+        exps[i].ctx.batch = exps[i].model.meeting = seat
         report.graphs_stacked |= exps[i].ctx.graphs.enabled
         exps[i].ctx.graphs.stacked_only()  # (its model calls meet the other runs')
     errors: dict[int, BaseException] = {}

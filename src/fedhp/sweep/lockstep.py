@@ -2,15 +2,17 @@
 
 Each run keeps everything of its own — its config, data, generators, state, aggregation, ledger,
 checkpoints, divergence guard — exactly as it would alone. Its work meets the other runs' at
-three points, widest first: its local SGD (``ctx.local_sgd``, through its ``ctx.batch``, a
-:class:`Seat`: the engine's run level, :mod:`fedhp.engine.local_rows`, trains the calls of one
-key as one), a whole round of the methods that still stack theirs (``Algorithm.trained`` →
-:meth:`Lockstep.train`, ``stack_key``/``stacked_train``), and otherwise its model's training
-kernels (:meth:`Lockstep.attach`, which still routes the model's two kernel methods here: the
-one run-time replacement left). When every live run of the batch has called its model's
-``sgd_step`` or ``loss_and_grad``, the calls that agree in shape and step size become ONE call
-on the rows of all of them (``[S·C, P]``: run s's clients are a block of rows), and each run
-gets its own rows back. Since the clients of a batched model share no
+three points, widest first: a whole round of the methods whose round takes a batch of runs
+(``Algorithm.trained`` → :meth:`Lockstep.train`, ``stack_key``/``stacked_train``), its local
+SGD (``ctx.local_sgd``, through its ``ctx.batch``: the engine's run level,
+:mod:`fedhp.engine.local_rows`, trains the calls of one key as one), and otherwise its model's
+training kernels (the engine calls a model through :func:`fedhp.models.base.sgd_step` and
+:func:`~fedhp.models.base.loss_and_grad`, which go to the model's ``meeting``, the run's
+:class:`Seat`, where it has one). All three are ordinary calls through the run's seat: nothing
+of a model or an algorithm is replaced at run time. When every live run of the batch has called
+its model's ``sgd_step`` or ``loss_and_grad``, the calls that agree in shape and step size
+become ONE call on the rows of all of them (``[S·C, P]``: run s's clients are a block of rows),
+and each run gets its own rows back. Since the clients of a batched model share no
 parameters, row c of the fused call is row c of the run's own call: no sum, mean or
 normalization crosses a run's rows (``tests/sweep/test_lockstep.py`` checks bit equality).
 
@@ -23,7 +25,6 @@ runs CPU batches one run after another.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -80,7 +81,7 @@ class _Call:
 
 
 class Lockstep:
-    """The rendezvous of ``runs`` threads; :meth:`attach` routes a run's model calls here.
+    """The rendezvous of ``runs`` threads; each run's :meth:`seat` brings its calls here.
 
     Exactly one run thread runs at a time: it holds the *turn* until it must wait (its model
     call needs its partners, or it has ended), then hands the turn to the next run that can go
@@ -97,9 +98,9 @@ class Lockstep:
         self._ready: deque[int] = deque(range(runs))  # runs that may go on, in order
         self._live = runs
         self._pending: dict[int, _Call] = {}
-        # The thread running the pending calls (in :meth:`_execute`), None between: a model's
-        # kernel that calls another routed kernel (the generic ``sgd_step`` calls
-        # ``self.loss_and_grad``) calls it directly, not through the rendezvous again.
+        # The thread running the pending calls (in :meth:`_execute`), None between: a model
+        # call made while they run (a stacked round's or a batch local SGD's own steps) runs
+        # directly, not through the rendezvous again.
         self._executing: threading.Thread | None = None
         self.fused_calls = 0  # fused kernel calls and stacked rounds made (log and tests)
         self.stacked_rounds = 0  # of which rounds of several runs trained as one
@@ -107,16 +108,9 @@ class Lockstep:
         self.alone: dict[str, int] = {}  # rounds that met no run, by the method's class
         self._met = [0] * runs  # each run's rounds and local SGD calls trained with others
 
-    def attach(self, run: int, model: BatchedModel) -> None:
-        """Route ``model``'s ``sgd_step`` and ``loss_and_grad`` (run ``run``'s) through the
-        rendezvous."""
-        step, grad = model.sgd_step, model.loss_and_grad
-        model.sgd_step = functools.partial(self._sgd_step, run, model, step)  # type: ignore[method-assign]
-        model.loss_and_grad = functools.partial(self._loss_and_grad, run, model, grad)  # type: ignore[method-assign]
-
     def seat(self, run: int) -> Seat:
-        """Run ``run``'s place in the batch: set as its ``ctx.batch``, where its local SGD
-        meets the other runs' (:mod:`fedhp.engine.local_rows`)."""
+        """Run ``run``'s place in the batch: set as its ``ctx.batch`` (where its rounds and its
+        local SGD meet the other runs') and its model's ``meeting`` (its model calls)."""
         return Seat(self, run)
 
     def begin(self) -> None:
@@ -144,39 +138,12 @@ class Lockstep:
         if self._ready:
             self._wake[self._ready.popleft()].set()
 
-    def _sgd_step(
-        self,
-        run: int,
-        model: BatchedModel,
-        original: Callable[..., torch.Tensor],
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        lr: float,
-        before: ColumnHook | None = None,
-    ) -> torch.Tensor:
+    def model_call(self, call: _Call) -> Any:
+        """Run ``call`` (a run's model kernel) with the other runs' of the same shapes, as one."""
         if self._executing is threading.current_thread():
-            return original(flat, x, y, lr, before)
-        call = _Call(run, "sgd_step", model, original, flat, x, y, lr=lr, before=before)
-        result: torch.Tensor = self._wait(call)
-        return result
-
-    def _loss_and_grad(
-        self,
-        run: int,
-        model: BatchedModel,
-        original: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-        flat: torch.Tensor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        **opts: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._executing is threading.current_thread():
-            return original(flat, x, y, **opts)
-        opts = {k: v for k, v in opts.items() if v is not None}
-        call = _Call(run, "loss_and_grad", model, original, flat, x, y, opts=opts)
-        result: tuple[torch.Tensor, torch.Tensor] = self._wait(call)
-        return result
+            _alone(call)  # (made by a stacked round or a batch's local SGD as it runs)
+            return call.result
+        return self._wait(call)
 
     def train(self, run: int, algorithm: Any, state: Any, task: Any) -> Any:
         """Run ``run``'s round below the cloud: with the other runs' of the same
@@ -273,8 +240,9 @@ def _row_alone(call: _Call) -> bool:
 
 @dataclass
 class Seat:
-    """A run's place in a :class:`Lockstep` batch (its ``ctx.batch``,
-    :class:`~fedhp.engine.context.RunBatch`)."""
+    """A run's place in a :class:`Lockstep` batch: its ``ctx.batch``
+    (:class:`~fedhp.engine.context.RunBatch`) and its model's ``meeting``
+    (:class:`~fedhp.models.base.KernelMeeting`)."""
 
     lockstep: Lockstep
     run: int
@@ -284,6 +252,18 @@ class Seat:
 
     def train(self, algorithm: Any, state: Any, task: Any) -> Any:
         return self.lockstep.train(self.run, algorithm, state, task)
+
+    def meet(self, model: BatchedModel, kernel: str, *args: Any, **opts: Any) -> Any:
+        """``model``'s ``kernel`` call with the other runs' of the same shapes, as one
+        (:class:`~fedhp.models.base.KernelMeeting`)."""
+        if kernel == "sgd_step":
+            flat, x, y, lr, before = args
+            call = _Call(self.run, kernel, model, model.sgd_step, flat, x, y, lr, before)
+        else:
+            flat, x, y = args
+            opts = {k: v for k, v in opts.items() if v is not None}
+            call = _Call(self.run, kernel, model, model.loss_and_grad, flat, x, y, opts=opts)
+        return self.lockstep.model_call(call)
 
 
 def _local_alone(local: LocalCall) -> Trained:

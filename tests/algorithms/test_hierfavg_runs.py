@@ -1,20 +1,22 @@
-"""HierFAVG's stacked edge rounds (runs as rows): S runs trained as one give each run, bit for
-bit, what its ``train`` gives it alone — the edges' models, losses, ledger, trained samples, the
-generator's state after its draws — and nothing crosses a run's rows (planted crossings are
-caught); a lockstep sweep batch stacks its rounds and writes what the runs write one after
-another."""
+"""HierFAVG's edge rounds over a batch of runs (runs as rows, :class:`EdgeRounds` with several
+items): S runs trained as one give each run, bit for bit, what its ``train`` gives it alone —
+the edges' models, losses, ledger, trained samples, the generator's state after its draws — and
+nothing crosses a run's rows (planted crossings are caught); a lockstep sweep batch stacks its
+rounds and writes what the runs write one after another."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from fedhp.algorithms import hierfavg_stacked
-from fedhp.algorithms.hierfavg_stacked import stack_key
+from fedhp.algorithms import edge_rounds
+from fedhp.algorithms.edge_rounds import EdgeRounds
+from fedhp.engine import local_rows
+from fedhp.engine.local_rows import RunRows
 from tests.algorithms.stacked_runs import (
     TINY,
     alone,
@@ -80,10 +82,11 @@ def test_each_run_of_a_stack_gets_what_it_gets_alone(extra: list[str]) -> None:
 def test_runs_sharing_lr_make_one_model_call() -> None:
     """Consecutive runs of one lr are one group of rows (one model call per part and step)."""
     runs = [
-        SimpleNamespace(algo=start(r)[0].algorithm, rows=slice(6 * s, 6 * s + 6))
-        for s, r in enumerate(_runs(RUNS, []))
+        RunRows(exp.ctx, 6 * s, 6 * s + 6, exp.algorithm.options.lr)
+        for s, (exp, _, _) in enumerate(start(r) for r in _runs(RUNS, []))
     ]
-    assert hierfavg_stacked.lr_groups(runs) == [(0, 12, 0.05), (12, 18, 0.1)]  # type: ignore[arg-type]
+    assert local_rows.lr_groups(runs, 0, 18) == [(0, 12, 0.05), (12, 18, 0.1)]
+    assert local_rows.lr_groups(runs, 8, 14) == [(8, 12, 0.05), (12, 14, 0.1)]
 
 
 def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,31 +95,33 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     see each."""
     runs = _runs(APART, [])
     one = alone(runs, _outcome)
-    real_groups, real_edges, real_finish = (
-        hierfavg_stacked.lr_groups,
-        hierfavg_stacked.edge_rows_of,
-        hierfavg_stacked._finish,
+    real_groups, real_batch, real_updates = (
+        local_rows.lr_groups,
+        edge_rounds.edge_batch,
+        EdgeRounds.updates,
     )
 
-    def next_runs_lr(stack: Any) -> list[tuple[int, int, float]]:
-        groups = real_groups(stack)
+    def next_runs_lr(stack: Any, a: int, b: int) -> list[tuple[int, int, float]]:
+        groups = real_groups(stack, a, b)
         lrs = [lr for _, _, lr in groups]
-        return [(a, b, lr) for (a, b, _), lr in zip(groups, lrs[1:] + lrs[:1], strict=True)]
+        return [(lo, hi, lr) for (lo, hi, _), lr in zip(groups, lrs[1:] + lrs[:1], strict=True)]
 
-    def next_runs_edges(stack: Any) -> torch.Tensor:
-        edges = sum(r.edge_rows.stop - r.edge_rows.start for r in stack)
-        return (real_edges(stack) + stack[0].edge_rows.stop) % edges
+    def next_runs_edges(items: Any) -> edge_rounds.EdgeBatch:
+        batch = real_batch(items)
+        bounds = batch.edges.bounds
+        return dataclasses.replace(batch, edge_of=(batch.edge_of + bounds[1]) % bounds[-1])
 
-    def next_runs_model(run: Any, w_edge: torch.Tensor, *rest: Any) -> Any:
-        n = run.edge_rows.stop - run.edge_rows.start
-        begin = (run.edge_rows.start + n) % w_edge.shape[0]
-        run.edge_rows = slice(begin, begin + n)
-        return real_finish(run, w_edge, *rest)
+    def next_runs_model(rounds: EdgeRounds, losses: torch.Tensor) -> Any:
+        updates = real_updates(rounds, losses)
+        models = [u.per_edge["model"] for u in updates]
+        for update, model in zip(updates, models[1:] + models[:1], strict=True):
+            update.per_edge["model"] = model
+        return updates
 
     for module, name, crossed in [
-        (hierfavg_stacked, "lr_groups", next_runs_lr),
-        (hierfavg_stacked, "edge_rows_of", next_runs_edges),
-        (hierfavg_stacked, "_finish", next_runs_model),
+        (local_rows, "lr_groups", next_runs_lr),
+        (edge_rounds, "edge_batch", next_runs_edges),
+        (EdgeRounds, "updates", next_runs_model),
     ]:
         monkeypatch.setattr(module, name, crossed)
         with pytest.raises(AssertionError):
@@ -139,7 +144,6 @@ def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:
     """An attack, a robust or DP rule at the edges, client momentum, BatchNorm statistics: no
     stack key."""
     exp, state, task = start(_runs([[]], extra)[0])
-    assert stack_key(exp.algorithm, state, task) is None
     assert exp.algorithm.stack_key(state, task) is None
 
 
