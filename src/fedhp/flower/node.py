@@ -55,13 +55,12 @@ class NodeRuntime:
     def local_task(self, content: Content) -> Task:
         """The task in this node's local indices (its part of the round)."""
         a = content.arrays
-
-        def local(key: str, hosted: torch.Tensor) -> torch.Tensor | None:
-            return _local(a[key], hosted, key) if key in a else None
-
         clients = _local(a["clients"], self.shard.clients, "clients")
-        edges, agg = local("edges", self.shard.edges), local("agg", self.shard.edges)
-        stragglers = local("stragglers", self.shard.clients)
+        edges = _local(a["edges"], self.shard.edges, "edges") if "edges" in a else None
+        agg = _local(a["agg"], self.shard.edges, "agg") if "agg" in a else None
+        stragglers = None
+        if "stragglers" in a:
+            stragglers = _local(a["stragglers"], self.shard.clients, "stragglers")
         return Task(
             clients,
             edges,
