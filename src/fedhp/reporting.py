@@ -582,10 +582,6 @@ LOSS_WORDS = {
 }
 
 
-def _marker(xs: Sequence[float]) -> str:
-    return "." if len(xs) < 30 else ""
-
-
 def _accuracy_lines(rows: list[dict[str, Any]], per_edge: bool) -> list[Line]:
     """``global_acc`` / ``personal_acc`` bold; ``edge<i>_*_acc`` thin and faint (when
     ``per_edge``), one legend entry per kind."""
@@ -633,7 +629,7 @@ def run_figure(metrics_rows: list[dict[str, Any]], title: str, per_edge: bool = 
     for group in (acc, comm, losses):
         for line in group:
             thin = line.width is not None and line.width < 1
-            line.marker = "" if thin else _marker(line.x)
+            line.marker = "." if not thin and len(line.x) < 30 else ""
     draw_lines(ax_acc, acc, "round", "test accuracy", integer_x=True)
     draw_lines(
         ax_comm, comm, "round", "accumulated MB per link (log)", log_y=bool(comm), integer_x=True

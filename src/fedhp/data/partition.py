@@ -75,10 +75,6 @@ def _labels(y: torch.Tensor) -> np.ndarray:
     return y.detach().cpu().numpy().astype(np.int64)
 
 
-def _label_counts(y: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
-    return np.stack([np.bincount(y[p], minlength=num_classes) for p in parts])
-
-
 def _test_by_label_mix(
     test_y: np.ndarray,
     counts: np.ndarray,
@@ -262,7 +258,7 @@ class _WithLabelMixTest(_WithTest):
         rng: np.random.Generator,
     ) -> list[ClientData]:
         """Test sets in each client's training label mix, a validation carve-out, the result."""
-        counts = _label_counts(y, train, num_classes)
+        counts = np.stack([np.bincount(y[p], minlength=num_classes) for p in train])
         equal = self.test_mix == "equal"
         test = _test_by_label_mix(_labels(data.test_y), counts, self.test_per_client, rng, equal)
         train, val = self._carve(data, train, rng)

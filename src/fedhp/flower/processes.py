@@ -210,12 +210,6 @@ def end_owned(
     return len(seen)
 
 
-def _owner_gone(owner: int) -> bool:
-    """Whether the watchdog's owner has ended: it is no longer the watchdog's parent (the
-    watchdog was reparented), or its pid no longer runs."""
-    return os.getppid() != owner or not running(owner)
-
-
 def _watch() -> None:
     """The watchdog process: wait until the owner (``sys.argv[2]``) ends or closes stdin, then
     end every process carrying the token ``sys.argv[1]``.
@@ -230,7 +224,7 @@ def _watch() -> None:
     token, owner = sys.argv[1], int(sys.argv[2])
     fd = sys.stdin.fileno()
     with contextlib.suppress(OSError):
-        while not _owner_gone(owner):
+        while os.getppid() == owner and running(owner):  # (reparented: the owner has ended)
             readable, _, _ = select.select([fd], [], [], 0.5)
             if readable and not os.read(fd, 4096):
                 break
