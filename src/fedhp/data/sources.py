@@ -197,8 +197,8 @@ def _load_idx_dir(
                 f"{d}: {split} images {x.shape} and labels {y.shape} do not match "
                 "(expected [N, H, W] and [N])"
             )
-    x = _scaled_images(arrays["train_x"][:, None], arrays["test_x"][:, None], normalize, mean_std)
-    return _ten_classes(name, x, (arrays["train_y"], arrays["test_y"]))
+    xs = _scaled_images(arrays["train_x"][:, None], arrays["test_x"][:, None], normalize, mean_std)
+    return _ten_classes(name, xs, (arrays["train_y"], arrays["test_y"]))
 
 
 def _ten_classes(
