@@ -75,14 +75,9 @@ its non-zero count per row, reported by the nodes, so densities can still be com
 
 
 class Algorithm(MessageRows, ABC):
-    """One federated algorithm. State is a flat dict of tensors (checkpointable as is).
-
-    A method declares its behaviour flags in one place, its options class
-    (:class:`AlgorithmOptions`: what the configuration checks read, and what its round does);
-    the algorithm reads the latter as its own attributes (:class:`Declared`), none changed for
-    it. :attr:`keeps_partial_work` (under ``faults.straggler_work: partial`` the method keeps a
-    straggler's partial work) is read from there too.
-    """
+    """One federated algorithm. State is a flat dict of tensors (checkpointable as is). Its
+    behaviour flags are declared by its options class and read as its own attributes
+    (:class:`Declared`, :mod:`fedhp.algorithms.declarations`)."""
 
     node_keys: Declared[dict[str, RowKind]] = Declared()
     personal_on_node: Declared[bool] = Declared()
@@ -151,12 +146,9 @@ class Algorithm(MessageRows, ABC):
 
     @property
     def keeps_partial_work(self) -> bool:
-        """Under ``faults.straggler_work: partial`` the method keeps a straggler's partial work
-        (FedProx's systems heterogeneity; declared once, by the options class's
-        ``keeps_partial_work``): :meth:`plan_broadcast_global` keeps its stragglers among the
-        clients with their shares in ``Task.per_client`` (:data:`PARTIAL_WORK`), which
-        ``train`` passes to :meth:`RunContext.local_sgd`; otherwise (FedAvg) a straggler's
-        update is dropped. Only a method whose ``train`` does so may declare it."""
+        """The options class's ``keeps_partial_work``: :meth:`plan_broadcast_global` keeps the
+        stragglers with their shares (:data:`PARTIAL_WORK`), which ``train`` must pass to
+        :meth:`RunContext.local_sgd`; otherwise (FedAvg) a straggler's update is dropped."""
         return bool(getattr(self.options, "keeps_partial_work", False))
 
     @property
@@ -239,10 +231,8 @@ class Algorithm(MessageRows, ABC):
         }
 
     def folds(self) -> bool:
-        """Whether this round folds its uploads part by part: ``folds_uploads`` as the options
-        class declares it in its own body (a parent's declaration covers its own algorithm's
-        ``train`` and ``aggregate``, not a subclass's), or an algorithm class of the surface up
-        to 9d240f0 in its own."""
+        """Whether this round folds its uploads part by part: ``folds_uploads`` from the options
+        class's own body (never inherited: :class:`AlgorithmOptions`), or the algorithm's."""
         own = type(self).__dict__.get("folds_uploads")
         if own is not None:
             return bool(own)

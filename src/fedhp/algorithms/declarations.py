@@ -59,14 +59,10 @@ class Declared(Generic[T]):
         return cast(T, getattr(obj.declarations, self.name))  # type: ignore[attr-defined]
 
 
-def is_derived(value: object) -> bool:
-    """A flag defined by code (a property or :class:`Declared`), not set to a value."""
-    return isinstance(value, property | Declared)
-
-
 def set_in_body(cls: type, flag: str) -> bool:
-    """Whether ``cls`` sets ``flag`` to a value in its own body."""
-    return flag in vars(cls) and not is_derived(vars(cls)[flag])
+    """Whether ``cls`` sets ``flag`` to a value in its own body (not code: a property or
+    :class:`Declared`)."""
+    return flag in vars(cls) and not isinstance(vars(cls)[flag], property | Declared)
 
 
 @functools.cache

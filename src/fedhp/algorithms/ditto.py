@@ -18,11 +18,10 @@ from __future__ import annotations
 import pydantic
 import torch
 
-from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.base import State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.algorithms.options import ALGORITHMS
 from fedhp.algorithms.task import Task, Update
-from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LocalWork, prox_grad
 
 
@@ -43,15 +42,11 @@ class Ditto(FedAvg):
         clients = task.clients
         start = state["personal"][clients]
         reg = prox_grad(w, opt.lam)
-        work = LocalWork(self.personal_lr(), opt.batch_size, opt.local_steps, opt.local_epochs)
+        lr = opt.personal_lr if opt.personal_lr is not None else opt.lr
+        work = LocalWork(lr, opt.batch_size, opt.local_steps, opt.local_epochs)
         params, _, _ = ctx.local_sgd(start, clients, work, reg)
         state["personal"][clients] = params
         return update
-
-    def personal_lr(self) -> float:
-        """The personal update's step size."""
-        opt = self.options
-        return opt.personal_lr if opt.personal_lr is not None else opt.lr
 
     def round_samples(self, clients: torch.Tensor) -> torch.Tensor:
         """FedAvg's samples twice: the personal update has the same budget."""
@@ -79,5 +74,4 @@ class DittoOptions(FedAvgOptions):
     def gradient_evaluations(self) -> int:
         return 2 * self.local_steps
 
-    def build(self, ctx: RunContext) -> Algorithm:
-        return Ditto(self, ctx)
+    algorithm_class = Ditto

@@ -178,9 +178,7 @@ class FedAvgOptions(LocalWorkOptions):
     folds_uploads = True
     client_outputs = ("model",)
     client_buffer_outputs = ("buffers",)
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FedAvg(self, ctx)
+    algorithm_class = FedAvg
 
 
 @ALGORITHMS.register("fedprox")
@@ -192,6 +190,4 @@ class FedProxOptions(FedAvgOptions):
     mu: float = pydantic.Field(0.01, ge=0)
 
     folds_uploads = True
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FedProx(self, ctx)
+    algorithm_class = FedProx

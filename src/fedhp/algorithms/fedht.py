@@ -189,16 +189,14 @@ class FedHTOptions(AlgorithmOptions):
             raise ValueError("must be > 0 or 'auto'")
         return value
 
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FedHT(self, ctx)
+    algorithm_class = FedHT
 
 
 @ALGORITHMS.register("fediterht")
 class FedIterHTOptions(FedHTOptions):
     """FedIter-HT: H_τ after every local step (τ-sparse uplink) and at the cloud."""
 
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FedIterHT(self, ctx)
+    algorithm_class = FedIterHT
 
 
 @ALGORITHMS.register("diht")

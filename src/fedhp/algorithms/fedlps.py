@@ -362,5 +362,4 @@ class FedLPSOptions(LocalWorkOptions):
         """Q's step size: ``score_lr``, else ``lr``."""
         return self.lr if self.score_lr is None else self.score_lr
 
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FedLPS(self, ctx)
+    algorithm_class = FedLPS

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhp.algorithms.base import Algorithm, State
+from fedhp.algorithms.base import State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.algorithms.options import ALGORITHMS
 from fedhp.algorithms.task import Task
-from fedhp.engine.context import RunContext
 from fedhp.engine.uplink import Combine, Summed
 
 
@@ -101,6 +100,4 @@ class FedNovaOptions(FedAvgOptions):
     uploads = {"cloud": "own"}  # normalized steps: no rule, attack or DP derived for them
     keeps_centres = frozenset()
     folds_uploads = True
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FedNova(self, ctx)
+    algorithm_class = FedNova

@@ -113,6 +113,4 @@ class FedPerOptions(LocalWorkOptions):
     node_keys = {"head": "client"}
     personal_on_node = True
     personal_needs_global = True
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FedPer(self, ctx)
+    algorithm_class = FedPer

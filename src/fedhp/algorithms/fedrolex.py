@@ -8,10 +8,8 @@ devices in turn instead of only the first ones.
 
 from __future__ import annotations
 
-from fedhp.algorithms.base import Algorithm
 from fedhp.algorithms.heterofl import HeteroFL, HeteroFLOptions
 from fedhp.algorithms.options import ALGORITHMS
-from fedhp.engine.context import RunContext
 
 
 class FedRolex(HeteroFL):
@@ -25,5 +23,4 @@ class FedRolex(HeteroFL):
 class FedRolexOptions(HeteroFLOptions):
     """FedRolex: rolling sub-models of width s = z per client, averaged as HeteroFL's."""
 
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FedRolex(self, ctx)
+    algorithm_class = FedRolex

@@ -269,9 +269,7 @@ class FnrFlOptions(LocalWorkOptions):
     allow_test_leak: bool = False
 
     supports_buffers = True
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return FnrFl(self, ctx)
+    algorithm_class = FnrFl
 
     def base_config(self) -> dict[str, Any]:
         """The base method's section: the local-work options given here (lr, batch_size,

@@ -26,11 +26,7 @@ from __future__ import annotations
 import torch
 
 from fedhp.algorithms.base import Algorithm, State
-from fedhp.algorithms.device_cost import (
-    DrawnCapabilities,
-    SizedCostModel,
-    cost_state,
-)
+from fedhp.algorithms.device_cost import DrawnCapabilities, SizedCostModel, cost_state
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
@@ -148,6 +144,4 @@ class HeteroFLOptions(LocalWorkOptions):
     client_outputs = ("model",)
     node_keys = {"personal": "client"}
     personal_on_node = True
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return HeteroFL(self, ctx)
+    algorithm_class = HeteroFL

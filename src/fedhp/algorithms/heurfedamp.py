@@ -15,7 +15,6 @@ import torch
 from fedhp.algorithms.base import Algorithm, State
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
-from fedhp.engine.context import RunContext
 from fedhp.engine.ops import prox_grad
 
 
@@ -88,6 +87,4 @@ class HeurFedAMPOptions(LocalWorkOptions):
 
     penalty_weights = {"lam": "λ"}
     client_outputs = ("model",)
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return HeurFedAMP(self, ctx)
+    algorithm_class = HeurFedAMP

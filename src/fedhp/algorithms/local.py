@@ -13,8 +13,7 @@ import torch
 from fedhp.algorithms.base import Algorithm, RowKind, State
 from fedhp.algorithms.buffers import BufferPolicy
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
-from fedhp.algorithms.task import Task, Trained, Update
-from fedhp.engine.context import RunContext
+from fedhp.algorithms.task import Task, Update
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig
@@ -39,16 +38,11 @@ class LocalOnly(Algorithm):
     def train(self, state: State, task: Task) -> Update:
         clients = task.clients
         bufs = self.buffers.start(state, clients, None)
-        trained = self.ctx.local_sgd(
+        params, loss_sum, steps = self.ctx.local_sgd(
             state["theta"][clients], clients, self.options.work(), buffers=bufs
         )
-        return self.kept(state, task, trained, bufs)
-
-    def kept(self, state: State, task: Task, trained: Trained, bufs: torch.Tensor | None) -> Update:
-        """The clients' trained models (and statistics) kept as their own; the round's update."""
-        params, loss_sum, steps = trained
-        state["theta"][task.clients] = params
-        self.buffers.keep(state, task.clients, bufs)
+        state["theta"][clients] = params  # kept as the clients' own, with their statistics
+        self.buffers.keep(state, clients, bufs)
         return Update(losses=loss_sum.unsqueeze(0), steps=steps)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
@@ -84,5 +78,4 @@ class LocalOptions(LocalWorkOptions):
         )
         return out
 
-    def build(self, ctx: RunContext) -> Algorithm:
-        return LocalOnly(self, ctx)
+    algorithm_class = LocalOnly

@@ -27,11 +27,7 @@ import pydantic
 import torch
 
 from fedhp.algorithms.base import Algorithm, State
-from fedhp.algorithms.device_cost import (
-    DrawnCapabilities,
-    SizedCostModel,
-    cost_state,
-)
+from fedhp.algorithms.device_cost import DrawnCapabilities, SizedCostModel, cost_state
 from fedhp.algorithms.heterofl import held_mean
 from fedhp.algorithms.options import ALGORITHMS, LocalWorkOptions
 from fedhp.algorithms.task import Task, Update
@@ -125,9 +121,7 @@ class LotteryFL(Algorithm):
         params, loss_sum, steps = ctx.local_sgd(start * mask, clients, opt.work(), mask=mask)
         state["personal"][clients] = params
         return Update(
-            per_client={"model": params, "mask": mask},
-            losses=loss_sum.unsqueeze(0),
-            steps=steps,
+            per_client={"model": params, "mask": mask}, losses=loss_sum.unsqueeze(0), steps=steps
         )
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
@@ -174,6 +168,4 @@ class LotteryFLOptions(LocalWorkOptions):
     client_outputs = ("model", "mask")
     node_keys = {"personal": "client"}
     personal_on_node = True
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return LotteryFL(self, ctx)
+    algorithm_class = LotteryFL

@@ -24,11 +24,10 @@ import pydantic
 import torch
 import torch.nn.functional as F
 
-from fedhp.algorithms.base import Algorithm, RowKind, State
+from fedhp.algorithms.base import RowKind, State
 from fedhp.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhp.algorithms.options import ALGORITHMS
 from fedhp.algorithms.task import Task, Update
-from fedhp.engine.context import RunContext
 from fedhp.engine.ops import LossGrad
 from fedhp.models.base import BatchedModel
 from fedhp.models.client_mean import weighted_client_mean
@@ -139,6 +138,4 @@ class MoonOptions(FedAvgOptions):
     supports_buffers = True
     node_keys = {"prev": "client"}
     folds_uploads = True  # its train touches only the part's rows of prev
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return Moon(self, ctx)
+    algorithm_class = Moon

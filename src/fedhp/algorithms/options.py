@@ -25,11 +25,8 @@ RowKind = Literal["client", "edge"]
 class AlgorithmOptions(pydantic.BaseModel):
     """Options shared by every algorithm. Local work is explicit: ``local_steps`` minibatch
     gradient steps of ``batch_size`` samples per client per round (see ``gradient_evaluations``).
-
-    The class variables below are the method's behaviour flags, every one declared here, on
-    its options class, and nowhere else: what the configuration checks and the builder read
-    before the algorithm exists, and what its round does (its algorithm object reads those as
-    its own attributes, :mod:`fedhp.algorithms.declarations`; none is changed for it)."""
+    The class variables are the method's behaviour flags, declared on its options class only
+    (the round's are read by its algorithm: :mod:`fedhp.algorithms.declarations`)."""
 
     model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -97,9 +94,14 @@ class AlgorithmOptions(pydantic.BaseModel):
     (``Algorithm.folds``): an options subclass whose algorithm trains or aggregates its own way
     folds where it says so itself."""
 
+    algorithm_class: ClassVar[type[Algorithm] | None] = None
+    """The class :meth:`build` makes (None: the options class defines :meth:`build`)."""
+
     def build(self, ctx: RunContext) -> Algorithm:
         """The algorithm object for one run."""
-        raise NotImplementedError
+        if self.algorithm_class is None:
+            raise NotImplementedError
+        return self.algorithm_class(self, ctx)
 
     def unread(self, run: RunConfig) -> dict[str, str]:
         """The options (field → why nothing reads it and what to set instead, one line) this

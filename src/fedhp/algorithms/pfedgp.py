@@ -121,13 +121,10 @@ class PFedGP(Algorithm):
 
     def plan(self, state: State, rnd: int) -> Task:
         task = self.plan_broadcast_global(state)
-        if self.options.inducing:
-            down = state["inducing"].expand(len(task.clients), -1)
-            sent = self.ctx.send("client_cloud", "down", down, task.clients)
-            task.broadcast["inducing"] = sent[0]
-        if self.options.learn_kernel:
-            down = state["kernel"].expand(len(task.clients), -1)
-            task.broadcast["kernel"] = self.ctx.send("client_cloud", "down", down, task.clients)[0]
+        for key in ("inducing", "kernel"):  # X̄ and the kernel's (log) hyperparameters, if learned
+            if key in state:
+                down = state[key].expand(len(task.clients), -1)
+                task.broadcast[key] = self.ctx.send("client_cloud", "down", down, task.clients)[0]
         return task
 
     def _points(
@@ -243,14 +240,7 @@ class PFedGP(Algorithm):
                     ind, ind_y = self._points(rows, classes)
                     fit_x, fit_y = torch.cat([emb_tr, ind]), torch.cat([y_tr, ind_y])
                 probs = class_probabilities(
-                    fit_x,
-                    fit_y,
-                    emb_te,
-                    tree,
-                    model.num_classes,
-                    gp,
-                    self.options.test_chains,
-                    gen,
+                    fit_x, fit_y, emb_te, tree, model.num_classes, gp, self.options.test_chains, gen
                 )
                 correct[c] = float((probs.argmax(1) == y_te).sum())
                 truth = probs[torch.arange(len(y_te), device=probs.device), y_te]
@@ -301,5 +291,4 @@ class PFedGPOptions(AlgorithmOptions):
             out["inducing_points"] = "pFedGP-IP is off; set algorithm.inducing=true"
         return out
 
-    def build(self, ctx: RunContext) -> Algorithm:
-        return PFedGP(self, ctx)
+    algorithm_class = PFedGP

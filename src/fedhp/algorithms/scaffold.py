@@ -26,7 +26,6 @@ from torch import Tensor
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, LocalWorkOptions, State, Task, Update
 from fedhp.algorithms.fednova import momentum_norm
-from fedhp.engine.context import RunContext
 from fedhp.engine.ops import ConstantGrad, weighted_mean
 
 
@@ -105,6 +104,4 @@ class ScaffoldOptions(LocalWorkOptions):
     node_keys = {"c_local": "client"}
     client_outputs = ("model", "dc")
     client_buffer_outputs = ("buffers",)
-
-    def build(self, ctx: RunContext) -> Algorithm:
-        return Scaffold(self, ctx)
+    algorithm_class = Scaffold
