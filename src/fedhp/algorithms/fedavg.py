@@ -151,9 +151,8 @@ class FedAvg(Algorithm):
 
 
 class FedProx(FedAvg):
-    """FedAvg whose local objective adds ``mu/2 ||w - w_global||^2``; under
-    ``faults.straggler_work: partial`` it keeps its stragglers' partial work (the paper's systems
-    heterogeneity: FedAvg drops those updates, FedProx aggregates them)."""
+    """FedAvg whose local objective adds ``mu/2 ||w - w_global||^2`` and which keeps its
+    stragglers' partial work (the module docstring)."""
 
     options: FedProxOptions
 

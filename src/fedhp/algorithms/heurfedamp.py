@@ -26,12 +26,11 @@ def attention_weights(
     Diagonal entries (``xi[r, rows[r]]``) are ``alpha``; the others are a softmax of
     ``sigma * cos(w_i, w_j)`` scaled to sum to ``1 - alpha`` (a lone client gets weight 1).
     """
-    c = models.shape[0]
     unit = torch.nn.functional.normalize(models, dim=1)
     logits = sigma * (unit[rows] @ unit.T)
     self_mask = torch.zeros_like(logits, dtype=torch.bool)
     self_mask[torch.arange(len(rows), device=models.device), rows] = True
-    if c == 1:
+    if models.shape[0] == 1:
         return torch.ones_like(logits)
     others = torch.softmax(logits.masked_fill(self_mask, float("-inf")), dim=1)
     return torch.where(self_mask, torch.full_like(logits, alpha), (1 - alpha) * others)
