@@ -542,7 +542,17 @@ class SyntheticSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Generate (and cache) the dataset."""
-        return _make_synthetic(**self.model_dump())
+        return _make_synthetic(
+            self.alpha,
+            self.beta,
+            self.iid,
+            self.num_clients,
+            self.dim,
+            self.num_classes,
+            self.min_samples,
+            self.test_fraction,
+            self.seed,
+        )
 
 
 # ---------------------------------------------------------------------------------------- LibSVM
@@ -708,8 +718,16 @@ class LibsvmSource(DatasetSource):
             if p is not None and not Path(p).is_file():
                 raise DatasetError(f"dataset.{field}: LibSVM file {p} does not exist")
         test_path = str(Path(self.test_path).resolve()) if self.test_path else None
-        paths = {"path": str(Path(self.path).resolve()), "test_path": test_path}
-        return _load_libsvm(**{**self.model_dump(), **paths})
+        return _load_libsvm(
+            str(Path(self.path).resolve()),
+            test_path,
+            self.test_fraction,
+            self.seed,
+            self.num_features,
+            self.zero_based,
+            self.task,
+            self.sparse,
+        )
 
 
 def load_dataset(cfg: dict[str, Any], prefix: str = "dataset") -> DatasetArrays:

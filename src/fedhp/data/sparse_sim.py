@@ -89,8 +89,18 @@ class FedHTSimSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Generate (and cache) the dataset."""
-        support, positives = min(self.support, self.dim), min(self.positives, self.samples)
-        return _make_sim(**{**self.model_dump(), "support": support, "positives": positives})
+        return _make_sim(
+            self.task,
+            self.num_clients,
+            self.samples,
+            self.test_samples,
+            self.dim,
+            min(self.support, self.dim),
+            min(self.positives, self.samples),
+            self.alpha,
+            self.beta,
+            self.seed,
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -125,4 +135,11 @@ class GaussianSparseSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Generate (and cache) the dataset."""
-        return _make_gaussian(**{**self.model_dump(), "support": min(self.support, self.dim)})
+        return _make_gaussian(
+            self.num_clients,
+            self.samples,
+            self.test_samples,
+            self.dim,
+            min(self.support, self.dim),
+            self.seed,
+        )
