@@ -71,6 +71,11 @@ class DatasetSource(BaseModel):
         """Load the whole dataset (cached in-process)."""
         raise NotImplementedError
 
+    def options(self) -> dict[str, Any]:
+        """Every option by name, each read as an attribute (what the run's unread-options check
+        sees; ``model_dump`` would read them unseen): a generator's keyword arguments."""
+        return {name: getattr(self, name) for name in type(self).model_fields}
+
     def num_natural_clients(self) -> int:
         """How many clients the dataset's owners define (loads it)."""
         data = self.load()
@@ -542,17 +547,7 @@ class SyntheticSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Generate (and cache) the dataset."""
-        return _make_synthetic(
-            self.alpha,
-            self.beta,
-            self.iid,
-            self.num_clients,
-            self.dim,
-            self.num_classes,
-            self.min_samples,
-            self.test_fraction,
-            self.seed,
-        )
+        return _make_synthetic(**self.options())
 
 
 # ---------------------------------------------------------------------------------------- LibSVM
@@ -718,16 +713,8 @@ class LibsvmSource(DatasetSource):
             if p is not None and not Path(p).is_file():
                 raise DatasetError(f"dataset.{field}: LibSVM file {p} does not exist")
         test_path = str(Path(self.test_path).resolve()) if self.test_path else None
-        return _load_libsvm(
-            str(Path(self.path).resolve()),
-            test_path,
-            self.test_fraction,
-            self.seed,
-            self.num_features,
-            self.zero_based,
-            self.task,
-            self.sparse,
-        )
+        paths = {"path": str(Path(self.path).resolve()), "test_path": test_path}
+        return _load_libsvm(**{**self.options(), **paths})
 
 
 def load_dataset(cfg: dict[str, Any], prefix: str = "dataset") -> DatasetArrays:

@@ -89,18 +89,8 @@ class FedHTSimSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Generate (and cache) the dataset."""
-        return _make_sim(
-            self.task,
-            self.num_clients,
-            self.samples,
-            self.test_samples,
-            self.dim,
-            min(self.support, self.dim),
-            min(self.positives, self.samples),
-            self.alpha,
-            self.beta,
-            self.seed,
-        )
+        support, positives = min(self.support, self.dim), min(self.positives, self.samples)
+        return _make_sim(**{**self.options(), "support": support, "positives": positives})
 
 
 @functools.lru_cache(maxsize=4)
@@ -135,11 +125,4 @@ class GaussianSparseSource(DatasetSource):
 
     def load(self) -> DatasetArrays:
         """Generate (and cache) the dataset."""
-        return _make_gaussian(
-            self.num_clients,
-            self.samples,
-            self.test_samples,
-            self.dim,
-            min(self.support, self.dim),
-            self.seed,
-        )
+        return _make_gaussian(**{**self.options(), "support": min(self.support, self.dim)})
