@@ -53,7 +53,9 @@ CNN = ["model.name=vgg", "model.cfg=[4,M,8,M]"]  # a model whose step is the gen
 
 def _runs(runs: list[list[str]], extra: list[str]) -> list[list[str]]:
     other_model = any(o.startswith("model.name") for o in extra)
+    other_split = any(o.startswith("partition.name") for o in extra)
     base = [o for o in BASE if not (other_model and o.startswith("model.hidden"))]
+    base = [o for o in base if not (other_split and o.startswith("partition."))]
     return [[*base, *r, *extra] for r in runs]
 
 
@@ -72,6 +74,9 @@ def _same_all(one: list[dict[str, Any]], both: list[dict[str, Any]]) -> None:
         ["engine.clients_per_chunk=4"],  # parts that span two runs, drawn ahead
         ["federation.sampling=with_replacement"],  # each run draws alone
         ["faults.straggler=0.3", "faults.client_dropout=0.2"],  # stragglers only receive
+        ["robust.cloud.name=median"],  # a cloud rule: alone a whole round, in a batch the fold
+        # noise drawn at every access (while gathering): each run draws alone
+        ["partition.name=feature_noise", "partition.noise=0.1", "partition.resample=true"],
         CNN,
     ],
 )

@@ -203,8 +203,11 @@ class EdgeRounds:
         self.momenta = state.get(MOMENTUM_KEY)
         chunk = ctx.policy.chunk(self.models.shape[1] + algo.buffers.width, n)
         noisy = ctx.fed.train.noise_std is not None  # (drawn while gathering)
-        self.whole = noisy or ctx.whole_rounds or not folds_in_parts(combine)
-        if self.whole:  # a rule reads whole edges: one part, aggregated edge by edge
+        whole = noisy or ctx.whole_rounds or not folds_in_parts(combine)
+        # A rule reads whole edges: a run alone's round in one part, aggregated edge by edge
+        # (a batch's stack key has the edges fold: the fold gives the edges' combine, bit for bit).
+        self.whole = whole and len(self.items) == 1
+        if self.whole:
             chunk = n
         self.parts = part_bounds(chunk, n, ctx.model if len(self.items) > 1 else None)
         self.runs = [
