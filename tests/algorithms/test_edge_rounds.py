@@ -1,6 +1,6 @@
 """The client→edge rounds (fedhp.algorithms.edge_rounds): the whole round runs the method's own
 edge aggregation (a planted wrong weight changes it), the streamed parts fold to the same edge
-models bit for bit, and a level's centred rule keeps its previous update in the state."""
+models bit for bit."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import torch
 from torch import Tensor
 
 from fedhp.algorithms.base import Algorithm, State, Task
-from fedhp.algorithms.edge_rounds import EdgeRounds, edge_members, level_aggregate
+from fedhp.algorithms.edge_rounds import EdgeRounds
 from fedhp.algorithms.hierfavg import HierFAVGOptions, edge_mean
-from fedhp.engine.aggregation import LevelRule
+from fedhp.engine.edges import edge_members
 from fedhp.engine.ops import LocalWork, segment_mean
-from fedhp.engine.uplink import CENTRE_KEYS, Combine
-from fedhp.robust import RobustOptions
+from fedhp.engine.uplink import Combine
 from tests.algorithms.tiny import init_params, tiny_context
 from tests.policies import use_policy
 
@@ -49,11 +48,6 @@ def test_edge_mean_is_the_segment_mean_of_its_rows_bit_for_bit() -> None:
     together = segment_mean(rows, seg, weights, 3)
     for e, mine in enumerate(members):
         assert torch.equal(edge_mean(rows[mine], weights[mine]), together[e])
-
-
-def test_edge_members_are_views_where_contiguous() -> None:
-    members = edge_members(torch.tensor([0, 0, 0, 2, 2]), 3)
-    assert members == [slice(0, 3), slice(0, 0), slice(3, 5)]
 
 
 def test_the_whole_round_runs_the_methods_combine_on_each_edge() -> None:
@@ -146,26 +140,3 @@ def test_the_fold_is_each_edges_combine_bit_for_bit() -> None:
     (fold, fold_loss, fold_bill), (whole, whole_loss, whole_bill) = results
     assert torch.equal(fold, whole) and torch.equal(fold_loss, whole_loss)
     assert fold_bill == whole_bill
-
-
-@pytest.mark.parametrize("level", ["cloud", "edge"])
-def test_a_centred_rule_keeps_its_previous_update_in_the_state(level: str) -> None:
-    """``cclip`` at a level measures from the level's kept update (the cloud's ``[P]``, an
-    edge's row of ``[E, P]``), which the aggregate's update then replaces."""
-    ctx = tiny_context(EDGES)
-    setattr(ctx, f"{level}_rule", LevelRule(RobustOptions(name="cclip", tau=0.5), level))
-    uplink = ctx.cloud_uplink if level == "cloud" else ctx.edge_uplink
-    g = torch.Generator().manual_seed(1)
-    start, rows = torch.randn(5, generator=g), torch.randn(4, 5, generator=g)
-    weights = torch.ones(4)
-    previous = torch.randn(5, generator=g)
-    kept = previous.clone() if level == "cloud" else torch.zeros(3, 5)
-    if level == "edge":
-        kept[1] = previous
-    state = {CENTRE_KEYS[level]: kept}
-    out = level_aggregate(uplink, state, rows, weights, start, edge=1)
-    assert torch.equal(out, uplink.aggregate(rows, weights, start, centre=previous))
-    now = state[CENTRE_KEYS[level]]
-    assert torch.equal(now if level == "cloud" else now[1], out - start)
-    if level == "edge":
-        assert not now[0].any() and not now[2].any()  # the other edges' rows untouched

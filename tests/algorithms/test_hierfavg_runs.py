@@ -16,6 +16,7 @@ import torch
 from fedhp.algorithms import edge_rounds
 from fedhp.algorithms.edge_rounds import EdgeRounds
 from fedhp.engine import local_rows
+from fedhp.engine.edges import EdgeBatch
 from fedhp.engine.local_rows import RunRows
 from tests.algorithms.stacked_runs import (
     TINY,
@@ -111,7 +112,7 @@ def test_a_crossing_between_runs_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
         lrs = [lr for _, _, lr in groups]
         return [(lo, hi, lr) for (lo, hi, _), lr in zip(groups, lrs[1:] + lrs[:1], strict=True)]
 
-    def next_runs_edges(items: Any) -> edge_rounds.EdgeBatch:
+    def next_runs_edges(items: Any) -> EdgeBatch:
         batch = real_batch(items)
         bounds = batch.edges.bounds
         return dataclasses.replace(batch, edge_of=(batch.edge_of + bounds[1]) % bounds[-1])

@@ -13,11 +13,12 @@ from fedhp.config import AttackConfig, resolve_config
 from fedhp.engine.aggregation import LevelRule
 from fedhp.engine.attacks import Attack
 from fedhp.engine.ops import weighted_mean
-from fedhp.engine.uplink import Uplink, safeguards
+from fedhp.engine.uplink import CENTRE_KEYS, Uplink, level_aggregate, safeguards
 from fedhp.errors import ConfigError
 from fedhp.privacy.mechanism import clip_updates
 from fedhp.privacy.options import PrivacyOptions
 from fedhp.robust import RobustOptions
+from tests.algorithms.tiny import tiny_context
 
 START = torch.tensor([1.0, -2.0, 0.5])
 ROWS = START + torch.tensor(
@@ -127,3 +128,26 @@ def test_a_refused_safeguard_is_a_one_line_error() -> None:
     cfg = resolve_config(None, ["algorithm.name=scaffold", "privacy.enabled=true"])
     with pytest.raises(ConfigError, match="privacy.where: scaffold cannot add DP noise"):
         check_components(cfg)
+
+
+@pytest.mark.parametrize("level", ["cloud", "edge"])
+def test_a_centred_rule_keeps_its_previous_update_in_the_state(level: str) -> None:
+    """``cclip`` at a level measures from the level's kept update (the cloud's ``[P]``, an
+    edge's row of ``[E, P]``), which the aggregate's update then replaces."""
+    ctx = tiny_context((3, 2, 2))
+    setattr(ctx, f"{level}_rule", LevelRule(RobustOptions(name="cclip", tau=0.5), level))
+    uplink = ctx.cloud_uplink if level == "cloud" else ctx.edge_uplink
+    g = torch.Generator().manual_seed(1)
+    start, rows = torch.randn(5, generator=g), torch.randn(4, 5, generator=g)
+    weights = torch.ones(4)
+    previous = torch.randn(5, generator=g)
+    kept = previous.clone() if level == "cloud" else torch.zeros(3, 5)
+    if level == "edge":
+        kept[1] = previous
+    state = {CENTRE_KEYS[level]: kept}
+    out = level_aggregate(uplink, state, rows, weights, start, edge=1)
+    assert torch.equal(out, uplink.aggregate(rows, weights, start, centre=previous))
+    now = state[CENTRE_KEYS[level]]
+    assert torch.equal(now if level == "cloud" else now[1], out - start)
+    if level == "edge":
+        assert not now[0].any() and not now[2].any()  # the other edges' rows untouched

@@ -286,3 +286,39 @@ def test_one_row_calls_on_a_vmapped_convolution_run_alone(tmp_path: Path) -> Non
     assert fused.batching == "lockstep" and fused.fused_calls == 0 and fused.single_calls > 0
     a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
     assert len(a) >= 4 and a == b
+
+
+def test_a_subclass_that_overrides_train_is_not_stacked_by_its_parent(tmp_path: Path) -> None:
+    """A plugin's pFedMe whose own ``train`` changes the round (doubles the reported losses)
+    must train its own round in a lockstep batch, never pFedMe's stacked one: the batch says so
+    and writes what each run writes alone."""
+    from fedhp.algorithms import ALGORITHMS, Algorithm
+    from fedhp.algorithms.pfedme import PFedMe, PFedMeOptions
+    from fedhp.engine.context import RunContext
+
+    class DoubledLoss(PFedMe):
+        def train(self, state, task):  # type: ignore[no-untyped-def]
+            update = super().train(state, task)
+            assert update.losses is not None
+            update.losses = update.losses * 2
+            return update
+
+    @ALGORITHMS.register("pfedme_doubled_loss")
+    class DoubledLossOptions(PFedMeOptions):
+        def build(self, ctx: RunContext) -> Algorithm:
+            return DoubledLoss(self, ctx)
+
+    options = ["algorithm.name=pfedme_doubled_loss", "algorithm.K=2", "algorithm.R=2"]
+    points = points_of(parse_grid(["algorithm.lam=15.0,20.0"]))
+
+    def runs(folder: Path) -> list:
+        return plan_runs([*BASE, *options], points, [0, 1], folder)
+
+    alone = run_batch(runs(tmp_path / "alone"), "sequential", log=lambda _: None)
+    fused = run_batch(runs(tmp_path / "fused"), "lockstep", log=lambda _: None)
+    assert fused.stacked_rounds == 0 and fused.alone_rounds.get("DoubledLoss", 0) > 0
+    a, b = _files(tmp_path / "alone"), _files(tmp_path / "fused")
+    assert len(a) >= 4 and a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+    assert alone.summaries

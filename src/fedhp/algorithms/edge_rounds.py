@@ -1,6 +1,7 @@
 """The client→edge rounds below the cloud of a hierarchy whose edges aggregate their clients'
 models: :func:`plan_edges` (the cloud's side), :class:`EdgeRounds` (below it, for one run or a
-batch of runs), and a level's aggregate through its uplink, :func:`level_aggregate`.
+batch of runs; the rows of its edges: :class:`~fedhp.engine.edges.EdgeBatch`), each edge
+aggregating through its uplink (:func:`~fedhp.engine.uplink.level_aggregate`).
 
 One edge round: every training edge sends its model (with its BatchNorm statistics under
 ``buffers=average``) to its clients and its stragglers (who receive but never reply), billed;
@@ -46,7 +47,6 @@ drawn by the cloud: the method's ``stack_key``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -54,12 +54,12 @@ from torch import Tensor
 from fedhp.algorithms.base import Algorithm, State, Task
 from fedhp.algorithms.task import Update
 from fedhp.comm import Message
-from fedhp.comm.ledger import CommLedger
+from fedhp.engine.edges import EdgeBatch, edge_members
 from fedhp.engine.local_rows import RunRows, StepDraw, drawn_ahead, part_bounds, train_rows
-from fedhp.engine.ops import LocalWork, weighted_mean
-from fedhp.engine.run_rows import RunBlocks, cat_runs, one_draw
+from fedhp.engine.ops import LocalWork
+from fedhp.engine.run_rows import cat_runs, one_draw
 from fedhp.engine.sampler import EpochBatches
-from fedhp.engine.uplink import CENTRE_KEYS, MOMENTUM_KEY, Combine, Uplink, folds_in_parts
+from fedhp.engine.uplink import MOMENTUM_KEY, Combine, folds_in_parts, level_aggregate
 
 Item = tuple[Algorithm, State, Task]
 
@@ -76,101 +76,6 @@ def plan_edges(algo: Algorithm, state: State) -> Task:
     stragglers = ctx.participation.stragglers_under(edges)
     broadcast = algo.received_broadcast(ctx.send("edge_cloud", "down", down, edges).first())
     return Task(clients, edges, broadcast=broadcast, stragglers=stragglers)
-
-
-def level_aggregate(
-    uplink: Uplink,
-    state: State,
-    rows: Tensor,
-    weights: Tensor,
-    start: Tensor,
-    *,
-    edge: int = 0,
-    population: int | None = None,
-    combine: Combine = weighted_mean,
-) -> Tensor:
-    """``uplink``'s aggregate ``[P]`` (at the cloud, or at edge ``edge``) of the ``rows [n, P]``
-    that arrived with their ``weights [n]`` from senders who received ``start [P]``: its rule
-    (``population``: the clients the senders were drawn from, for DP's Poisson denominator),
-    else the method's ``combine``. A centred rule (``cclip``) measures from the level's previous
-    aggregate update, kept in ``state`` (:data:`~fedhp.engine.uplink.CENTRE_KEYS`: ``[P]`` at
-    the cloud, row ``edge`` of ``[E, P]`` at the edges), which this one's replaces."""
-    key = CENTRE_KEYS[uplink.level]
-    centres = state.get(key) if uplink.centred else None
-    if centres is None:
-        return uplink.aggregate(rows, weights, start, population, combine=combine)
-    at_edge = uplink.level == "edge"
-    centre = centres[edge] if at_edge else centres
-    out = uplink.aggregate(rows, weights, start, population, centre, combine=combine)
-    if at_edge:  # the next aggregation's centre: this one's update
-        centres[edge] = out - start
-    else:
-        state[key] = out - start
-    return out
-
-
-def edge_members(seg: Tensor, num_edges: int) -> list[slice | Tensor]:
-    """The rows of each edge's clients in a round (``seg [n]``: each client's edge position):
-    a slice where they are contiguous (a view, no copy), else their indices; one host read."""
-    rows: list[list[int]] = [[] for _ in range(num_edges)]
-    for row, e in enumerate(seg.tolist()):
-        rows[e].append(row)
-    out: list[slice | Tensor] = []
-    for mine in rows:
-        if not mine or mine[-1] - mine[0] == len(mine) - 1:
-            out.append(slice(mine[0], mine[-1] + 1) if mine else slice(0, 0))
-        else:
-            out.append(torch.tensor(mine, dtype=torch.long, device=seg.device))
-    return out
-
-
-@dataclass(frozen=True)
-class EdgeBatch:
-    """The clients and sampled edges of the runs of ``items`` as rows (a run alone: one block
-    each): run s's clients are rows ``clients.of_run(s)`` of the round's client rows, its edges
-    rows ``edges.of_run(s)`` of the edge rows, ``edge_of [ΣC]`` each client's edge row; and
-    each run's receivers of its edges' models (its clients, then its stragglers, who never
-    reply): their edge positions among its edges and their global ids."""
-
-    clients: RunBlocks
-    edges: RunBlocks
-    edge_of: Tensor
-    receivers: list[tuple[Tensor, Tensor]]
-
-    @classmethod
-    def of(cls, items: Sequence[Item]) -> EdgeBatch:
-        receivers, rows, e0 = [], [], 0
-        for algo, _, task in items:
-            ctx, edges = algo.ctx, task.edges
-            assert edges is not None
-            late = task.stragglers if task.stragglers is not None else task.clients[:0]
-            seg = ctx.edge_positions(task.clients, edges)
-            ids = ctx.global_clients(task.clients)
-            recv = torch.cat((seg, ctx.edge_positions(late, edges)))
-            receivers.append((recv, torch.cat((ids, ctx.global_clients(late)))))
-            rows.append(seg if e0 == 0 else seg + e0)
-            e0 += len(edges)
-        clients = RunBlocks.of([len(t.clients) for _, _, t in items])
-        edges_of = RunBlocks.of([len(t.edges) for _, _, t in items if t.edges is not None])
-        return cls(clients, edges_of, cat_runs(rows), receivers)
-
-    def ids(self, s: int) -> Tensor:
-        """Run ``s``'s clients' global ids."""
-        rows = self.clients.of_run(s)
-        return self.receivers[s][1][: rows.stop - rows.start]
-
-    def bill(
-        self, s: int, ledger: CommLedger, counts: tuple[Tensor, Tensor], widths: tuple[int, int]
-    ) -> None:
-        """Bill run ``s``'s client-edge messages of a round to its ``ledger``: ``counts =
-        (down [..., ΣE], up [..., ΣC])``, the non-zeros of each edge row's message to its
-        receivers and of each client's upload (every message of the round at once: the ledger
-        sums integers, as message by message), of ``widths`` values."""
-        seg, ids = self.receivers[s]
-        down = counts[0][..., self.edges.of_run(s)][..., seg].to(torch.int64)
-        ledger.record_counts("client_edge", "down", down, widths[0], ids.expand_as(down))
-        up = counts[1][..., self.clients.of_run(s)].to(torch.int64)
-        ledger.record_counts("client_edge", "up", up, widths[1], self.ids(s).expand_as(up))
 
 
 class EdgeRounds:
@@ -307,8 +212,8 @@ class EdgeRounds:
         return params, stats, loss
 
     def aggregate(self, params: Tensor, sent: Tensor) -> Tensor:
-        """Every edge's :func:`level_aggregate` of the whole round's uploads ``params [n, P]``,
-        from the model it sent (``sent [E, P]``): a run alone's."""
+        """Every edge's :func:`~fedhp.engine.uplink.level_aggregate` of the whole round's uploads
+        ``params [n, P]``, from the model it sent (``sent [E, P]``): a run alone's."""
         topology, edges = self.ctx.topology, _edges(self.items[0][2])
         members = edge_members(self.edge_of, len(edges))
         sizes = torch.bincount(topology.edge_of_client.cpu(), minlength=topology.num_edges)
@@ -351,5 +256,5 @@ def _edges(task: Task) -> Tensor:
 
 
 def edge_batch(items: Sequence[Item]) -> EdgeBatch:
-    """:meth:`EdgeBatch.of` ``items`` (the rounds' rows: planted crossings replace it)."""
-    return EdgeBatch.of(items)
+    """:meth:`EdgeBatch.of` the rounds of ``items`` (their rows: planted crossings replace it)."""
+    return EdgeBatch.of([(algo.ctx, task) for algo, _, task in items])

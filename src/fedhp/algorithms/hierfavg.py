@@ -24,13 +24,13 @@ import torch
 from torch import Tensor
 
 from fedhp.algorithms.base import ALGORITHMS, Algorithm, AlgorithmOptions, State, Task, Update
-from fedhp.algorithms.edge_rounds import EdgeRounds, level_aggregate, plan_edges
+from fedhp.algorithms.edge_rounds import EdgeRounds, plan_edges
 from fedhp.algorithms.options import client_momentum_field, derived_steps
 from fedhp.engine.context import RunContext
 from fedhp.engine.local_rows import lone_part
 from fedhp.engine.ops import LocalWork, segment_mean, weighted_mean
 from fedhp.engine.run_rows import rows_key
-from fedhp.engine.uplink import foldable
+from fedhp.engine.uplink import foldable, level_aggregate
 
 if TYPE_CHECKING:
     from fedhp.config import RunConfig

@@ -25,7 +25,6 @@ import pydantic
 import torch
 
 from fedhp.algorithms.base import Algorithm, RowKind, State
-from fedhp.algorithms.fused import send_rows
 from fedhp.algorithms.options import (
     ALGORITHMS,
     AlgorithmOptions,
@@ -36,6 +35,7 @@ from fedhp.algorithms.options import (
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
 from fedhp.engine.federation import slice_rows
+from fedhp.engine.fused import send_rows
 from fedhp.engine.local_rows import part_bounds
 from fedhp.engine.ops import batched_loss_grad, graph_steps, mean_group_loss, model_steps
 from fedhp.engine.run_rows import RunBlocks, gathers, one_draw, rows_key, rows_of

@@ -28,8 +28,7 @@ import torch
 from torch import Tensor
 
 from fedhp.algorithms.base import Algorithm, RowKind, State
-from fedhp.algorithms.edge_rounds import EdgeBatch, level_aggregate
-from fedhp.algorithms.fused import EdgeRows, Received, count_sent, truncate_
+from fedhp.algorithms.edge_rounds import edge_batch
 from fedhp.algorithms.options import (
     ALGORITHMS,
     AlgorithmOptions,
@@ -40,12 +39,14 @@ from fedhp.algorithms.options import (
 from fedhp.algorithms.penalties import smooth_l1_grad, truncate
 from fedhp.algorithms.task import Task, Update
 from fedhp.engine.context import RunContext
+from fedhp.engine.edges import EdgeBatch
 from fedhp.engine.evaluate import density
 from fedhp.engine.federation import slice_rows
+from fedhp.engine.fused import EdgeRows, Received, count_sent, truncate_
 from fedhp.engine.graphs import StepGraphs
 from fedhp.engine.ops import batched_loss_grad, graph_steps, mean_group_loss
 from fedhp.engine.run_rows import Draw, RunBlocks, cat_runs, gathers, one_draw, rows_key
-from fedhp.engine.uplink import CENTRE_KEYS, Uplink
+from fedhp.engine.uplink import CENTRE_KEYS, Uplink, level_aggregate
 from fedhp.models.base import ColumnHook
 
 if TYPE_CHECKING:
@@ -399,7 +400,7 @@ class _EdgeRound:
         warm."""
         algo = items[0][0]
         ctx, opt = algo.ctx, algo.options
-        batch = EdgeBatch.of(items)  # who receives what: the clients and the stragglers
+        batch = edge_batch(items)  # who receives what: the clients and the stragglers
         sizes = [len(t.edges) for _, _, t in items if t.edges is not None]
         pairs = zip(items, sizes, strict=True)
         sent = [t.broadcast["global"].expand(n, -1) for (_, _, t), n in pairs]
@@ -534,7 +535,7 @@ class _EdgeRound:
     ) -> torch.Tensor:
         """Edge ``e``'s (position in the round's edges) robust rule over the uploads ``rows`` of
         its ``clients`` (round rows), which received ``sent`` (its ``w_i``):
-        :func:`~fedhp.algorithms.edge_rounds.level_aggregate` (a centred rule, ``cclip``, from
+        :func:`~fedhp.engine.uplink.level_aggregate` (a centred rule, ``cclip``, from
         the edge's previous aggregate update ``phi_i - w_i``, kept in the state)."""
         weights = torch.ones(rows.shape[0], dtype=rows.dtype, device=rows.device)
         if self.weights is not None:
@@ -600,7 +601,7 @@ class _EdgeRound:
 
 
 def _layout(seg: torch.Tensor, n: int, gather: bool, *values: _PerRun) -> EdgeRows:
-    """A part's edge layout (:class:`~fedhp.algorithms.fused.EdgeRows`): gathered where asked;
+    """A part's edge layout (:class:`~fedhp.engine.fused.EdgeRows`): gathered where asked;
     edge by edge where the runs' ``values`` differ (one broadcast view needs one value)."""
     if gather:
         return EdgeRows(seg, n, None, 0)

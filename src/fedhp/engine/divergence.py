@@ -69,13 +69,6 @@ def divergence_problem(state: State, stats: Row, max_loss: float | None) -> str 
     return None
 
 
-def check_finite(exp: EngineExperiment, state: State, rnd: int, stats: Row) -> None:
-    """Raise a one-line :class:`DivergenceError` if round ``rnd`` (0-based) diverged."""
-    problem = divergence_problem(state, stats, exp.cfg.max_loss)
-    if problem is not None:
-        raise divergence_error(exp, rnd, problem, None)
-
-
 def divergence_error(
     exp: EngineExperiment, rnd: int, problem: str, out_dir: Path | None
 ) -> DivergenceError:

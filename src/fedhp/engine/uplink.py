@@ -251,3 +251,34 @@ class Uplink:
         if send is not None:
             sent = send(sent)
         return self.aggregate(sent, weights, start, population, combine=combine)
+
+
+def level_aggregate(
+    uplink: Uplink,
+    state: dict[str, torch.Tensor],
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    start: torch.Tensor,
+    *,
+    edge: int = 0,
+    population: int | None = None,
+    combine: Combine = weighted_mean,
+) -> torch.Tensor:
+    """``uplink``'s aggregate ``[P]`` (at the cloud, or at edge ``edge``) of the ``rows [n, P]``
+    that arrived with their ``weights [n]`` from senders who received ``start [P]``: its rule
+    (``population``: the clients the senders were drawn from, for DP's Poisson denominator),
+    else the method's ``combine``. A centred rule (``cclip``) measures from the level's previous
+    aggregate update, kept in ``state`` (:data:`CENTRE_KEYS`: ``[P]`` at
+    the cloud, row ``edge`` of ``[E, P]`` at the edges), which this one's replaces."""
+    key = CENTRE_KEYS[uplink.level]
+    centres = state.get(key) if uplink.centred else None
+    if centres is None:
+        return uplink.aggregate(rows, weights, start, population, combine=combine)
+    at_edge = uplink.level == "edge"
+    centre = centres[edge] if at_edge else centres
+    out = uplink.aggregate(rows, weights, start, population, centre, combine=combine)
+    if at_edge:  # the next aggregation's centre: this one's update
+        centres[edge] = out - start
+    else:
+        state[key] = out - start
+    return out

@@ -148,8 +148,9 @@ class Lockstep:
     def train(self, run: int, algorithm: Any, state: Any, task: Any) -> Any:
         """Run ``run``'s round below the cloud: with the other runs' of the same
         :meth:`~fedhp.algorithms.base.Algorithm.stack_key` as ONE round (``stacked_train``),
-        or as it trains alone (its local SGD may still meet: :meth:`local_sgd`)."""
-        key = algorithm.stack_key(state, task)
+        or as it trains alone (its local SGD may still meet: :meth:`local_sgd`). A subclass
+        that overrides ``train`` but not ``stacked_train`` trains alone (:func:`_own_round`)."""
+        key = algorithm.stack_key(state, task) if _own_round(algorithm) else None
         if self._executing is threading.current_thread():
             return algorithm.train(state, task)
         if key is None:  # alone, but for its local SGD, which may still meet the others'
@@ -322,6 +323,14 @@ def _fused(group: list[_Call]) -> None:
         if "buffers" in opts:  # (updated in place by the model: back into each run's rows)
             call.opts["buffers"].copy_(opts["buffers"][part])
         call.result = (loss[part], grad[part])
+
+
+def _own_round(algorithm: Any) -> bool:
+    """Whether ``algorithm``'s ``train`` is the round its ``stacked_train`` stacks: one class
+    defines both (a subclass that overrides ``train`` alone never runs its parent's round)."""
+    mro = type(algorithm).__mro__
+    owner = [next(c for c in mro if name in c.__dict__) for name in ("train", "stacked_train")]
+    return owner[0] is owner[1]
 
 
 def _local(call: _Call) -> LocalCall:

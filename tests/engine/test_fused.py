@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import fedhp.comm.codec as comm
-from fedhp.algorithms.fused import EdgeRows, count_sent, send_rows, truncate_
 from fedhp.comm import count_nonzero, truncate
+from fedhp.engine.fused import EdgeRows, count_sent, send_rows, truncate_
 from tests.algorithms.tiny import tiny_context
 
 
