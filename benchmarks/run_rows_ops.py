@@ -7,10 +7,10 @@ that is not a view launches (at least) one kernel there, so counting the operati
 one. For S runs of sFedHP (the default ``fedhp run`` experiment, seeds × λ), it counts
 
 * ``train_alone``: one round below the cloud (``train``: the R local rounds), every run alone;
-* ``train_stacked``: the same S rounds as one stacked round (``Algorithm.stacked_train``, or for
-  the methods that train through ``ctx.local_sgd`` each run's own ``train`` in a lockstep batch
-  whose local SGD meets, :mod:`fedhp.engine.local_rows`; in the GPU's form: per-run rows gathered
-  and acted on in one launch, the minibatches drawn as one);
+* ``train_stacked``: the same S rounds, each run's own ``train`` in a lockstep batch where
+  they meet as one (the method's round over the batch's runs, ``ctx.together``, or their local
+  SGD, :mod:`fedhp.engine.local_rows`; in the GPU's form: per-run rows gathered and acted on in
+  one launch, the minibatches drawn as one);
 * ``outside_train``: what one run's round launches besides ``train`` (plan, the cloud's
   aggregate, the ledger), paid per run in lockstep too;
 * ``evaluation``: one evaluation of one run (and its host syncs), every ``eval_every`` rounds;
@@ -98,45 +98,15 @@ class ReplayCount:
 
 def in_lockstep(items: list[Any]) -> CountLaunches:
     """The launches of ``items``' rounds, each run's own ``train`` in a thread of one lockstep
-    batch whose runs' local SGD meets (:mod:`fedhp.engine.local_rows`): the sum of every
-    thread's count (a dispatch mode counts its own thread; the stacked call counts once, in the
-    thread that runs it)."""
-    import threading
+    batch where their rounds (``ctx.together``) or their local SGD
+    (:mod:`fedhp.engine.local_rows`) meet: the sum of every thread's count (a dispatch mode
+    counts its own thread; the stacked call counts once, in the thread that runs it)."""
+    from fedhp.sweep.lockstep import train_together
 
-    from fedhp.sweep.lockstep import Lockstep
-
-    step = Lockstep(len(items))
     counts = [CountLaunches() for _ in items]
-    errors: list[BaseException] = []
-
-    torch_threads = torch.get_num_threads()
-
-    def work(slot: int, algo: Any, state: Any, task: Any) -> None:
-        torch.set_num_threads(torch_threads)  # (a new thread's OpenMP default otherwise)
-        step.wait_turn(slot)
-        try:
-            with counts[slot]:
-                algo.train(state, task)
-        except BaseException as err:  # (raised below, in the caller's thread)
-            errors.append(err)
-        finally:
-            step.finish(slot)
-
-    threads = []
-    for slot, (algo, state, task) in enumerate(items):
-        algo.ctx.batch = step.seat(slot)
-        threads.append(threading.Thread(target=work, args=(slot, algo, state, task)))
-    for thread in threads:
-        thread.start()
-    step.begin()
-    for thread in threads:
-        thread.join()
-    for algo, _, _ in items:
-        algo.ctx.batch = None
-    if errors:
-        raise errors[0]
+    _, step = train_together(items, around=counts.__getitem__)
     if step.stacked_rounds == 0:
-        raise SystemExit("run-rows-ops: the runs' local SGD did not meet")
+        raise SystemExit("run-rows-ops: the runs' rounds did not meet")
     total = CountLaunches()
     total.launches = sum(c.launches for c in counts)
     total.syncs = sum(c.syncs for c in counts)
@@ -153,16 +123,14 @@ def with_graphs(items: list[Any], stack: bool) -> int:
     for algo, _, _ in items:
         algo.ctx.graphs = StepGraphs(enabled=True, stacked=True, make=replays)
 
-    def rounds() -> None:
+    def rounds() -> int:
         if stack:
-            type(items[0][0]).stacked_train(items)
-        else:
-            for algo, state, task in items:
-                algo.train(state, task)
+            return in_lockstep(items).launches
+        return count(lambda: [algo.train(state, task) for algo, state, task in items]).launches
 
     rounds()  # captures
     replays.inside = replays.replays = 0
-    launches = count(rounds).launches
+    launches = rounds()
     return launches - replays.inside + replays.replays
 
 
@@ -237,13 +205,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         alone = count(lambda: [exp.algorithm.train(st, task) for exp, st, task in runs])
         runs = restart()
         items = [(exp.algorithm, st, task) for exp, st, task in runs]
-        keys = {algo.stack_key(st, task) for algo, st, task in items}
-        if keys == {None}:  # (the rounds meet in the engine: their local SGD as one)
-            stacked = in_lockstep(items)
-        elif len(keys) != 1 or None in keys:
-            raise SystemExit(f"run-rows-ops: {method}'s rounds do not stack here ({keys})")
-        else:
-            stacked = count(lambda: type(items[0][0]).stacked_train(items))
+        stacked = in_lockstep(items)  # (their rounds, or their local SGD, as one)
         graphed = None
         if args.graphs:
             graphed = tuple(

@@ -169,6 +169,12 @@ WITHDRAWN_USES = {
         "class Old:\n    def plan(self, state, rnd):\n        return self.ctx.sample_clients()\n",
         "line 3: ctx.sample_clients is the old surface: call ctx.participation.sample_clients()",
     ),
+    "stacked_train": (
+        "from fedhp.extend import FedAvg\n\n\nclass Mine(FedAvg):\n"
+        "    def stack_key(self, state, task):\n        return None\n",
+        "line 5: stack_key is the old surface: write the round over a list of (algorithm, "
+        "state, task) and call it from train through self.ctx.together(",
+    ),
 }
 OLD_NAMES.update(WITHDRAWN_USES)
 

@@ -13,8 +13,8 @@ run from it — ``--resume``, the Flower nodes, reproduction workers — loads t
 (:func:`fedhp.config.validate_config` calls :func:`load_plugins`). Each plugin is imported once
 per process. A broken plugin is a one-line :class:`PluginError`, never a traceback; one written
 against an older surface (a name or module that moved or was withdrawn, :data:`SUPERSEDED`,
-:data:`MOVED_MODULES`, :data:`WITHDRAWN`) is told what replaces it. The names a plugin may use are
-:mod:`fedhp.extend`'s (docs/extending.md).
+:data:`MOVED_MODULES`, :data:`WITHDRAWN`, :data:`WITHDRAWN_METHODS`) is told what replaces it.
+The names a plugin may use are :mod:`fedhp.extend`'s (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -79,6 +79,16 @@ WITHDRAWN: dict[str, str] = {
     "self.sent_buffers": "call self.buffers.sent(state)",
     "self.wire": "send a fedhp.comm.Message (named fields)",
     "self.unwire": "read the fields of the fedhp.comm.Message received",
+}
+ROUND_OVER_RUNS = (
+    "write the round over a list of (algorithm, state, task) and call it from train through "
+    "self.ctx.together(round_fn, key, (self, state, task)) (docs/extending.md, 6c)"
+)
+WITHDRAWN_METHODS: dict[str, str] = {
+    # methods an older surface's algorithm defined that nothing calls any more -> what replaces
+    # them (CHANGELOG.md); found in the plugin's source before it is imported
+    "stack_key": ROUND_OVER_RUNS,
+    "stacked_train": ROUND_OVER_RUNS,
 }
 _NO_MODULE = re.compile(r"No module named '(fedhp[\w.]*)'")
 _CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '(fedhp[\w.]*)'")
@@ -162,11 +172,15 @@ def withdrawn_use(source: str) -> str | None:
         if isinstance(node, ast.Attribute) and node.attr not in own:
             member = f"{_owner(node.value)}.{node.attr}"
             if member in WITHDRAWN:
-                found.append((node.lineno, member))
+                found.append((node.lineno, member, WITHDRAWN[member]))
+        if isinstance(node, ast.ClassDef):  # a method nothing calls any more
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name in WITHDRAWN_METHODS:
+                    found.append((item.lineno, item.name, WITHDRAWN_METHODS[item.name]))
     if not found:
         return None
-    line, member = min(found)
-    return f"line {line}: {member} is the old surface: {WITHDRAWN[member]} (CHANGELOG.md)"
+    line, member, new = min(found)
+    return f"line {line}: {member} is the old surface: {new} (CHANGELOG.md)"
 
 
 def _origin(module: str) -> str | None:

@@ -15,6 +15,7 @@ from fedhp.config import resolve_config
 from fedhp.engine.experiment import MODEL_SEED_OFFSET
 from fedhp.sweep.execute import BatchReport, run_batch
 from fedhp.sweep.grid import parse_grid, points_of
+from fedhp.sweep.lockstep import train_together
 from fedhp.sweep.plan import plan_runs
 
 TINY = [
@@ -62,12 +63,12 @@ def alone(
 def stacked(
     runs: Sequence[Sequence[str]], outcome: Outcome, begin: Begin = start
 ) -> list[dict[str, Any]]:
-    """The runs' rounds trained as one (their stack keys equal, none None)."""
+    """The runs' rounds trained as one: each run's own ``train`` in one lockstep batch, where
+    they must meet as ONE call of their method's round (``ctx.together``, equal keys)."""
     started = [begin(overrides) for overrides in runs]
-    keys = {exp.algorithm.stack_key(state, task) for exp, state, task in started}
-    assert len(keys) == 1 and None not in keys
     items = [(exp.algorithm, state, task) for exp, state, task in started]
-    updates = type(items[0][0]).stacked_train(items)
+    updates, batch = train_together(items)
+    assert batch.stacked_rounds == 1 and batch.single_calls == 0, "the rounds did not meet"
     return [
         outcome(exp, state, update)
         for (exp, state, _), update in zip(started, updates, strict=True)

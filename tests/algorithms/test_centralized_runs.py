@@ -152,7 +152,7 @@ def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:
     """Gradient clipping, a model whose one row may compute apart from several (vmap'ed
     convolutions), BatchNorm: no stack key (the run trains alone)."""
     exp, state, task = _start(extra)
-    assert exp.algorithm.stack_key(state, task) is None
+    assert exp.algorithm.round_key(state) is None
 
 
 @pytest.mark.parametrize("extra", [["model.name=cnn"], ["model.name=cnn2"]])
@@ -174,10 +174,10 @@ def test_runs_of_other_work_do_not_meet() -> None:
     found = set()
     for extra in ([], ["algorithm.local_steps=2"], ["algorithm.batch_size=10"]):
         exp, state, task = _start(extra)
-        found.add(exp.algorithm.stack_key(state, task))
+        found.add(exp.algorithm.round_key(state))
     assert len(found) == 3 and None not in found
     exp, state, task = _start(["algorithm.lr=0.3", "seed=4"])
-    assert exp.algorithm.stack_key(state, task) in found
+    assert exp.algorithm.round_key(state) in found
 
 
 def test_a_lockstep_batch_of_centralized_stacks_its_rounds(tmp_path: Path) -> None:

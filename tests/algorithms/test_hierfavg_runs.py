@@ -150,7 +150,7 @@ def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:
     """An attack, a robust or DP rule at the edges, client momentum, BatchNorm statistics: no
     stack key."""
     exp, state, task = start(_runs([[]], extra)[0])
-    assert exp.algorithm.stack_key(state, task) is None
+    assert exp.algorithm.round_key(task) is None
 
 
 def test_a_lockstep_batch_stacks_its_rounds_and_writes_the_sequential_files(

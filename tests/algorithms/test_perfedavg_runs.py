@@ -180,16 +180,16 @@ def test_runs_of_other_local_work_do_not_meet() -> None:
         ["algorithm.batch_size=8"],
     ]
     keys = [start(_runs([["seed=0"]], o)[0]) for o in overrides]
-    found = {exp.algorithm.stack_key(state, task) for exp, state, task in keys}
+    found = {exp.algorithm.round_key(task) for exp, state, task in keys}
     assert len(found) == len(overrides) and None not in found
     floats = [start(run) for run in _runs(RUNS, [])]
-    assert len({exp.algorithm.stack_key(state, task) for exp, state, task in floats}) == 1
+    assert len({exp.algorithm.round_key(task) for exp, state, task in floats}) == 1
 
 
 def test_a_round_without_clients_trains_alone() -> None:
     exp, state, task = start(_runs([["seed=0"]], [])[0])
     task.clients = task.clients[:0]
-    assert exp.algorithm.stack_key(state, task) is None
+    assert exp.algorithm.round_key(task) is None
 
 
 LOCKSTEP = ["rounds=2", "eval_every=1", "checkpoint_every=1"]

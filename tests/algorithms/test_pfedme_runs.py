@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedhp.algorithms import pfedme
-from fedhp.algorithms.pfedme import stack_key
+from fedhp.algorithms.pfedme import round_key
 from fedhp.engine.run_rows import RunBlocks
 from fedhp.sweep.execute import run_batch
 from fedhp.sweep.grid import parse_grid, points_of
@@ -172,8 +172,7 @@ def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:
     """The hidden L2 on θ, an attack (on the uploads or the labels) or a robust rule at the
     cloud: no stack key (the run trains alone)."""
     exp, state, task = _start(extra)
-    assert stack_key(exp.algorithm, state, task) is None
-    assert exp.algorithm.stack_key(state, task) is None
+    assert round_key(exp.algorithm, task) is None
 
 
 def test_a_lockstep_batch_stacks_its_rounds_and_writes_what_each_run_writes(

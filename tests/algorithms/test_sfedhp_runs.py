@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedhp.algorithms.sfedhp import stack_key
+from fedhp.algorithms.sfedhp import round_key
 from fedhp.engine import run_rows
 from fedhp.engine.graphs import Rerun, StepGraphs
 from fedhp.engine.run_rows import RunBlocks
@@ -127,8 +127,7 @@ def test_rounds_it_does_not_cover_train_alone(extra: list[str]) -> None:
     """Sparse penalties, the Nesterov solver, an attack on the uploads or a robust edge rule:
     no stack key (the run trains alone)."""
     exp, state, task = _start(extra)
-    assert stack_key(exp.algorithm, state, task) is None
-    assert exp.algorithm.stack_key(state, task) is None
+    assert round_key(exp.algorithm, task) is None
 
 
 def test_the_runs_draw_their_minibatches_as_one_where_they_can() -> None:

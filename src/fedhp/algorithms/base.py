@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -186,19 +185,8 @@ class Algorithm(MessageRows, ABC):
 
     @abstractmethod
     def train(self, state: State, task: Task) -> Update:
-        """Below the cloud: the round's local work on the rows of ``state`` this process holds."""
-
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows (``fedhp sweep``'s lockstep batches): a key under which this round's
-        ``train`` may run together with other runs' in one :meth:`stacked_train`, each run's
-        clients a block of rows (runs with equal keys meet); None: it trains alone."""
-        return None
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """The ``train`` of several runs (``(algorithm, state, task)`` each, of one
-        :meth:`stack_key`) at once; each run's update, as its ``train`` would return it."""
-        raise NotImplementedError("stack_key returned a key, so stacked_train must be defined")
+        """Below the cloud: the round's local work on the rows of ``state`` this process holds.
+        A round written over a batch of runs' items goes through ``self.ctx.together``."""
 
     @abstractmethod
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:

@@ -14,7 +14,7 @@ s of one batched model ``[S, P]``, its pooled data and draws its own, its lr its
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -51,9 +51,9 @@ class Centralized(Algorithm):
 
     def train(self, state: State, task: Task) -> Update:
         """The round's ``local_steps`` SGD steps on the pooled data, in place on ``state``
-        (``task`` holds no clients: the round is not federated; :meth:`run_round` calls it, and a
-        lockstep batch stacks it): :func:`fused_train`."""
-        return fused_train([(self, state, task)])[0]
+        (``task`` holds no clients: the round is not federated; :meth:`run_round` calls it):
+        :func:`fused_train`, with a batch's other runs of one :meth:`round_key` as one."""
+        return self.ctx.together(fused_train, self.round_key(state), (self, state, task))
 
     def draw_indices(self) -> torch.Tensor:
         """The round's minibatches ``[local_steps, batch_size × num_clients]``: every step's
@@ -70,7 +70,7 @@ class Centralized(Algorithm):
         ]
         return torch.stack(drawn).to(ctx.fed.train.x.device)
 
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
+    def round_key(self, state: State) -> Hashable | None:
         """What runs must share to train their rounds as one (None: it trains alone): the steps,
         the pooled minibatch size, the model, its policy, the model's and the data's dtype, shape
         and device, the zero threshold. Gradient clipping, sparse features, BatchNorm statistics
@@ -85,11 +85,6 @@ class Centralized(Algorithm):
         steps = (opt.local_steps, opt.batch_size * ctx.num_clients, ctx.policy, data)
         return rows_key("centralized", ctx, state["global"], steps)
 
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' rounds as one: :func:`fused_train` on their rows."""
-        return fused_train([(cast(Centralized, a), s, t) for a, s, t in items])
-
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         raise NotImplementedError("centralized is not federated: nothing to aggregate")
 
@@ -102,7 +97,7 @@ class Centralized(Algorithm):
 
 def fused_train(items: Sequence[tuple[Centralized, State, Task]]) -> list[Update]:
     """The round of every run of ``items`` (one ``(algorithm, state, task)``, or a batch's with
-    one :meth:`~Centralized.stack_key`), run s's model row s; each run's state written and the
+    one :meth:`~Centralized.round_key`), run s's model row s; each run's state written and the
     steps' summed loss ``[1, 1]`` (float64) its update."""
     algos = [algo for algo, _, _ in items]
     lead = algos[0]

@@ -41,7 +41,7 @@ run draws from its own generator, counts its own trained samples, bills its own 
 its own :class:`~fedhp.algorithms.task.Update`, bit for bit what it gets alone on the CPU
 (``tests/algorithms/test_hierfavg_runs.py``). A batch takes only rounds that need none of what
 a run alone may have (a rule, DP, an attack, client momentum, BatchNorm statistics, minibatches
-drawn by the cloud: the method's ``stack_key``).
+drawn by the cloud: the method's ``round_key``).
 """
 
 from __future__ import annotations

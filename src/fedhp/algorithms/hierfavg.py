@@ -69,10 +69,11 @@ class HierFAVG(Algorithm):
         return plan_edges(self, state)
 
     def train(self, state: State, task: Task) -> Update:
-        """The κ2 edge rounds of κ1 local steps, each closed by :func:`edge_mean`."""
-        return edge_rounds([(self, state, task)])[0]
+        """The κ2 edge rounds of κ1 local steps, each closed by :func:`edge_mean` (with a batch's
+        other runs of one :meth:`round_key` as one)."""
+        return self.ctx.together(edge_rounds, self.round_key(task), (self, state, task))
 
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
+    def round_key(self, task: Task) -> Hashable | None:
         """What runs must share to train their rounds as one (None: this round trains alone):
         κ1, κ2, the minibatch size, the model and its execution policy, the received model's
         size, type and device, and the zero threshold; their seeds, edges, clients and lr may
@@ -89,11 +90,6 @@ class HierFAVG(Algorithm):
             return None
         steps = (opt.kappa1, opt.kappa2, opt.batch_size, ctx.policy)
         return rows_key("hierfavg", ctx, task.broadcast["global"], steps)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' edge rounds as one: :func:`edge_rounds`."""
-        return edge_rounds(items)
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         """The edges' models up; w by the cloud's uplink (:func:`cloud_mean` without a rule)."""

@@ -15,7 +15,7 @@ block of rows of one ``[ΣC, P]`` tensor, its α and β its rows' values; nothin
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal
 
 import pydantic
 import torch
@@ -80,10 +80,11 @@ class PerFedAvg(DenseDeviceCost):
         return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
-        """The round's meta-steps: :func:`fused_train`."""
-        return fused_train([(self, state, task)])[0]
+        """The round's meta-steps: :func:`fused_train` (with a batch's other runs of one
+        :meth:`round_key` as one)."""
+        return self.ctx.together(fused_train, self.round_key(task), (self, state, task))
 
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
+    def round_key(self, task: Task) -> Hashable | None:
         """What runs must share to train their rounds as one (None: this round trains alone):
         the variant, the local steps, the minibatch size, the model and its execution policy,
         the received model's size, dtype and device, the zero threshold. A round without
@@ -93,11 +94,6 @@ class PerFedAvg(DenseDeviceCost):
             return None
         steps = (opt.variant, opt.local_steps, opt.batch_size, ctx.policy)
         return rows_key("perfedavg", ctx, task.broadcast["global"], steps)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' rounds as one: :func:`fused_train` on their rows."""
-        return fused_train([(cast(PerFedAvg, a), s, t) for a, s, t in items])
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, clients, start = self.ctx, task.clients, task.broadcast["global"]
@@ -126,7 +122,7 @@ class PerFedAvg(DenseDeviceCost):
 
 def fused_train(items: Sequence[tuple[PerFedAvg, State, Task]]) -> list[Update]:
     """The ``local_steps`` meta-steps of every run of ``items`` (one ``(algorithm, state, task)``,
-    or a batch's with one :meth:`~PerFedAvg.stack_key`) on its clients' rows, each run drawing its
+    or a batch's with one :meth:`~PerFedAvg.round_key`) on its clients' rows, each run drawing its
     own minibatches (as one draw where the runs' draws allow it)."""
     opt, model = items[0][0].options, items[0][0].ctx.model
     contexts = [algo.ctx for algo, _, _ in items]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import pydantic
 import torch
@@ -66,17 +66,9 @@ class PFedMe(Algorithm):
         return self.plan_broadcast_global(state)
 
     def train(self, state: State, task: Task) -> Update:
-        """The R local rounds of the task's clients: :func:`fused_train`."""
-        return fused_train([(self, state, task)])[0]
-
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`stack_key`."""
-        return stack_key(self, state, task)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' rounds as one: :func:`fused_train` on their rows."""
-        return fused_train([(cast(PFedMe, a), s, t) for a, s, t in items])
+        """The R local rounds of the task's clients: :func:`fused_train`, with a batch's other
+        runs of one :func:`round_key` as one."""
+        return self.ctx.together(fused_train, round_key(self, task), (self, state, task))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
@@ -116,7 +108,7 @@ class PFedMe(Algorithm):
 Item = tuple["PFedMe", State, Task]
 
 
-def stack_key(algo: PFedMe, state: State, task: Task) -> Hashable | None:
+def round_key(algo: PFedMe, task: Task) -> Hashable | None:
     """What runs must share to train their rounds as one (None: this round trains alone): the
     round's shapes, the θ step size, the model, the device and the zero threshold. The hidden L2
     on θ, partial work, minibatches drawn ahead, an attack and a robust or momentum uplink train
@@ -133,7 +125,7 @@ def stack_key(algo: PFedMe, state: State, task: Task) -> Hashable | None:
 
 def fused_train(items: Sequence[Item]) -> list[Update]:
     """The R local rounds of every run of ``items`` (one ``(algorithm, state, task)``, or a
-    batch's with one :func:`stack_key`) in place on two ``[ΣC, P]`` buffers (``theta``,
+    batch's with one :func:`round_key`) in place on two ``[ΣC, P]`` buffers (``theta``,
     ``w_loc``), in cache-sized parts of the rows: per step the prox pull towards ``w_loc`` and
     the gradient step in one pass, per local round the ``w_loc`` step; no copies and no host
     syncs inside the loop. A run alone with several parts runs each part's R local rounds

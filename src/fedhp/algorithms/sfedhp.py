@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import pydantic
 import torch
@@ -100,17 +100,8 @@ class SFedHP(Algorithm):
 
     def train(self, state: State, task: Task) -> Update:
         """The R local rounds of every training edge and its clients (below the cloud):
-        :func:`fused_train`."""
-        return fused_train([(self, state, task)])[0]
-
-    def stack_key(self, state: State, task: Task) -> Hashable | None:
-        """Runs as rows: :func:`stack_key`."""
-        return stack_key(self, state, task)
-
-    @staticmethod
-    def stacked_train(items: Sequence[tuple[Algorithm, State, Task]]) -> list[Update]:
-        """S runs' rounds as one: :func:`fused_train` on their rows."""
-        return fused_train([(cast(SFedHP, a), s, t) for a, s, t in items])
+        :func:`fused_train`, with a batch's other runs of one :func:`round_key` as one."""
+        return self.ctx.together(fused_train, round_key(self, task), (self, state, task))
 
     def aggregate(self, state: State, task: Task, update: Update) -> dict[str, float]:
         ctx, opt = self.ctx, self.options
@@ -167,7 +158,7 @@ class SFedHP(Algorithm):
 Item = tuple["SFedHP", State, Task]
 
 
-def stack_key(algo: SFedHP, state: State, task: Task) -> Hashable | None:
+def round_key(algo: SFedHP, task: Task) -> Hashable | None:
     """What runs must share to train their rounds as one (None: this round trains alone): the
     round's shapes and step sizes, the model, the device and the zero threshold. Sparse
     penalties, the Nesterov solver, an attack on the uploads, uplink momentum and a robust rule
@@ -183,7 +174,7 @@ def stack_key(algo: SFedHP, state: State, task: Task) -> Hashable | None:
 
 def fused_train(items: Sequence[Item]) -> list[Update]:
     """The R local rounds of every training edge and its clients, fused, for every run of
-    ``items`` (one ``(algorithm, state, task)``, or a batch's with one :func:`stack_key`):
+    ``items`` (one ``(algorithm, state, task)``, or a batch's with one :func:`round_key`):
     buffers allocated once per round, the edges' models read in place by their clients (not
     copied into every client row), the uploads mixed, truncated, counted and averaged edge by
     edge in a cache-sized buffer, and the messages counted on the device and billed once at the

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -40,16 +40,26 @@ Sent = TypeVar("Sent", torch.Tensor, Message)
 
 class RunBatch(Protocol):
     """The batch of runs a run trains in (a sweep's lockstep batch, :mod:`fedhp.sweep.lockstep`):
-    the run level of the tree, where the runs' local SGD meets (:mod:`fedhp.engine.local_rows`)."""
+    the run level of the tree, where the runs' local SGD (:mod:`fedhp.engine.local_rows`) and
+    their methods' rounds (:meth:`RunContext.together`) meet."""
 
     def local_sgd(self, call: LocalCall) -> Trained:
         """Run ``call`` with the other runs' calls of the same key, as one; this run's result."""
         ...
 
     def train(self, algorithm: Any, state: Any, task: Any) -> Any:
-        """Run ``algorithm``'s round below the cloud (``train(state, task)``), as one with the
-        other runs' rounds where the method stacks whole rounds (``stack_key``)."""
+        """Run ``algorithm``'s round below the cloud (``train(state, task)``), noting whether
+        any of it met the other runs'."""
         ...
+
+    def together(self, round_fn: Callable[[list[Any]], list[Any]], key: Hashable, item: Any) -> Any:
+        """``round_fn([item])[0]``, as ONE ``round_fn(items)`` with the other runs' calls of the
+        same ``round_fn`` and ``key``; this run's result."""
+        ...
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -82,7 +92,7 @@ class RunContext:
     edge_ids: torch.Tensor | None = None
     # The steps replayed as CUDA graphs (``engine.cuda_graphs``); disabled: every call eager.
     graphs: StepGraphs = field(default_factory=StepGraphs)
-    # The batch of runs this run trains in (None: alone): its local SGD meets the other runs'.
+    # The batch of runs this run trains in (None: alone): its local SGD and rounds meet there.
     batch: RunBatch | None = None
 
     def __post_init__(self) -> None:
@@ -241,6 +251,22 @@ class RunContext:
         if work.epochs is not None:
             return self.sampler.epochs(clients, work.batch_size, work.epochs)
         return self.sampler.steps(clients, work.batch_size, work.steps)
+
+    def together(
+        self,
+        round_fn: Callable[[list[Item]], list[Result]],
+        key: Hashable | None,
+        item: Item,
+    ) -> Result:
+        """``round_fn([item])[0]``: a method's round written over a list of runs' items (one for
+        a run alone). In a batch of runs (:attr:`batch`) with a ``key`` (None: it trains alone),
+        the calls of the batch's runs with the same ``round_fn`` and ``key`` run as ONE call
+        ``round_fn(items)``, each run getting its own result: the key holds what the runs must
+        share for that (shapes, step sizes a kernel takes as a scalar, the model and policy)."""
+        if self.batch is None or key is None:
+            return round_fn([item])[0]
+        result: Result = self.batch.together(round_fn, key, item)
+        return result
 
     def local_sgd(
         self,

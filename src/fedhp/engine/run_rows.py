@@ -3,10 +3,10 @@
 Run s draws exactly what it draws alone — the random keys from its own generator, its own clients'
 rows of them — but the rest of a draw (masking past each client's count, the top-k, the gather
 of the samples) is one operation over every run's clients, from the runs' training data stacked
-once. Used by a method's stacked round (``Algorithm.stacked_train``) so that S runs cost one
-draw's launches, not S; where the runs' draws differ in kind (with replacement, a minibatch larger
-than a client, per-access feature noise, sparse features, another key width), each run draws
-alone.
+once. Used by a method's round over a batch of runs (``RunContext.together``) so that S runs
+cost one draw's launches, not S; where the runs' draws differ in kind (with replacement, a
+minibatch larger than a client, per-access feature noise, sparse features, another key
+width), each run draws alone.
 """
 
 from __future__ import annotations

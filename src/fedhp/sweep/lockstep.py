@@ -3,8 +3,8 @@
 Each run keeps everything of its own — its config, data, generators, state, aggregation, ledger,
 checkpoints, divergence guard — exactly as it would alone. Its work meets the other runs' at
 three points, widest first: a whole round of the methods whose round takes a batch of runs
-(``Algorithm.trained`` → :meth:`Lockstep.train`, ``stack_key``/``stacked_train``), its local
-SGD (``ctx.local_sgd``, through its ``ctx.batch``: the engine's run level,
+(``ctx.together(round_fn, key, item)`` → :meth:`Lockstep.together`: one ``round_fn(items)``),
+its local SGD (``ctx.local_sgd``, through its ``ctx.batch``: the engine's run level,
 :mod:`fedhp.engine.local_rows`, trains the calls of one key as one), and otherwise its model's
 training kernels (the engine calls a model through :func:`fedhp.models.base.sgd_step` and
 :func:`~fedhp.models.base.loss_and_grad`, which go to the model's ``meeting``, the run's
@@ -25,9 +25,10 @@ runs CPU batches one run after another.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ import torch
 from fedhp.engine.local_rows import LocalCall, Trained, local_sgd_key, stacked_local_sgd
 from fedhp.models.base import BatchedModel
 
-__all__ = ["Lockstep"]
+__all__ = ["Lockstep", "train_together"]
 
 ColumnHook = Callable[[int, int], None]
 
@@ -46,7 +47,7 @@ class _Call:
     """One run's pending call: a model kernel, or the algorithm's round below the cloud."""
 
     run: int
-    kind: str  # "sgd_step" | "loss_and_grad" | "train" | "local_sgd"
+    kind: str  # "sgd_step" | "loss_and_grad" | "round" | "local_sgd"
     model: BatchedModel | None
     original: Callable[..., Any] | None
     flat: torch.Tensor | None = None
@@ -55,9 +56,7 @@ class _Call:
     lr: float | None = None
     before: ColumnHook | None = None
     opts: dict[str, Any] = field(default_factory=dict)
-    algorithm: Any = None  # "train": the run's algorithm, state, task and its stack key
-    state: Any = None
-    task: Any = None
+    item: Any = None  # "round": the run's item of its method's round (``original``)
     key: Hashable | None = None
     local: LocalCall | None = None  # "local_sgd": the run's call of ctx.local_sgd
     result: Any = None
@@ -66,10 +65,10 @@ class _Call:
 
     def group_key(self) -> tuple[Any, ...]:
         """Calls with equal keys can be fused: same kernel, shapes past the client dimension,
-        dtypes, device, step size and the same optional inputs; or rounds of one algorithm
-        class with equal stack keys."""
-        if self.kind == "train":
-            return ("train", type(self.algorithm), self.key)
+        dtypes, device, step size and the same optional inputs; or calls of one method's
+        round function with equal keys."""
+        if self.kind == "round":
+            return ("round", self.original, self.key)
         if self.kind == "local_sgd":
             return ("local_sgd", self.key)
         tensors = [self.flat, self.x, self.y, *self.opts.values()]
@@ -146,25 +145,22 @@ class Lockstep:
         return self._wait(call)
 
     def train(self, run: int, algorithm: Any, state: Any, task: Any) -> Any:
-        """Run ``run``'s round below the cloud: with the other runs' of the same
-        :meth:`~fedhp.algorithms.base.Algorithm.stack_key` as ONE round (``stacked_train``),
-        or as it trains alone (its local SGD may still meet: :meth:`local_sgd`). A subclass
-        that overrides ``train`` but not ``stacked_train`` trains alone (:func:`_own_round`)."""
-        key = algorithm.stack_key(state, task) if _own_round(algorithm) else None
+        """Run ``run``'s round below the cloud, ``algorithm.train(state, task)``: where its
+        round (:meth:`together`) or its local SGD (:meth:`local_sgd`) meets the other runs',
+        they train as one; a round that met no one is counted as trained alone."""
+        met = self._met[run]
+        update = algorithm.train(state, task)
+        if self._met[run] == met and self._executing is not threading.current_thread():
+            name = type(algorithm).__name__
+            self.alone[name] = self.alone.get(name, 0) + 1
+        return update
+
+    def together(self, run: int, round_fn: Callable[..., Any], key: Hashable, item: Any) -> Any:
+        """Run ``run``'s call of its method's round with the other runs' calls of the same
+        ``round_fn`` and ``key``, as ONE ``round_fn(items)``; its own result."""
         if self._executing is threading.current_thread():
-            return algorithm.train(state, task)
-        if key is None:  # alone, but for its local SGD, which may still meet the others'
-            met = self._met[run]
-            update = algorithm.train(state, task)
-            if self._met[run] == met:
-                name = type(algorithm).__name__
-                self.alone[name] = self.alone.get(name, 0) + 1
-            return update
-        call = _Call(
-            run, "train", None, algorithm.train, algorithm=algorithm, state=state, task=task
-        )
-        call.key = key
-        return self._wait(call)
+            return round_fn([item])[0]
+        return self._wait(_Call(run, "round", None, round_fn, key=key, item=item))
 
     def local_sgd(self, run: int, local: LocalCall) -> Trained:
         """Run ``run``'s local SGD with the other runs' of the same key, as one."""
@@ -211,7 +207,7 @@ class Lockstep:
                         _alone(group[0])
                     else:
                         self.fused_calls += 1
-                        if group[0].kind in ("train", "local_sgd"):
+                        if group[0].kind in ("round", "local_sgd"):
                             self.stacked_rounds += 1
                             for call in group:
                                 self._met[call.run] += 1
@@ -232,7 +228,7 @@ def _row_alone(call: _Call) -> bool:
     alone."""
     model = call.model
     return (
-        call.kind != "train"
+        call.kind != "round"
         and model is not None
         and not model.rows_independent
         and (_rows(call.flat).shape[0] == 1)
@@ -253,6 +249,9 @@ class Seat:
 
     def train(self, algorithm: Any, state: Any, task: Any) -> Any:
         return self.lockstep.train(self.run, algorithm, state, task)
+
+    def together(self, round_fn: Callable[..., Any], key: Hashable, item: Any) -> Any:
+        return self.lockstep.together(self.run, round_fn, key, item)
 
     def meet(self, model: BatchedModel, kernel: str, *args: Any, **opts: Any) -> Any:
         """``model``'s ``kernel`` call with the other runs' of the same shapes, as one
@@ -281,8 +280,8 @@ def _alone(call: _Call) -> None:
         call.result = _local_alone(call.local)
         return
     assert call.original is not None
-    if call.kind == "train":
-        call.result = call.original(call.state, call.task)
+    if call.kind == "round":
+        call.result = call.original([call.item])[0]
     elif call.kind == "sgd_step":
         call.result = call.original(call.flat, call.x, call.y, call.lr, call.before)
     else:
@@ -291,7 +290,7 @@ def _alone(call: _Call) -> None:
 
 def _fused(group: list[_Call]) -> None:
     """One kernel call on the rows of every call of ``group``; each gets its rows back (or one
-    stacked round of their algorithms)."""
+    call of their method's round function on all their items)."""
     lead = group[0]
     if lead.kind == "local_sgd":
         results = stacked_local_sgd([_local(c) for c in group])
@@ -299,10 +298,9 @@ def _fused(group: list[_Call]) -> None:
             call.result = trained
         return
     assert lead.original is not None
-    if lead.kind == "train":
-        items = [(c.algorithm, c.state, c.task) for c in group]
-        for call, update in zip(group, type(lead.algorithm).stacked_train(items), strict=True):
-            call.result = update
+    if lead.kind == "round":
+        for call, result in zip(group, lead.original([c.item for c in group]), strict=True):
+            call.result = result
         return
     flats = [_rows(c.flat) for c in group]
     bounds = [sum(f.shape[0] for f in flats[:i]) for i in range(len(flats) + 1)]
@@ -323,14 +321,6 @@ def _fused(group: list[_Call]) -> None:
         if "buffers" in opts:  # (updated in place by the model: back into each run's rows)
             call.opts["buffers"].copy_(opts["buffers"][part])
         call.result = (loss[part], grad[part])
-
-
-def _own_round(algorithm: Any) -> bool:
-    """Whether ``algorithm``'s ``train`` is the round its ``stacked_train`` stacks: one class
-    defines both (a subclass that overrides ``train`` alone never runs its parent's round)."""
-    mro = type(algorithm).__mro__
-    owner = [next(c for c in mro if name in c.__dict__) for name in ("train", "stacked_train")]
-    return owner[0] is owner[1]
 
 
 def _local(call: _Call) -> LocalCall:
@@ -355,3 +345,45 @@ def _fused_hook(group: list[_Call], flat: torch.Tensor, rows: list[slice]) -> Co
             flat[part, lo:hi].copy_(_rows(call.flat)[:, lo:hi])
 
     return before
+
+
+def train_together(
+    items: Sequence[tuple[Any, Any, Any]],
+    around: Callable[[int], contextlib.AbstractContextManager[Any]] | None = None,
+) -> tuple[list[Any], Lockstep]:
+    """Each ``(algorithm, state, task)``'s round below the cloud (``algorithm.trained``) in one
+    lockstep batch, a thread each as a sweep's batch runs them (their rounds and local SGD
+    meet; their model calls run as each run's own): the updates, and the batch (its counts).
+    ``around(slot)``: a context each run's round runs in (a benchmark's launch counter)."""
+    step = Lockstep(len(items))
+    updates: list[Any] = [None] * len(items)
+    errors: list[BaseException] = []
+    torch_threads = torch.get_num_threads()
+
+    def work(slot: int, algorithm: Any, state: Any, task: Any) -> None:
+        torch.set_num_threads(torch_threads)  # (a new thread's OpenMP default otherwise)
+        step.wait_turn(slot)
+        try:
+            with around(slot) if around is not None else contextlib.nullcontext():
+                updates[slot] = algorithm.trained(state, task)
+        except BaseException as err:  # (raised below, in the caller's thread)
+            errors.append(err)
+        finally:
+            step.finish(slot)
+
+    threads = []
+    for slot, (algorithm, state, task) in enumerate(items):
+        algorithm.ctx.batch = step.seat(slot)
+        threads.append(threading.Thread(target=work, args=(slot, algorithm, state, task)))
+    try:
+        for thread in threads:
+            thread.start()
+        step.begin()
+        for thread in threads:
+            thread.join()
+    finally:
+        for algorithm, _, _ in items:
+            algorithm.ctx.batch = None
+    if errors:
+        raise errors[0]
+    return updates, step
