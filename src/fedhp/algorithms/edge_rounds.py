@@ -241,12 +241,11 @@ class EdgeRounds:
         out = []
         for s, (algo, _, _) in enumerate(self.items):
             self.batch.bill(s, algo.ctx.ledger, counts, self.widths)
-            rows, edge_rows = self.blocks.of_run(s), self.batch.edges.of_run(s)
+            edge_rows = self.batch.edges.of_run(s)
             per_edge = {"model": self.models[edge_rows]}
             if self.stats is not None:
                 per_edge["buffers"] = self.stats
-            own = losses if len(self.items) == 1 else losses[:, rows].clone()
-            out.append(Update(per_edge=per_edge, losses=own))
+            out.append(Update(per_edge=per_edge, losses=self.blocks.own(losses, s, dim=1)))
         return out
 
 

@@ -154,11 +154,9 @@ def fused_train(items: Sequence[tuple[PerFedAvg, State, Task]]) -> list[Update]:
         params = params - beta * g
         losses.append(loss)
     each = torch.stack(losses)
-    if runs.runs == 1:
-        return [Update(per_client={"model": params}, losses=each)]
-    blocks = [runs.of_run(s) for s in range(runs.runs)]  # (copied out of the batch's rows)
     return [
-        Update(per_client={"model": params[b].clone()}, losses=each[:, b].clone()) for b in blocks
+        Update(per_client={"model": runs.own(params, s)}, losses=runs.own(each, s, dim=1))
+        for s in range(runs.runs)
     ]
 
 

@@ -38,7 +38,7 @@ from fedhp.engine.federation import slice_rows
 from fedhp.engine.fused import send_rows
 from fedhp.engine.local_rows import part_bounds
 from fedhp.engine.ops import batched_loss_grad, graph_steps, mean_group_loss, model_steps
-from fedhp.engine.run_rows import RunBlocks, gathers, one_draw, rows_key, rows_of
+from fedhp.engine.run_rows import RunBlocks, cat_runs, gathers, one_draw, rows_key, rows_of
 from fedhp.models.base import ColumnHook
 
 if TYPE_CHECKING:
@@ -159,11 +159,6 @@ def fused_train(items: Sequence[Item]) -> list[Update]:
     return [rounds.finish(s) for s in range(len(items))]
 
 
-def _rows(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The runs' rows, run after run (a run alone: its own tensor)."""
-    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-
-
 @dataclass
 class _Rounds:
     """The local rounds' rows: every run's ``theta`` and ``w_loc`` (``local``), the received
@@ -184,9 +179,9 @@ class _Rounds:
     @classmethod
     def start(cls, items: Sequence[Item]) -> _Rounds:
         opt = items[0][0].options
-        received = _rows([t.broadcast["global"].expand(len(t.clients), -1) for _, _, t in items])
+        received = cat_runs([t.broadcast["global"].expand(len(t.clients), -1) for _, _, t in items])
         warm = opt.theta_init == "warm"  # (advanced indexing already copies the state's rows)
-        theta = _rows([s["theta"][t.clients] for _, s, t in items]) if warm else received.clone()
+        theta = cat_runs([s["theta"][t.clients] for _, s, t in items]) if warm else received.clone()
         runs = RunBlocks.of([len(t.clients) for _, _, t in items])
         pulls = [a.options.personal_lr * a.options.lam for a, _, _ in items]
         mixes = [a.options.lr * a.options.lam for a, _, _ in items]
@@ -269,10 +264,8 @@ class _Rounds:
         state["theta"][task.clients] = self.theta[rows]
         if algo.options.personal == "local":
             state["local"][task.clients] = self.local[rows]
-        if len(self.items) == 1:
-            return Update(per_client={"local": self.local}, losses=self.losses)
-        own = {"local": self.local[rows].clone()}
-        return Update(per_client=own, losses=self.losses[:, rows].clone())
+        own = {"local": self.runs.own(self.local, s)}
+        return Update(per_client=own, losses=self.runs.own(self.losses, s, dim=1))
 
 
 @ALGORITHMS.register("pfedme")

@@ -24,15 +24,6 @@ def pg1_mean(c: torch.Tensor) -> torch.Tensor:
     return torch.where(small, torch.full_like(c, 0.25), torch.tanh(safe / 2) / (2 * safe))
 
 
-def pg1_variance(c: torch.Tensor) -> torch.Tensor:
-    """Var[PG(1, c)] = (sinh c − c) / (4c³ cosh²(c/2)) (1/24 at c = 0)."""
-    c = c.abs().double()
-    small = c < 1e-3
-    safe = torch.where(small, torch.ones_like(c), c)
-    exact = (torch.sinh(safe) - safe) / (4 * safe**3 * torch.cosh(safe / 2) ** 2)
-    return torch.where(small, torch.full_like(c, 1 / 24), exact)
-
-
 def sample_pg1(
     c: torch.Tensor, generator: torch.Generator | None = None, terms: int = 200
 ) -> torch.Tensor:

@@ -43,7 +43,6 @@ from fedhp.engine.edges import EdgeBatch
 from fedhp.engine.evaluate import density
 from fedhp.engine.federation import slice_rows
 from fedhp.engine.fused import EdgeRows, Received, count_sent, truncate_
-from fedhp.engine.graphs import StepGraphs
 from fedhp.engine.ops import batched_loss_grad, graph_steps, mean_group_loss
 from fedhp.engine.run_rows import Draw, RunBlocks, cat_runs, gathers, one_draw, rows_key
 from fedhp.engine.uplink import CENTRE_KEYS, Uplink, level_aggregate
@@ -261,7 +260,7 @@ def _prox_steps(
     inside their backward pass). Replayed as one CUDA graph per shape where the run asks for
     graphs (``engine.cuda_graphs``; the graph reads the edge rows, the minibatch, θ and the
     rows' pulls, and writes θ and the loss)."""
-    opt, model = run.algo.options, run.algo.ctx.model
+    opt, (model, graphs) = run.algo.options, (run.algo.ctx.model, run.algo.ctx.graphs)
     a, b = part.start, part.stop
     for lo, hi, s in run.runs.within(a, b):
         for _ in range(opt.K):  # (a Python counter: kept outside the graph)
@@ -278,7 +277,7 @@ def _prox_steps(
     values = pull.uniform if pull.uniform is not None or gathered else tuple(pull.of_edge)
     key = ("sfedhp θ steps", values, (rows.num_edges, rows.runs, rows.width), gathered)
     batch, stacked = (model, theta, x, y), len(run.items) > 1
-    return graph_steps(run.graphs, key, batch, (opt.K, opt.lr), towards_centre, tensors, stacked)
+    return graph_steps(graphs, key, batch, (opt.K, opt.lr), towards_centre, tensors, stacked)
 
 
 @dataclass(frozen=True)
@@ -457,15 +456,6 @@ class _EdgeRound:
         return self.items[0][0]
 
     @property
-    def state(self) -> State:
-        """The method's state (the edges' centres of a centred rule, cclip: a run alone)."""
-        return self.items[0][1]
-
-    @property
-    def graphs(self) -> StepGraphs:
-        return self.algo.ctx.graphs
-
-    @property
     def eps(self) -> float:
         return self.algo.ctx.zero_threshold
 
@@ -531,7 +521,8 @@ class _EdgeRound:
         weights = torch.ones(rows.shape[0], dtype=rows.dtype, device=rows.device)
         if self.weights is not None:
             weights = self.weights[clients, 0]
-        return level_aggregate(self.uplink, self.state, rows, weights, sent, edge=self.edge_ids[e])
+        state = self.items[0][1]  # (the edges' centres of a centred rule, cclip: a run alone)
+        return level_aggregate(self.uplink, state, rows, weights, sent, edge=self.edge_ids[e])
 
     def _send_up_gathered(self, part: _Part, w_sent: torch.Tensor, r: int) -> None:
         """:meth:`send_up` for a part whose clients are not grouped by edge (or a batch's part
@@ -587,8 +578,7 @@ class _EdgeRound:
         state["theta"][task.clients] = self.theta[rows]
         state["edge"][edges] = mine
         sent_up = truncate(mine[torch.searchsorted(edges, agg)], ctx.zero_threshold)
-        own = losses if len(self.items) == 1 else losses[:, rows].clone()
-        return Update(per_edge={"w": sent_up}, losses=own)
+        return Update(per_edge={"w": sent_up}, losses=self.runs.own(losses, s, dim=1))
 
 
 def _layout(seg: torch.Tensor, n: int, gather: bool, *values: _PerRun) -> EdgeRows:

@@ -153,6 +153,13 @@ class RunBlocks:
         """Run ``s``'s rows."""
         return slice(self.bounds[s], self.bounds[s + 1])
 
+    def own(self, rows: torch.Tensor, s: int, dim: int = 0) -> torch.Tensor:
+        """Run ``s``'s block of ``rows`` (along ``dim``): ``rows`` itself for a run alone, else
+        a copy (each run's update owns its storage)."""
+        if self.runs == 1:
+            return rows
+        return rows[(slice(None),) * dim + (self.of_run(s),)].clone()
+
     def within(self, a: int, b: int) -> list[tuple[int, int, int]]:
         """Each run's rows among ``a .. b - 1``: ``(first, end, run)``."""
         out = []

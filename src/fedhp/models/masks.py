@@ -136,11 +136,6 @@ def param_mask(
     return out
 
 
-def apply_mask(params: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``params * mask``: the masked (sub-)models ``[C, P]``."""
-    return params * mask
-
-
 def masked_flops(
     model: BatchedModel, unit_mask: torch.Tensor, structural: bool = True
 ) -> torch.Tensor:
