@@ -48,6 +48,8 @@ sFedHP and HierFAVG first; its 3 seeds batched), as many as the 470 s deadline h
 (summary.json ``seconds``), ``final_pct`` the table's final accuracy (the global model's, else
 the personalized one's). A method cut off reports the rounds its runs reached (timings.csv) and
 the round loop they project to.
+``--issue 54``: the same for Table I's Fashion-MNIST Setting 1 rows (``reproduce-fmnist:<method>``:
+sFedHP, HierFAVG, FedAvg, FedProx, pFedMe; ``--dataset fmnist``, all else as Call B).
 ``--issue 40c`` (optional, after Call A): ``sweep-lam`` again, then ``sweep-graphs``, the λ
 sweep with ``engine.cuda_graphs=true`` (every run alone and the stacked rounds with their θ
 steps replayed as CUDA graphs; ``vs_plain``: ``sweep-lam``'s sequential batch over this
@@ -119,6 +121,10 @@ REPRODUCE_METHODS = (
 """``--issue 40b``'s methods of ``sfedhp-table1``, in the order they run (the paper model's rows
 the issue asks for first)."""
 ISSUE_PIECES["40b"] = [f"reproduce:{m}" for m in REPRODUCE_METHODS]
+FMNIST_METHODS = ("sfedhp", "hierfavg", "fedavg", "fedprox", "pfedme")
+"""``--issue 54``'s methods: Table I's Fashion-MNIST Setting 1 rows at the paper's model
+(``reproduce-fmnist:<method>``), as Call B runs MNIST's."""
+ISSUE_PIECES["54"] = [f"reproduce-fmnist:{m}" for m in FMNIST_METHODS]
 SWEEP_METHODS = {
     "pfedme": ("algorithm.lam", "15,20,25,30,35"),
     "fedprox": ("algorithm.mu", "0.001,0.01,0.1,0.5,1"),
@@ -134,13 +140,15 @@ process) for every other method whose rounds stack as rows over a grid, the grid
 ``benchmarks/run_rows_ops.py`` (FedAvg's path is FedProx's; HierFAVG's lr grid stacks its seeds
 per lr value)."""
 ISSUE_PIECES["40c"] = ["sweep-lam", "sweep-graphs", *(f"sweep:{m}" for m in SWEEP_METHODS)]
-ISSUE_DEADLINE = {"40b": 470.0, "40c": 470.0}
+ISSUE_DEADLINE = {"40b": 470.0, "40c": 470.0, "54": 470.0}
 """An issue's default ``--deadline`` (its time boxes add up to more than its call may take)."""
 TABLE1 = ["--dataset", "mnist", "--setting", "1", "--model", "dnn-500-200", "--rounds", "800"]
 TABLE1_SEEDS = 3
 SMOKE_TABLE1 = ["--dataset", "mnist", "--setting", "1", "--model", "dnn", "--rounds", "2"]
 LEAF_ROUNDS, LEAF_EPOCHS = 40, 20
 """The FedProx paper's Shakespeare run: rounds and local epochs (``leaf-round`` extrapolates)."""
+BUDGET_TABLE1 = {"sfedhp": 360, "hierfavg": 360}
+"""A Table I piece's box where not 150 s (100 local steps a round)."""
 # piece -> seconds it may take on the GPU host (sum 480 s = 8 min). Sized from an H100 run of
 # 2026-11-26 (docs/gpu.md): the FedAvg 10k row took 16 s, cnn2 27 s, the run 41 s (30.7 of them
 # training); a local row prints its times before its launch profile, so a cut-off row keeps them.
@@ -167,9 +175,9 @@ BUDGET = {
     # in lockstep reached round 750 of 800 in 300 s (310 s of round loop projected, plus ~15 s
     # of start-up), so 360 s; HierFAVG (also 100 local steps a round) alike. Each needs a call
     # of its own: `--only reproduce:sfedhp`, then `--only reproduce:hierfavg`.
-    "reproduce:sfedhp": 360,
-    "reproduce:hierfavg": 360,
-    **{f"reproduce:{m}": 150 for m in REPRODUCE_METHODS[2:]},
+    **{f"reproduce:{m}": BUDGET_TABLE1.get(m, 150) for m in REPRODUCE_METHODS},
+    # issue 54: Fashion-MNIST's rows, sized as MNIST's (the same model, clients and rounds)
+    **{f"reproduce-fmnist:{m}": BUDGET_TABLE1.get(m, 150) for m in FMNIST_METHODS},
     # issue 40c (a 470 s deadline: as many sweeps as it holds; the rest in a second call with
     # --only). Sized from sweep-lam's 68.9 s on an H200 (sFedHP: 100 local steps a round).
     **{f"sweep:{m}": 90 for m in SWEEP_METHODS},
@@ -237,8 +245,10 @@ for _m in SWEEP_METHODS:
         (f"{_m} sweep: round loops, sequential / lockstep", _piece, "train_speedup", None, ""),
         (f"{_m} sweep: lockstep batch seconds", _piece, "lockstep_s", None, ""),
     ]
-for _m in REPRODUCE_METHODS:
-    _piece = f"reproduce:{_m}"
+for _piece, _m in [
+    *((f"reproduce:{m}", m) for m in REPRODUCE_METHODS),
+    *((f"reproduce-fmnist:{m}", f"FMNIST {m}") for m in FMNIST_METHODS),
+]:
     MUST_SHOW += [
         (f"Table I {_m}: seconds (3 seeds, start-up included)", _piece, "method_s", None, ""),
         (f"Table I {_m}: a seed's round loop, seconds", _piece, "run_s", None, ""),
@@ -318,8 +328,11 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
     if name == "graph-probe":
         repeats = ["--repeats", "2"] if smoke else []
         return [py, str(HERE / "gpu_graph_probe.py"), "--device", device, *repeats]
-    if name.startswith("reproduce:"):
+    if name.startswith("reproduce"):  # reproduce:<method> (MNIST), reproduce-fmnist:<method>
         seeds = "2" if smoke else str(TABLE1_SEEDS)
+        table1 = SMOKE_TABLE1 + ["--eval-every", "1"] if smoke else TABLE1
+        if name.startswith("reproduce-fmnist:"):
+            table1 = [("fmnist" if arg == "mnist" else arg) for arg in table1]
         return [
             py,
             "-m",
@@ -327,7 +340,7 @@ def piece_command(name: str, device: str, smoke: bool, out: Path) -> list[str]:
             "reproduce",
             "sfedhp-table1",
             f"device={device}",
-            *(SMOKE_TABLE1 + ["--eval-every", "1"] if smoke else TABLE1),
+            *table1,
             "--seeds",
             seeds,
             "--methods",
@@ -404,7 +417,7 @@ def parse(name: str, output: str, out: Path) -> dict[str, float]:
                 for key, value in re.findall(r"(\w+)=([-+0-9.e]+)(?:\s|$)", line):
                     values[key] = float(value)
         return values
-    if name.startswith("reproduce:"):
+    if name.startswith("reproduce"):
         return parse_table1(out)
     if name in ("run", "run-graphs"):
         summary = out / "summary.json"
@@ -504,7 +517,7 @@ def run_piece(
             stdout, stderr, code = _text(cut.stdout), _text(cut.stderr), None
         wall = time.perf_counter() - start
         values = parse(name, stdout + stderr, out)
-        if name.startswith("reproduce:") and code == 0:
+        if name.startswith("reproduce") and code == 0:
             values["method_s"] = wall
         if keep is not None:
             keep_results(name, out, keep)

@@ -295,3 +295,17 @@ def test_issue_40c_graphs_sweep_sets_the_option_on_a_gpu_and_derives_the_cross_r
     alone = {"sweep-graphs": gpu_check.Piece("sweep-graphs", "ok", 1.0, {"lockstep_s": 2.5})}
     gpu_check.derive(alone)  # (without sweep-lam: nothing to derive)
     assert "vs_plain" not in alone["sweep-graphs"].values
+
+
+def test_the_fmnist_table1_pieces_run_fashion_mnist_at_the_paper_model(tmp_path: Path) -> None:
+    """``--issue 54``: one piece per method of Table I's Fashion-MNIST rows, the command MNIST's
+    (Call B's) with only the dataset changed."""
+    import gpu_check
+
+    assert gpu_check.ISSUE_PIECES["54"][0] == "reproduce-fmnist:sfedhp"
+    mnist = gpu_check.piece_command("reproduce:fedavg", "cuda", False, tmp_path)
+    fmnist = gpu_check.piece_command("reproduce-fmnist:fedavg", "cuda", False, tmp_path)
+    changed = [(a, b) for a, b in zip(mnist, fmnist, strict=True) if a != b]
+    assert changed == [("mnist", "fmnist")]
+    assert "dnn-500-200" in fmnist and fmnist[fmnist.index("--rounds") + 1] == "800"
+    assert gpu_check.BUDGET["reproduce-fmnist:sfedhp"] == gpu_check.BUDGET["reproduce:sfedhp"]
