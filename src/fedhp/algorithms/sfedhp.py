@@ -260,7 +260,7 @@ def _prox_steps(
     inside their backward pass). Replayed as one CUDA graph per shape where the run asks for
     graphs (``engine.cuda_graphs``; the graph reads the edge rows, the minibatch, θ and the
     rows' pulls, and writes θ and the loss)."""
-    opt, (model, graphs) = run.algo.options, (run.algo.ctx.model, run.algo.ctx.graphs)
+    opt, ctx = run.algo.options, run.algo.ctx
     a, b = part.start, part.stop
     for lo, hi, s in run.runs.within(a, b):
         for _ in range(opt.K):  # (a Python counter: kept outside the graph)
@@ -276,8 +276,8 @@ def _prox_steps(
 
     values = pull.uniform if pull.uniform is not None or gathered else tuple(pull.of_edge)
     key = ("sfedhp θ steps", values, (rows.num_edges, rows.runs, rows.width), gathered)
-    batch, stacked = (model, theta, x, y), len(run.items) > 1
-    return graph_steps(graphs, key, batch, (opt.K, opt.lr), towards_centre, tensors, stacked)
+    batch, stacked = (ctx.model, theta, x, y), len(run.items) > 1
+    return graph_steps(ctx.graphs, key, batch, (opt.K, opt.lr), towards_centre, tensors, stacked)
 
 
 @dataclass(frozen=True)
